@@ -1,0 +1,210 @@
+//! Exclusion, contention, FIFO, release.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+
+use super::support::{SLACK, unique_name, until_waiters};
+use crate::{
+    AcquireOptions, DistributedLock, DistributedLockExt, Error, FencedRegister, FencingToken,
+};
+
+/// 8 tasks × 50 acquisitions doing read-sleep-write on a fenced register: the final count
+/// is 400, no write is rejected, no two holders overlap, and the 400 tokens are unique and
+/// strictly increasing in the order the writes happened.
+pub async fn mutual_exclusion(lock: &dyn DistributedLock) {
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 50;
+    let name = unique_name("mutual-exclusion");
+    let register = FencedRegister::new(0u64);
+    let inside = AtomicUsize::new(0);
+    let tokens = Mutex::new(Vec::with_capacity(TASKS * ROUNDS));
+    join_all((0..TASKS).map(|_| async {
+        for _ in 0..ROUNDS {
+            let guard = lock.lock(&name).await.expect("acquire");
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders at once"
+            );
+            let count = register.read();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            register
+                .write(guard.token(), count + 1)
+                .expect("a valid holder's write was rejected");
+            tokens.lock().unwrap().push(guard.token());
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.release().await.expect("release");
+        }
+    }))
+    .await;
+    let tokens = tokens.into_inner().unwrap();
+    assert_eq!(register.read(), (TASKS * ROUNDS) as u64);
+    assert_eq!(register.rejections(), 0);
+    assert_eq!(tokens.len(), TASKS * ROUNDS);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens are not strictly increasing in grant order"
+    );
+}
+
+/// `try_lock` on a held lock is `Ok(None)`; `acquire` with no wait is `Contended`; both
+/// succeed once it is released.
+pub async fn try_lock_under_contention(lock: &dyn DistributedLock) {
+    let name = unique_name("try-lock");
+    let first = lock
+        .try_lock(&name)
+        .await
+        .expect("try_lock")
+        .expect("free lock");
+    assert!(lock.try_lock(&name).await.expect("try_lock").is_none());
+    let err = lock
+        .acquire(&name, AcquireOptions::new().no_wait())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Contended { .. }), "{err:?}");
+    let first_token = first.token();
+    first.release().await.expect("release");
+    let second = lock
+        .try_lock(&name)
+        .await
+        .expect("try_lock")
+        .expect("released lock is free");
+    assert!(second.token() > first_token);
+    second.release().await.expect("release");
+}
+
+/// Waiting with a timeout on a held lock fails with `Timeout` after the timeout, not much
+/// later, and leaves the holder undisturbed.
+pub async fn wait_timeout_is_honoured(lock: &dyn DistributedLock) {
+    let name = unique_name("wait-timeout");
+    let holder = lock.lock(&name).await.expect("acquire");
+    let wait = Duration::from_millis(400);
+    let start = Instant::now();
+    let err = lock
+        .acquire(&name, AcquireOptions::new().wait_timeout(wait))
+        .await
+        .unwrap_err();
+    let waited = start.elapsed();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    assert!(
+        waited >= wait,
+        "gave up after {waited:?}, before the {wait:?} timeout"
+    );
+    assert!(
+        waited <= wait + SLACK * 3,
+        "gave up after {waited:?} for a {wait:?} timeout"
+    );
+    assert!(!holder.is_lost());
+    assert!(lock.try_lock(&name).await.expect("try_lock").is_none());
+    holder.release().await.expect("release");
+}
+
+/// Where the backend claims FIFO: five waiters that queued one after another get the lock
+/// in that order.
+pub async fn fifo_order(lock: &dyn DistributedLock) {
+    if !lock.capabilities().fifo {
+        return;
+    }
+    const WAITERS: usize = 5;
+    let name = unique_name("fifo");
+    let holder = lock.lock(&name).await.expect("acquire");
+    let order = Mutex::new(Vec::new());
+    let queued = AtomicUsize::new(0);
+    let waiter = |i: usize| {
+        let (name, order, queued) = (&name, &order, &queued);
+        async move {
+            // Join the queue only after waiter i-1 has joined it.
+            while queued.load(Ordering::SeqCst) < i {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let acquire = lock.acquire(
+                name,
+                AcquireOptions::new().wait_timeout(Duration::from_secs(30)),
+            );
+            let queued_now = async {
+                until_waiters(lock, name, i + 1).await;
+                queued.fetch_add(1, Ordering::SeqCst);
+            };
+            let (guard, ()) = tokio::join!(acquire, queued_now);
+            let guard = guard.expect("waiter acquires");
+            order.lock().unwrap().push(i);
+            guard.release().await.expect("release");
+        }
+    };
+    let release_holder = async {
+        while queued.load(Ordering::SeqCst) < WAITERS {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        holder.release().await.expect("release");
+    };
+    tokio::join!(join_all((0..WAITERS).map(waiter)), release_holder);
+    assert_eq!(
+        order.into_inner().unwrap(),
+        (0..WAITERS).collect::<Vec<_>>()
+    );
+}
+
+/// Releasing is safe to repeat: a second release of the same grant is `Ok` and a late one
+/// never frees a newer holder's lock.
+pub async fn release_is_idempotent(lock: &dyn DistributedLock) {
+    let name = unique_name("idempotent-release");
+    let first = lock.lock(&name).await.expect("acquire");
+    let handle = first.held().clone();
+    handle.release().await.expect("first release");
+    handle
+        .release()
+        .await
+        .expect("repeated release of a released grant");
+    let second = lock
+        .acquire(
+            &name,
+            AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("lock is free after release");
+    // The first guard's own release and drop come late: they must not touch `second`.
+    match first.release().await {
+        Ok(()) | Err(Error::Lost { .. }) => {}
+        Err(e) => panic!("late release failed: {e:?}"),
+    }
+    handle.release().await.expect("late repeated release");
+    assert!(!second.is_lost());
+    assert!(
+        lock.try_lock(&name).await.expect("try_lock").is_none(),
+        "late release freed a newer holder"
+    );
+    second
+        .release()
+        .await
+        .expect("newer holder releases normally");
+}
+
+/// `with_lock` runs the closure with the guard's token, returns its value, and releases.
+pub async fn with_lock_runs_and_releases(lock: &dyn DistributedLock) {
+    let name = unique_name("with-lock");
+    let seen = Mutex::new(None::<FencingToken>);
+    let (seen_ref, name_ref) = (&seen, &name);
+    let value = lock
+        .with_lock(&name, |token| async move {
+            *seen_ref.lock().unwrap() = Some(token);
+            assert!(
+                lock.try_lock(name_ref).await.expect("try_lock").is_none(),
+                "held inside with_lock"
+            );
+            7
+        })
+        .await
+        .expect("with_lock");
+    assert_eq!(value, 7);
+    assert!(seen.into_inner().unwrap().is_some());
+    let after = lock
+        .try_lock(&name)
+        .await
+        .expect("try_lock")
+        .expect("released after with_lock");
+    after.release().await.expect("release");
+}

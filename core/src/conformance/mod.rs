@@ -1,0 +1,69 @@
+//! The conformance suite: the contract of [`DistributedLock`], as plain async functions.
+//!
+//! Every backend runs every case against real servers, one generated test per
+//! (backend, case), through [`conformance_suite!`](crate::conformance_suite). Each case
+//! takes `&dyn DistributedLock`, uses lock names under a random prefix per process run
+//! (so runs never see each other's state), and panics with a message on violation. Cases
+//! that depend on an optional property (FIFO order, waiter counts) check
+//! [`capabilities`](DistributedLock::capabilities) and test what is claimed.
+//!
+//! ```text
+//! mod mem {
+//!     fencelock_core::conformance_suite!(std::sync::Arc::new(fencelock_core::MemoryLock::new()));
+//! }
+//! ```
+
+mod cancellation;
+mod exclusion;
+mod expiry;
+mod names;
+mod support;
+
+pub use cancellation::{cancelled_acquires_leave_nothing, dropped_guard_frees_promptly};
+pub use exclusion::{
+    fifo_order, mutual_exclusion, release_is_idempotent, try_lock_under_contention,
+    wait_timeout_is_honoured, with_lock_runs_and_releases,
+};
+pub use expiry::{
+    fixed_lease_expires_and_reports_loss, renewing_lease_outlives_its_duration,
+    with_lock_cancels_work_on_loss,
+};
+pub use names::{invalid_input_is_rejected, odd_names_are_independent};
+pub use support::unique_name;
+
+/// Generates one `#[tokio::test]` per conformance case, each calling `$setup` (an
+/// expression that may `.await`, evaluating to something that dereferences to a
+/// [`DistributedLock`](crate::DistributedLock), such as `Arc<dyn DistributedLock>`) to get
+/// a fresh client.
+///
+/// The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features as a
+/// dev-dependency.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($setup:expr) => {
+        $crate::conformance_suite!(@cases $setup;
+            mutual_exclusion,
+            try_lock_under_contention,
+            wait_timeout_is_honoured,
+            fifo_order,
+            release_is_idempotent,
+            with_lock_runs_and_releases,
+            fixed_lease_expires_and_reports_loss,
+            renewing_lease_outlives_its_duration,
+            with_lock_cancels_work_on_loss,
+            cancelled_acquires_leave_nothing,
+            dropped_guard_frees_promptly,
+            odd_names_are_independent,
+            invalid_input_is_rejected,
+        );
+    };
+    (@cases $setup:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let lock = $setup;
+                $crate::conformance::$case(&*lock).await;
+            }
+        )+
+    };
+}

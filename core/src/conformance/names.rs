@@ -1,0 +1,94 @@
+//! Names and input validation.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use super::support::unique_name;
+use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error, MAX_NAME_LEN};
+
+/// Odd but valid names (unicode, `/`, `..`, `{}`, spaces, a prefix of another name,
+/// 1 KiB, the maximum length) all work and are independent: all are held at once.
+pub async fn odd_names_are_independent(lock: &dyn DistributedLock) {
+    let base = unique_name("odd-names");
+    let mut names: Vec<String> = [
+        "",
+        "/",
+        "/a",
+        "/a/b",
+        "/a/b/",
+        "/..",
+        "/../..",
+        "/.",
+        "/{tag}",
+        "/{tag}x",
+        "/with space",
+        "/锁/订单-8842",
+        "/émoji-🔒",
+        "/%2F",
+        "/a%2Fb",
+        "/*",
+        "/?x=1#y",
+        "/\\",
+        "/ ",
+    ]
+    .iter()
+    .map(|suffix| format!("{base}{suffix}"))
+    .collect();
+    names.push(format!("{base}/{}", "k".repeat(1024)));
+    names.push(format!(
+        "{base}/{}",
+        "m".repeat(MAX_NAME_LEN - base.len() - 1)
+    ));
+    names.push(format!("{{{base}}}"));
+    let guards = join_all(names.iter().map(|name| lock.try_lock(name))).await;
+    let mut held = Vec::new();
+    for (name, guard) in names.iter().zip(guards) {
+        let guard = guard
+            .unwrap_or_else(|e| panic!("{:.80}: {e:?}", name))
+            .unwrap_or_else(|| panic!("{:.80}: held by another name", name));
+        assert_eq!(guard.name(), name);
+        held.push(guard);
+    }
+    for guard in held {
+        let name = guard.name().to_owned();
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("{name:.80}: {e:?}"));
+    }
+}
+
+/// Invalid names and options fail with typed errors, before any I/O.
+pub async fn invalid_input_is_rejected(lock: &dyn DistributedLock) {
+    let too_long = "x".repeat(MAX_NAME_LEN + 1);
+    for name in ["", "nul\0byte", "new\nline", "\u{7f}", &too_long] {
+        let err = lock.try_lock(name).await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidName { .. }),
+            "{name:.20?}: {err:?}"
+        );
+        let err = lock.inspect(name).await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidName { .. }),
+            "{name:.20?}: {err:?}"
+        );
+    }
+    let name = unique_name("invalid-options");
+    let err = lock
+        .acquire(&name, AcquireOptions::new().lease(Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    let min = lock.capabilities().min_lease;
+    if min > Duration::from_millis(1) {
+        let err = lock
+            .acquire(&name, AcquireOptions::new().fixed_lease(min / 2))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    }
+    // Nothing was left behind by the failed calls.
+    let guard = lock.try_lock(&name).await.expect("try_lock").expect("free");
+    guard.release().await.expect("release");
+}

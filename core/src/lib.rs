@@ -1,0 +1,51 @@
+//! The lock contract of [fencelock](https://docs.rs/fencelock): the [`DistributedLock`]
+//! trait every backend implements, the [`LockGuard`] with its [`FencingToken`], options,
+//! errors, capabilities, name rules, and the in-memory backend [`MemoryLock`].
+//!
+//! Applications normally depend on the `fencelock` facade crate, which re-exports all of
+//! this and adds `connect(url)`. Backend crates depend on this crate alone.
+//!
+//! With the `conformance` feature, the `conformance` module holds the suite every backend must
+//! pass.
+//!
+//! # Safety model in one paragraph
+//!
+//! A lease is not exclusion: a holder that pauses (GC, swap, a stopped VM) past its lease
+//! still believes it holds the lock while the backend has given it to someone else. Every
+//! guard therefore carries a [`FencingToken`] larger than all before it, and the
+//! resource must refuse writes with a token lower than one it has already seen (see
+//! [`FencedRegister`]). The guard also reports loss as soon as this client can no longer
+//! guarantee ownership ([`LockGuard::lost`]), at the latest at its conservative local
+//! deadline ([`LockGuard::valid_until`]).
+
+mod capabilities;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod error;
+mod ext;
+mod fence;
+mod guard;
+mod liveness;
+mod lock;
+mod memory;
+mod name;
+mod options;
+mod token;
+
+pub use capabilities::{Capabilities, FencingStrength, LossDetection};
+pub use error::{BoxError, Error};
+pub use ext::DistributedLockExt;
+pub use fence::{FencedRegister, StaleToken};
+pub use guard::{HeldLock, LockGuard};
+pub use liveness::Liveness;
+pub use lock::{DistributedLock, HolderInfo, LockInfo};
+pub use memory::MemoryLock;
+pub use name::{MAX_NAME_LEN, validate_name};
+pub use options::{AcquireOptions, DEFAULT_LEASE, Lease, Wait};
+pub use token::FencingToken;
+
+/// Re-exports for the macros of this crate. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use tokio;
+}

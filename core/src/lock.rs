@@ -1,0 +1,186 @@
+//! The trait every backend implements.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{AcquireOptions, Capabilities, Error, FencingToken, LockGuard};
+
+/// A distributed lock service: etcd, ZooKeeper, Redis, memory, or a layer over one.
+///
+/// Application code holds an `Arc<dyn DistributedLock>` (what
+/// `fencelock::connect` returns) and uses the conveniences of
+/// [`DistributedLockExt`](crate::DistributedLockExt): `lock`, `try_lock`, `with_lock`.
+///
+/// # Contract
+///
+/// Every implementation keeps these promises, checked by the conformance suite:
+///
+/// 1. **Mutual exclusion**: for one name, at most one guard is valid at any instant, within
+///    the limits [`capabilities`](Self::capabilities) states.
+/// 2. **Fencing**: each guard's token is larger than every token granted before for the
+///    same name.
+/// 3. **Leases**: a renewing lease is renewed every third of its duration while the guard
+///    lives; a fixed lease is never renewed.
+/// 4. **Loss is reported** through the guard, at the latest at its `valid_until()`.
+/// 5. **Release** deletes only this grant, never a newer holder's.
+/// 6. **Cancellation**: dropping an `acquire` future at any await point leaves nothing
+///    behind (no key, no queue entry, no task), promptly.
+/// 7. **Waiting** does not poll: waiters are woken by the backend.
+/// 8. **Names**: every name accepted by [`validate_name`](crate::validate_name) works and
+///    is independent of every other name; bad names fail before any I/O.
+#[async_trait]
+pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
+    /// Takes the lock `name`, waiting as `options` allow.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped at any point, nothing is left behind. A
+    /// grant that was already made is released (in the background for remote backends).
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidName`], [`Error::InvalidConfig`] for bad input, before any I/O;
+    /// - [`Error::Contended`] with [`Wait::NoWait`](crate::Wait::NoWait) when held;
+    /// - [`Error::Timeout`] when the wait ran out;
+    /// - [`Error::Lost`] when the backend session ended while waiting;
+    /// - [`Error::Unavailable`] / [`Error::Backend`] for backend failures
+    ///   ([`Error::is_retryable`] tells which are worth retrying).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fencelock_core::{AcquireOptions, DistributedLock, MemoryLock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+    /// let locks = MemoryLock::new();
+    /// let opts = AcquireOptions::new().wait_timeout(Duration::from_secs(5));
+    /// let guard = locks.acquire("orders/SKU-8842", opts).await?;
+    /// println!("holding with token {}", guard.token());
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error>;
+
+    /// Reports who holds `name` and how many wait, as far as the backend can tell.
+    ///
+    /// For operators and tests; the answer can be stale by the time it arrives.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a bad name; backend errors as for `acquire`.
+    async fn inspect(&self, name: &str) -> Result<LockInfo, Error>;
+
+    /// What this backend guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// A short static name of the backend (`"mem"`, `"etcd"`, `"zookeeper"`, `"redis"`,
+    /// ...), used in errors and metrics.
+    fn backend(&self) -> &'static str;
+}
+
+/// What [`DistributedLock::inspect`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The current holder, if any.
+    pub holder: Option<HolderInfo>,
+    /// How many are waiting, where the backend can tell.
+    pub waiters: Option<usize>,
+}
+
+impl LockInfo {
+    /// A lock nobody holds.
+    pub fn free(waiters: Option<usize>) -> Self {
+        LockInfo {
+            holder: None,
+            waiters,
+        }
+    }
+
+    /// A held lock.
+    pub fn held(holder: HolderInfo, waiters: Option<usize>) -> Self {
+        LockInfo {
+            holder: Some(holder),
+            waiters,
+        }
+    }
+
+    /// Whether someone holds the lock.
+    pub fn is_held(&self) -> bool {
+        self.holder.is_some()
+    }
+}
+
+/// The holder of a lock, as [`DistributedLock::inspect`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// A backend-specific identity of the owner (lease id, session id, owner value).
+    pub owner: String,
+    /// The holder's fencing token.
+    pub token: FencingToken,
+    /// Time left before the backend expires the lock unless renewed, where known.
+    pub remaining_lease: Option<Duration>,
+}
+
+impl HolderInfo {
+    /// Describes a holder.
+    pub fn new(
+        owner: impl Into<String>,
+        token: FencingToken,
+        remaining_lease: Option<Duration>,
+    ) -> Self {
+        HolderInfo {
+            owner: owner.into(),
+            token,
+            remaining_lease,
+        }
+    }
+}
+
+macro_rules! forward {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<T: DistributedLock + ?Sized> DistributedLock for $ty {
+            async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+                (**self).acquire(name, options).await
+            }
+            async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+                (**self).inspect(name).await
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            fn backend(&self) -> &'static str {
+                (**self).backend()
+            }
+        }
+    )*};
+}
+
+forward!(Arc<T>, Box<T>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryLock;
+
+    #[test]
+    fn is_dyn_compatible_and_forwards_through_arc_and_box() {
+        let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+        let boxed: Box<dyn DistributedLock> = Box::new(lock.clone());
+        assert_eq!(boxed.backend(), "mem");
+        assert_eq!(boxed.capabilities(), lock.capabilities());
+        fn needs_lock<L: DistributedLock>(_: &L) {}
+        needs_lock(&lock);
+        needs_lock(&boxed);
+    }
+}

@@ -1,0 +1,102 @@
+//! A lock held in memory: renewal task and release.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use tokio::task::AbortHandle;
+
+use super::Shared;
+use super::table::Renewal;
+use crate::{Error, HeldLock, Lease, Liveness};
+
+/// The backend side of a memory guard.
+#[derive(Debug)]
+pub(super) struct MemoryHeld {
+    shared: Arc<Shared>,
+    name: Arc<str>,
+    id: u64,
+    renewal: Option<AbortHandle>,
+    released: AtomicBool,
+}
+
+impl MemoryHeld {
+    /// Starts renewing a renewing lease every third of its duration; a fixed lease gets
+    /// no task at all.
+    pub(super) fn start(
+        shared: Arc<Shared>,
+        name: Arc<str>,
+        id: u64,
+        lease: Lease,
+        liveness: Liveness,
+    ) -> Self {
+        let renewal = match lease {
+            Lease::Fixed(_) => None,
+            Lease::Renewing(duration) => {
+                let (shared, name) = (shared.clone(), name.clone());
+                let task = tokio::spawn(async move {
+                    let mut tick = tokio::time::interval_at(
+                        tokio::time::Instant::now() + lease.renew_interval(),
+                        lease.renew_interval(),
+                    );
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tick.tick().await;
+                        let renewal = shared.table().renew(&name, id, duration);
+                        if let Renewal::Gone = renewal {
+                            liveness.mark_lost("the lock was no longer held at renewal");
+                            return;
+                        }
+                    }
+                });
+                Some(task.abort_handle())
+            }
+        };
+        MemoryHeld {
+            shared,
+            name,
+            id,
+            renewal,
+            released: AtomicBool::new(false),
+        }
+    }
+
+    fn stop_renewal(&self) {
+        if let Some(renewal) = &self.renewal {
+            renewal.abort();
+        }
+    }
+
+    fn release_now(&self) -> Result<(), Error> {
+        self.stop_renewal();
+        let held = self.shared.table().release(&self.name, self.id);
+        if held {
+            self.released.store(true, Ordering::Release);
+        }
+        if held || self.released.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::lost(
+                self.name.as_ref(),
+                "the lock was no longer held at release",
+            ))
+        }
+    }
+}
+
+#[async_trait]
+impl HeldLock for MemoryHeld {
+    async fn release(&self) -> Result<(), Error> {
+        self.release_now()
+    }
+
+    fn release_in_background(&self) {
+        let _ = self.release_now();
+    }
+}
+
+impl Drop for MemoryHeld {
+    fn drop(&mut self) {
+        self.stop_renewal();
+    }
+}

@@ -1,0 +1,227 @@
+//! The in-memory backend (`mem://`): the embedded default and a test double for
+//! applications' own tests.
+
+mod held;
+mod table;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use self::held::MemoryHeld;
+use self::table::{Attempt, Table};
+use crate::{
+    AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, LockGuard, LockInfo,
+    LossDetection, Wait, validate_name,
+};
+
+const BACKEND: &str = "mem";
+
+/// Locks held in this process's memory, with the full semantics of the remote backends.
+///
+/// Leases expire when not renewed, renewing leases are renewed every third of their
+/// duration while the guard lives, loss is reported at the deadline, waiters are served in
+/// FIFO order without polling, tokens strictly increase, and a dropped `acquire` leaves
+/// nothing behind. All timing uses `tokio::time`, so tests can run it on a paused clock.
+///
+/// It excludes tasks of one process only. Clones share the same locks; so do instances
+/// obtained with [`MemoryLock::named`] (what `mem://NAME` connects to), while
+/// [`MemoryLock::new`] creates an independent set.
+///
+/// # Examples
+///
+/// ```
+/// use fencelock_core::{DistributedLockExt, MemoryLock};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+/// let locks = MemoryLock::new();
+/// let a = locks.lock("job").await?;
+/// assert!(locks.try_lock("job").await?.is_none());
+/// a.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryLock {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    instance: u64,
+    table: Mutex<Table>,
+}
+
+impl Shared {
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl MemoryLock {
+    /// A new, independent set of locks.
+    pub fn new() -> Self {
+        static INSTANCES: AtomicU64 = AtomicU64::new(0);
+        MemoryLock {
+            shared: Arc::new(Shared {
+                instance: INSTANCES.fetch_add(1, Ordering::Relaxed) + 1,
+                table: Mutex::new(Table::default()),
+            }),
+        }
+    }
+
+    /// The process-wide set of locks called `namespace` (`""` for `mem://`), created on
+    /// first use. Every caller naming the same namespace shares its locks.
+    pub fn named(namespace: &str) -> Self {
+        static NAMED: OnceLock<Mutex<HashMap<String, MemoryLock>>> = OnceLock::new();
+        let mut named = NAMED
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        named.entry(namespace.to_owned()).or_default().clone()
+    }
+
+    /// Takes `name` away from its current holder, as an operator deleting a key would:
+    /// the holder's guard reports loss at once and the next waiter is served. Returns
+    /// whether the lock was held. For testing how an application reacts to loss.
+    pub fn revoke(&self, name: &str) -> bool {
+        self.shared.table().revoke(name)
+    }
+
+    /// How many names currently have a holder or a waiter. Zero when nothing is held
+    /// and nobody waits: no state is kept for idle names.
+    pub fn active_names(&self) -> usize {
+        self.shared.table().active_names()
+    }
+}
+
+impl Default for MemoryLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLock")
+            .field("instance", &self.shared.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A waiter's place in a queue; leaving it (by drop) removes the place.
+struct Ticket<'a> {
+    shared: &'a Shared,
+    name: &'a Arc<str>,
+    id: u64,
+    queued: bool,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.queued {
+            self.shared.table().leave(self.name, self.id);
+        }
+    }
+}
+
+impl MemoryLock {
+    async fn wait_for_grant(
+        &self,
+        name: &Arc<str>,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let lease = options.lease_kind();
+        let queue = options.wait_kind() != Wait::NoWait;
+        let wake = Arc::new(Notify::new());
+        let id = self.shared.table().next_id();
+        let mut ticket = Ticket {
+            shared: &self.shared,
+            name,
+            id,
+            queued: false,
+        };
+        loop {
+            let attempt = self
+                .shared
+                .table()
+                .attempt(name, id, &wake, lease.duration(), queue);
+            match attempt {
+                Attempt::Granted(token, liveness) => {
+                    // The table took us off the queue when it granted the lock.
+                    ticket.queued = false;
+                    let held = MemoryHeld::start(
+                        self.shared.clone(),
+                        name.clone(),
+                        id,
+                        lease,
+                        liveness.clone(),
+                    );
+                    return Ok(LockGuard::new(
+                        name.as_ref(),
+                        token,
+                        BACKEND,
+                        liveness,
+                        Arc::new(held),
+                    ));
+                }
+                Attempt::Contended => {
+                    return Err(Error::Contended {
+                        name: name.to_string(),
+                    });
+                }
+                Attempt::Queued { wake_at } => {
+                    ticket.queued = true;
+                    match wake_at {
+                        Some(at) => {
+                            tokio::select! {
+                                _ = wake.notified() => {}
+                                _ = tokio::time::sleep_until(at) => {}
+                            }
+                        }
+                        None => wake.notified().await,
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(Duration::ZERO)?;
+        let key: Arc<str> = Arc::from(name);
+        match options.wait_kind() {
+            Wait::Timeout(limit) => tokio::time::timeout(limit, self.wait_for_grant(&key, options))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
+                        name: name.to_owned(),
+                        waited: limit,
+                    })
+                }),
+            Wait::NoWait | Wait::Forever => self.wait_for_grant(&key, options).await,
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+        validate_name(name)?;
+        Ok(self.shared.table().inspect(name, self.shared.instance))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(true, FencingStrength::Strong, true, LossDetection::Notified)
+            .with_counts_waiters(true)
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+}
+
+#[cfg(test)]
+mod tests;

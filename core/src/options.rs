@@ -1,0 +1,197 @@
+//! How long to wait for a lock and how long to hold it.
+
+use std::time::Duration;
+
+use crate::Error;
+
+/// The lease of a renewing lock when none is given: 30 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// How a held lock stays held.
+///
+/// A lease is the time after which the backend frees a lock whose holder went silent
+/// (crashed, partitioned, paused). It bounds how long others wait for a dead holder; it
+/// does **not** guarantee exclusion on its own (a paused holder can outlive its lease),
+/// which is what [fencing tokens](crate::FencingToken) are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// The lease is renewed every third of its duration for as long as the guard lives,
+    /// so the lock is held until released, dropped or lost. The default, with
+    /// [`DEFAULT_LEASE`].
+    Renewing(Duration),
+    /// The lease is never renewed: the lock expires at the latest after this duration
+    /// even if the guard is still alive, and the guard then reports loss. Chosen
+    /// explicitly, never as a side effect of passing a duration.
+    Fixed(Duration),
+}
+
+impl Lease {
+    /// The lease duration.
+    pub fn duration(self) -> Duration {
+        match self {
+            Lease::Renewing(d) | Lease::Fixed(d) => d,
+        }
+    }
+
+    /// Whether the lease is renewed while the guard lives.
+    pub fn is_renewing(self) -> bool {
+        matches!(self, Lease::Renewing(_))
+    }
+
+    /// How often a renewing lease is renewed: a third of its duration.
+    pub fn renew_interval(self) -> Duration {
+        self.duration() / 3
+    }
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Lease::Renewing(DEFAULT_LEASE)
+    }
+}
+
+/// How long `acquire` waits while someone else holds the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wait {
+    /// Do not wait: fail with [`Error::Contended`] if the lock is held.
+    NoWait,
+    /// Wait at most this long, then fail with [`Error::Timeout`].
+    Timeout(Duration),
+    /// Wait until the lock is granted (or an error occurs). The default.
+    #[default]
+    Forever,
+}
+
+/// Options for one [`acquire`](crate::DistributedLock::acquire).
+///
+/// The default is a renewing 30 s lease and waiting forever.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_core::{AcquireOptions, Lease, Wait};
+///
+/// let opts = AcquireOptions::new()
+///     .lease(Duration::from_secs(10))          // renewed every 3.3 s
+///     .wait_timeout(Duration::from_secs(2));
+/// assert_eq!(opts.lease_kind(), Lease::Renewing(Duration::from_secs(10)));
+/// assert_eq!(opts.wait_kind(), Wait::Timeout(Duration::from_secs(2)));
+///
+/// // A lease that is never renewed must be asked for by name.
+/// let fixed = AcquireOptions::new().fixed_lease(Duration::from_secs(5)).no_wait();
+/// assert_eq!(fixed.lease_kind(), Lease::Fixed(Duration::from_secs(5)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AcquireOptions {
+    lease: Lease,
+    wait: Wait,
+}
+
+impl AcquireOptions {
+    /// Renewing 30 s lease, wait forever.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A renewing lease of this duration (renewed every third of it).
+    pub fn lease(mut self, duration: Duration) -> Self {
+        self.lease = Lease::Renewing(duration);
+        self
+    }
+
+    /// A fixed lease of this duration that is never renewed.
+    pub fn fixed_lease(mut self, duration: Duration) -> Self {
+        self.lease = Lease::Fixed(duration);
+        self
+    }
+
+    /// Sets the lease directly.
+    pub fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the wait directly.
+    pub fn wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Do not wait if the lock is held.
+    pub fn no_wait(self) -> Self {
+        self.wait(Wait::NoWait)
+    }
+
+    /// Wait at most this long.
+    pub fn wait_timeout(self, timeout: Duration) -> Self {
+        self.wait(Wait::Timeout(timeout))
+    }
+
+    /// Wait until the lock is granted.
+    pub fn wait_forever(self) -> Self {
+        self.wait(Wait::Forever)
+    }
+
+    /// The lease.
+    pub fn lease_kind(&self) -> Lease {
+        self.lease
+    }
+
+    /// The wait.
+    pub fn wait_kind(&self) -> Wait {
+        self.wait
+    }
+
+    /// Checks the options against a backend's minimum lease.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if the lease is zero or shorter than `min_lease`. The
+    /// lease is never silently raised to the minimum.
+    pub fn validate(&self, min_lease: Duration) -> Result<(), Error> {
+        let lease = self.lease.duration();
+        if lease.is_zero() {
+            return Err(Error::InvalidConfig(
+                "the lease must be longer than zero".into(),
+            ));
+        }
+        if lease < min_lease {
+            return Err(Error::InvalidConfig(format!(
+                "a lease of {lease:?} is shorter than this backend's minimum of {min_lease:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_a_renewing_30s_lease_and_waiting_forever() {
+        let o = AcquireOptions::new();
+        assert_eq!(o.lease_kind(), Lease::Renewing(Duration::from_secs(30)));
+        assert_eq!(o.lease_kind().renew_interval(), Duration::from_secs(10));
+        assert_eq!(o.wait_kind(), Wait::Forever);
+    }
+
+    #[test]
+    fn validation_never_adjusts_the_lease() {
+        let min = Duration::from_secs(2);
+        assert!(
+            AcquireOptions::new()
+                .lease(Duration::ZERO)
+                .validate(min)
+                .is_err()
+        );
+        assert!(
+            AcquireOptions::new()
+                .fixed_lease(Duration::from_secs(1))
+                .validate(min)
+                .is_err()
+        );
+        assert!(AcquireOptions::new().fixed_lease(min).validate(min).is_ok());
+    }
+}
