@@ -1,0 +1,20 @@
+//! The conformance suite on the in-memory backend, reached the way applications reach it:
+//! through `fencelock::connect("mem://")`.
+
+mod mem {
+    fencelock_core::conformance_suite!(
+        fencelock::connect("mem://conformance")
+            .await
+            .expect("connect mem://")
+    );
+}
+
+/// The memory backend's own bookkeeping is empty after the cancellation case: no name,
+/// waiter or holder is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mem_cancellation_leaves_no_state() {
+    let locks = fencelock::MemoryLock::new();
+    fencelock_core::conformance::cancelled_acquires_leave_nothing(&locks).await;
+    fencelock_core::conformance::dropped_guard_frees_promptly(&locks).await;
+    assert_eq!(locks.active_names(), 0);
+}
