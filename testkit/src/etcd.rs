@@ -1,0 +1,316 @@
+//! A throwaway single-node `etcd` (and the member type of [`crate::EtcdCluster`]).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::binaries::require_program;
+use crate::launch::{log_tail, wait_ready, with_retries};
+use crate::net::http;
+use crate::port::free_ports;
+use crate::process::{ServerProcess, at_exit};
+
+/// How long a start or restart may take before it counts as failed.
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Timeout of one HTTP probe.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// An `etcd` member on free loopback client and peer ports, with its data directory in
+/// a temporary directory. Killed (SIGKILL) when dropped.
+///
+/// Started alone by [`EtcdServer::start`], it is a one-node cluster with fast raft
+/// timing (`--heartbeat-interval 50 --election-timeout 500`). [`crate::EtcdCluster`]
+/// hands out its members as `EtcdServer`s too.
+pub struct EtcdServer {
+    process: ServerProcess,
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    args: Vec<String>,
+    /// Member of a multi-node cluster: a restart waits only until it answers, since it
+    /// may be unable to find a leader alone.
+    clustered: bool,
+    log: PathBuf,
+    dir: TempDir,
+}
+
+/// What a member needs to know to start.
+pub(crate) struct MemberSpec<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) client_port: u16,
+    pub(crate) peer_port: u16,
+    pub(crate) initial_cluster: &'a str,
+    pub(crate) token: &'a str,
+    pub(crate) clustered: bool,
+    pub(crate) extra: &'a [&'a str],
+}
+
+impl EtcdServer {
+    /// Starts a one-node etcd and waits until `/health` reports `"health":"true"`.
+    ///
+    /// Panics if `etcd` is not installed or does not come up.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`EtcdServer::start`] with extra `etcd` flags appended after the defaults;
+    /// a repeated flag takes its last value, so e.g. `&["--heartbeat-interval", "100",
+    /// "--election-timeout", "1000"]` overrides the fast defaults.
+    pub fn start_with(args: &[&str]) -> Self {
+        with_retries("etcd", || {
+            let ports = free_ports(2);
+            let (client_port, peer_port) = (ports[0], ports[1]);
+            let initial_cluster = format!("n0=http://127.0.0.1:{peer_port}");
+            let token = format!("fencelock-{client_port}");
+            let server = EtcdServer::spawn_member(&MemberSpec {
+                name: "n0",
+                client_port,
+                peer_port,
+                initial_cluster: &initial_cluster,
+                token: &token,
+                clustered: false,
+                extra: args,
+            })?;
+            server.wait_up(true)?;
+            Ok(server)
+        })
+    }
+
+    /// One server per test process, started on first use and shared by every test in
+    /// it. Do not pause, kill or restart it: other tests use it concurrently. It dies
+    /// with the process; its directory is removed at normal exit.
+    pub fn shared() -> &'static EtcdServer {
+        static SHARED: OnceLock<EtcdServer> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            at_exit(|| {
+                if let Some(server) = SHARED.get() {
+                    if server.process.kill_at_exit() {
+                        let _ = std::fs::remove_dir_all(server.dir());
+                    }
+                }
+            });
+            EtcdServer::start()
+        })
+    }
+
+    /// Creates the member's directory and spawns it, without waiting.
+    pub(crate) fn spawn_member(spec: &MemberSpec<'_>) -> Result<EtcdServer, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-etcd-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+        let client_url = format!("http://127.0.0.1:{}", spec.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", spec.peer_port);
+        let mut args: Vec<String> = [
+            "--name",
+            spec.name,
+            "--data-dir",
+            &dir.path().join("data").display().to_string(),
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            spec.initial_cluster,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            spec.token,
+            "--heartbeat-interval",
+            "50",
+            "--election-timeout",
+            "500",
+            "--logger",
+            "zap",
+            "--log-outputs",
+            "stderr",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(spec.extra.iter().map(|s| s.to_string()));
+        let server = EtcdServer {
+            process: ServerProcess::new(),
+            name: spec.name.to_string(),
+            client_port: spec.client_port,
+            peer_port: spec.peer_port,
+            args,
+            clustered: spec.clustered,
+            log: dir.path().join("etcd.log"),
+            dir,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&self) -> Result<(), String> {
+        let program = require_program("etcd", "etcd-server");
+        let mut command = Command::new(&program);
+        command.args(&self.args).current_dir(self.dir.path());
+        if cfg!(target_arch = "aarch64") {
+            // etcd 3.4 refuses to start on arm64 without this.
+            command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
+        }
+        self.process
+            .start(command, &self.log)
+            .map_err(|e| format!("cannot spawn {}: {e}", program.display()))
+    }
+
+    /// Waits until the member is healthy (`healthy`) or merely answers HTTP; kills it
+    /// on failure.
+    pub(crate) fn wait_up(&self, healthy: bool) -> Result<(), String> {
+        let what = format!("etcd member {} on port {}", self.name, self.client_port);
+        let result = wait_ready(&self.process, &self.log, &what, READY_TIMEOUT, || {
+            if healthy {
+                self.is_healthy()
+            } else {
+                self.health_body().is_some()
+            }
+        });
+        if result.is_err() {
+            self.process.kill();
+        }
+        result
+    }
+
+    /// The response to `GET /health`, if the member answers.
+    fn health_body(&self) -> Option<String> {
+        http(self.client_port, "GET", "/health", "", PROBE_TIMEOUT)
+            .ok()
+            .filter(|r| r.contains("\"health\""))
+    }
+
+    /// Whether `GET /health` says `"health":"true"` (the member sees a leader), or,
+    /// failing that, the maintenance status names a leader.
+    pub fn is_healthy(&self) -> bool {
+        self.health_body()
+            .is_some_and(|body| body.contains("\"health\":\"true\""))
+            || self
+                .status()
+                .is_some_and(|(_, leader)| !leader.is_empty() && leader != "0")
+    }
+
+    /// `(member_id, leader_id)` from `POST /v3/maintenance/status`, as decimal strings.
+    pub(crate) fn status(&self) -> Option<(String, String)> {
+        let response = http(
+            self.client_port,
+            "POST",
+            "/v3/maintenance/status",
+            "{}",
+            PROBE_TIMEOUT,
+        )
+        .ok()?;
+        Some((
+            json_string_field(&response, "member_id")?,
+            json_string_field(&response, "leader")?,
+        ))
+    }
+
+    /// The member name (`n0` for a single server, `m0`, `m1`, ... in a cluster).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The client port.
+    pub fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// The raft peer port.
+    pub fn peer_port(&self) -> u16 {
+        self.peer_port
+    }
+
+    /// `127.0.0.1:PORT` (client port).
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// `http://127.0.0.1:PORT` (client port).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The pid of the server process (of the last one, after [`EtcdServer::kill`]).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The temporary directory; the data directory is `data/` inside it.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The file receiving the server's stdout and stderr.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last lines of the server log, for diagnostics.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log)
+    }
+
+    /// Whether the server process is running (paused counts as running).
+    pub fn is_running(&self) -> bool {
+        self.process.is_running()
+    }
+
+    /// Freezes the server with SIGSTOP: connections stay open, nothing is answered,
+    /// leases are not expired by it meanwhile.
+    pub fn pause(&self) {
+        self.process.pause();
+    }
+
+    /// Thaws a [`EtcdServer::pause`]d server with SIGCONT.
+    pub fn resume(&self) {
+        self.process.resume();
+    }
+
+    /// Kills the server with SIGKILL and reaps it. Ports and data directory are kept
+    /// for [`EtcdServer::restart`]. Does nothing if it is not running.
+    pub fn kill(&self) {
+        self.process.kill();
+    }
+
+    /// Starts the server again on the same ports and data directory (the data
+    /// persists), killing it first if it still runs. A single server is waited for
+    /// until healthy; a cluster member only until it answers, since it may need other
+    /// members to elect a leader.
+    pub fn restart(&self) {
+        self.process.kill();
+        with_retries(
+            &format!(
+                "etcd member {} again on port {}",
+                self.name, self.client_port
+            ),
+            || {
+                self.spawn()?;
+                self.wait_up(!self.clustered)
+            },
+        );
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.process.kill();
+    }
+}
+
+/// The value of the first `"key":"value"` string field in a JSON text (etcd's gateway
+/// encodes 64-bit ids as strings). Good enough for the fixed shapes etcd returns.
+fn json_string_field(json: &str, key: &str) -> Option<String> {
+    let pattern = format!("\"{key}\":\"");
+    let start = json.find(&pattern)? + pattern.len();
+    let len = json[start..].find('"')?;
+    Some(json[start..start + len].to_string())
+}

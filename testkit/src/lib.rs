@@ -1,0 +1,29 @@
+//! Real etcd, ZooKeeper and Redis servers for fencelock's tests.
+//!
+//! Every server runs on free loopback ports in its own temporary directory, is waited
+//! for until it answers, and is killed (SIGKILL, then reaped) when its handle is
+//! dropped. Servers are spawned from one long-lived thread with
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so they die with the test process even if that process
+//! is killed. A missing server binary is a panic naming the Debian package, never a
+//! skipped test: run `./scripts/test` to install them.
+//!
+//! The library uses only std, `libc` and `tempfile`: no async runtime, no clients.
+
+mod binaries;
+mod etcd;
+mod etcd_cluster;
+mod launch;
+mod net;
+mod port;
+mod process;
+mod redis;
+mod zk_ensemble;
+mod zookeeper;
+
+pub use etcd::EtcdServer;
+pub use etcd_cluster::EtcdCluster;
+pub use port::{free_port, free_ports, port_open};
+pub use process::process_alive;
+pub use redis::RedisServer;
+pub use zk_ensemble::ZkEnsemble;
+pub use zookeeper::ZkServer;
