@@ -1,21 +1,41 @@
-//! fencelock backend for etcd v3. Not implemented yet: [`connect`] reports that.
+//! etcd backend of [fencelock](https://docs.rs/fencelock): session lease, revision-ordered
+//! FIFO waiting, create-revision fencing tokens, compatible with etcd's own Go lock.
+//!
+//! Use it through `fencelock::connect("etcd://host:2379/prefix")`, or directly with
+//! [`EtcdLock::connect`]. See [`EtcdConfig`] for the URL form and [`EtcdLock`] for the
+//! algorithm.
+
+mod config;
+mod error;
+mod fence;
+mod gate;
+mod held;
+mod keys;
+mod lock;
+mod session;
+mod tls;
+mod wait;
 
 use std::sync::Arc;
 
 use fencelock_core::{DistributedLock, Error};
 
-/// Connects to the backend named by `url`.
+pub use config::{EtcdConfig, EtcdTls, MIN_LEASE};
+pub use fence::owner_compare;
+pub use lock::EtcdLock;
+
+/// Connects to the etcd cluster named by an `etcd://` or `etcds://` URL.
 ///
 /// # Cancel safety
 ///
-/// Cancel safe.
+/// As [`EtcdLock::connect`].
 ///
 /// # Errors
 ///
-/// Always [`Error::InvalidConfig`] until the backend is implemented.
+/// [`Error::InvalidUrl`] / [`Error::InvalidConfig`] for a bad URL, otherwise as
+/// [`EtcdLock::connect`].
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
-    let _ = url;
-    Err(Error::InvalidConfig(
-        "the etcd backend is not implemented yet".into(),
+    Ok(Arc::new(
+        EtcdLock::connect(EtcdConfig::from_url(url)?).await?,
     ))
 }

@@ -40,6 +40,13 @@ pub trait HeldLock: Send + Sync + fmt::Debug + 'static {
 
     /// Stops renewal and releases in the background. Must not block.
     fn release_in_background(&self);
+
+    /// Where the grant lives in the backend (the etcd key, the ZooKeeper node path, the
+    /// Redis key), for fenced writes that check it. `None` when the backend has no such
+    /// thing.
+    fn backend_key(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Ownership of a lock, with its fencing token.
@@ -165,6 +172,12 @@ impl LockGuard {
     /// timeout). Work that is not fenced should pause while this is true.
     pub fn is_at_risk(&self) -> bool {
         self.liveness.is_at_risk()
+    }
+
+    /// Where the grant lives in the backend (the etcd key, the ZooKeeper node path, the
+    /// Redis key), for fenced writes that check it; see each backend's fencing helpers.
+    pub fn backend_key(&self) -> Option<&str> {
+        self.held.backend_key()
     }
 
     /// The shared liveness record. For layers.

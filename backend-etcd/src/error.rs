@@ -1,0 +1,41 @@
+//! etcd client errors → fencelock error kinds, decided once here.
+
+use fencelock_core::Error;
+
+/// The backend name used in errors and metrics.
+pub(crate) const BACKEND: &str = "etcd";
+
+/// Maps an `etcd-client` error. Transport failures and gRPC codes that mean "try again"
+/// are [`Error::Unavailable`]; everything else is a non-retryable [`Error::Backend`].
+pub(crate) fn map(error: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    use tonic_code::*;
+    let retryable = match &error {
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
+        E::GRpcStatus(status) => matches!(
+            status.code() as i32,
+            UNAVAILABLE | DEADLINE_EXCEEDED | ABORTED | RESOURCE_EXHAUSTED | CANCELLED
+        ),
+        _ => false,
+    };
+    if retryable {
+        Error::unavailable(BACKEND, error)
+    } else {
+        Error::backend(BACKEND, false, error)
+    }
+}
+
+/// A timeout talking to etcd.
+pub(crate) fn timed_out(what: &str) -> Error {
+    Error::unavailable(BACKEND, format!("etcd did not answer {what} in time"))
+}
+
+/// gRPC status codes (stable numbers from the gRPC spec), so this crate need not depend on
+/// tonic directly.
+mod tonic_code {
+    pub const CANCELLED: i32 = 1;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const ABORTED: i32 = 10;
+    pub const UNAVAILABLE: i32 = 14;
+}

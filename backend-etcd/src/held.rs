@@ -1,0 +1,304 @@
+//! A lock held in etcd: loss watch, release, background clean-up.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, Txn, TxnOp, WatchFilterType, WatchOptions,
+};
+use fencelock_core::{Error, HeldLock, Liveness};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use crate::error::{map, timed_out};
+use crate::gate::GatePermit;
+use crate::session::Session;
+
+/// Deletes `key` if it is still the incarnation created at `revision` (etcd #22082: a
+/// late delete must never remove a newer key). Returns whether it deleted it.
+pub(crate) async fn delete_incarnation(
+    client: &Client,
+    key: &str,
+    revision: i64,
+) -> Result<bool, Error> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+        .and_then([TxnOp::delete(key, None)]);
+    Ok(client.kv_client().txn(txn).await.map_err(map)?.succeeded())
+}
+
+/// What is known of our key in etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyState {
+    /// No create was sent (or etcd answered that it created nothing).
+    Absent,
+    /// A create was sent but its answer never came.
+    Unknown,
+    /// Created at this revision.
+    Created(i64),
+}
+
+/// What must be undone if a grant is abandoned: our key (at a known revision, or of unknown
+/// revision when the create's answer never came), a dedicated fixed lease, the gate turn.
+pub(crate) struct Cleanup {
+    pub(crate) client: Client,
+    pub(crate) runtime: Handle,
+    pub(crate) timeout: Duration,
+    pub(crate) key: String,
+    /// What is known of our key.
+    pub(crate) state: KeyState,
+    /// The session lease the key is attached to, or `None` for a dedicated fixed lease.
+    pub(crate) session: Option<Arc<Session>>,
+    pub(crate) fixed_lease: Option<i64>,
+    pub(crate) permit: Option<GatePermit>,
+}
+
+impl std::fmt::Debug for Cleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cleanup")
+            .field("key", &self.key)
+            .field("state", &self.state)
+            .field("fixed_lease", &self.fixed_lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cleanup {
+    /// Undoes everything in the background and returns the gate turn only afterwards.
+    ///
+    /// Each attempt is bounded by the clean-up timeout, so nothing hangs on an unreachable
+    /// server. A key on a dedicated fixed lease gets one attempt: its lease expires anyway.
+    /// A key on the shared session lease would live as long as the session, so attempts
+    /// continue (with backoff) until one succeeds or the session is lost; if deleting keeps
+    /// failing for three lease periods while the session stays alive, the session is
+    /// abandoned so that its lease, and the key with it, expires.
+    pub(crate) fn spawn(mut self) {
+        if self.state == KeyState::Absent && self.fixed_lease.is_none() {
+            return;
+        }
+        let permit = self.permit.take();
+        let runtime = self.runtime.clone();
+        runtime.spawn(async move {
+            let give_up = self.session.as_ref().map(|s| Instant::now() + s.ttl() * 3);
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let attempt = tokio::time::timeout(self.timeout, self.run()).await;
+                let error = match attempt {
+                    Ok(Ok(())) => break,
+                    Ok(Err(error)) => error,
+                    Err(_) => timed_out("a clean-up"),
+                };
+                let (Some(session), Some(give_up)) = (&self.session, give_up) else {
+                    tracing::warn!(key = %self.key, %error, "etcd clean-up failed; the key expires with its fixed lease");
+                    break;
+                };
+                if session.is_lost() {
+                    break;
+                }
+                if Instant::now() >= give_up {
+                    tracing::error!(key = %self.key, %error, "cannot delete a released key; abandoning the session so it expires");
+                    session.mark_lost("a released key could not be deleted; the session was abandoned");
+                    break;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            drop(permit);
+        });
+    }
+
+    async fn run(&self) -> Result<(), Error> {
+        match (self.fixed_lease, self.state) {
+            // Revoking a dedicated lease deletes exactly the keys attached to it: ours.
+            (Some(lease), _) => match self.client.lease_client().revoke(lease).await {
+                Ok(_) => Ok(()),
+                // Already expired: nothing left to delete.
+                Err(etcd_client::Error::GRpcStatus(status))
+                    if status.message().contains("not found") =>
+                {
+                    Ok(())
+                }
+                Err(error) => Err(map(error)),
+            },
+            (None, KeyState::Absent) => Ok(()),
+            (None, KeyState::Created(revision)) => {
+                delete_incarnation(&self.client, &self.key, revision)
+                    .await
+                    .map(drop)
+            }
+            // The create's answer was lost: no newer incarnation can exist while we hold
+            // the gate turn, so deleting by key is exact.
+            (None, KeyState::Unknown) => self
+                .client
+                .kv_client()
+                .delete(self.key.as_str(), None)
+                .await
+                .map(drop)
+                .map_err(map),
+        }
+    }
+}
+
+/// The backend side of an etcd guard.
+#[derive(Debug)]
+pub(crate) struct EtcdHeld {
+    name: String,
+    key: String,
+    revision: i64,
+    liveness: Liveness,
+    session: Arc<Session>,
+    registration: Option<u64>,
+    releasing: Arc<AtomicBool>,
+    released: AtomicBool,
+    cleanup: Mutex<Option<Cleanup>>,
+}
+
+impl EtcdHeld {
+    /// Wraps a fresh grant and starts watching its key for deletion by anyone else.
+    pub(crate) fn start(
+        name: &str,
+        session: Arc<Session>,
+        registration: Option<u64>,
+        liveness: Liveness,
+        cleanup: Cleanup,
+    ) -> Self {
+        let revision = match cleanup.state {
+            KeyState::Created(revision) => revision,
+            _ => 0,
+        };
+        let releasing = Arc::new(AtomicBool::new(false));
+        cleanup.runtime.spawn(watch_key(
+            cleanup.client.clone(),
+            cleanup.key.clone(),
+            revision,
+            liveness.clone(),
+            releasing.clone(),
+        ));
+        EtcdHeld {
+            name: name.to_owned(),
+            key: cleanup.key.clone(),
+            revision,
+            liveness,
+            session,
+            registration,
+            releasing,
+            released: AtomicBool::new(false),
+            cleanup: Mutex::new(Some(cleanup)),
+        }
+    }
+
+    fn stop(&self) -> Option<Cleanup> {
+        self.releasing.store(true, Ordering::SeqCst);
+        if let Some(id) = self.registration {
+            self.session.unregister(id);
+        }
+        self.cleanup
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+#[async_trait]
+impl HeldLock for EtcdHeld {
+    async fn release(&self) -> Result<(), Error> {
+        if self.released.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.releasing.store(true, Ordering::SeqCst);
+        let Some(mut cleanup) = self.stop() else {
+            return Err(Error::lost(&self.name, "the lock was already given up"));
+        };
+        let attempt = tokio::time::timeout(
+            cleanup.timeout,
+            delete_incarnation(&cleanup.client, &cleanup.key, self.revision),
+        )
+        .await;
+        let outcome = match attempt {
+            Ok(Ok(true)) => {
+                self.released.store(true, Ordering::SeqCst);
+                if let Some(lease) = cleanup.fixed_lease.take() {
+                    let client = cleanup.client.clone();
+                    cleanup
+                        .runtime
+                        .spawn(async move { client.lease_client().revoke(lease).await });
+                }
+                Ok(())
+            }
+            Ok(Ok(false)) => {
+                self.liveness.mark_lost("the key was gone at release");
+                Err(Error::lost(
+                    &self.name,
+                    "the key was gone at release (expired or deleted)",
+                ))
+            }
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(timed_out("the release")),
+        };
+        match outcome {
+            // The gate turn can go as soon as the key is known to be gone.
+            Ok(()) | Err(Error::Lost { .. }) => drop(cleanup),
+            // Unknown: keep trying in the background before anyone reuses the key.
+            Err(_) => cleanup.spawn(),
+        }
+        outcome
+    }
+
+    fn release_in_background(&self) {
+        if let Some(cleanup) = self.stop() {
+            cleanup.spawn();
+        }
+    }
+
+    fn backend_key(&self) -> Option<&str> {
+        Some(&self.key)
+    }
+}
+
+/// Marks the guard lost when its key is deleted by anyone but its own release (an
+/// operator, lease expiry). Ends with the guard.
+async fn watch_key(
+    client: Client,
+    key: String,
+    revision: i64,
+    liveness: Liveness,
+    releasing: Arc<AtomicBool>,
+) {
+    let options = WatchOptions::new()
+        .with_start_revision(revision + 1)
+        .with_filters([WatchFilterType::NoPut]);
+    let watching = async {
+        let mut events = client
+            .watch_client()
+            .watch(key.as_str(), Some(options))
+            .await
+            .ok()?;
+        while let Some(response) = events.message().await.ok()? {
+            if response
+                .events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Delete)
+            {
+                return Some(
+                    "the lock's key was deleted (lease expired or removed by someone else)",
+                );
+            }
+            if response.compact_revision() > 0 {
+                return None;
+            }
+        }
+        None
+    };
+    tokio::select! {
+        deleted = watching => {
+            if let Some(reason) = deleted {
+                if !releasing.load(Ordering::SeqCst) {
+                    liveness.mark_lost(reason);
+                }
+            }
+        }
+        _ = liveness.ended() => {}
+    }
+}

@@ -1,0 +1,423 @@
+//! `EtcdLock`: the etcd implementation of `DistributedLock`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse,
+};
+use fencelock_core::{
+    AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
+    HolderInfo, Lease, Liveness, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use crate::config::{EtcdConfig, MIN_LEASE, lease_seconds};
+use crate::error::{BACKEND, map, timed_out};
+use crate::gate::Gates;
+use crate::held::{Cleanup, EtcdHeld, KeyState};
+use crate::keys::{name_prefix, own_key};
+use crate::session::{Session, Sessions, drift_margin};
+use crate::wait;
+
+/// Locks in etcd, with the algorithm of etcd's Go `concurrency.Mutex`, done right.
+///
+/// - One session lease per client (per lease duration), kept alive by one keepalive stream
+///   every third of the lease; all locks of the client share it. If it is lost, every guard
+///   on it reports loss and the next acquisition grants a new session.
+/// - Key `{prefix}/{encoded name}/{lease id in hex}`, so Go services using
+///   `concurrency.Mutex` and `etcdctl lock` on `{prefix}/{name}` exclude fencelock and
+///   each other.
+/// - Uncontended acquire is one transaction; waiters watch only their immediate predecessor
+///   (FIFO, no herd) and check their key still exists before taking the lock.
+/// - Token = the create revision of the holder's key; release deletes only that
+///   incarnation, in one transaction.
+/// - Tasks of one client contending for one name queue inside the client (FIFO) and only
+///   the first puts a key in etcd.
+///
+/// # Examples
+///
+/// ```no_run
+/// use fencelock_core::DistributedLockExt;
+/// use fencelock_etcd::{EtcdConfig, EtcdLock};
+///
+/// # async fn demo() -> Result<(), fencelock_core::Error> {
+/// let locks = EtcdLock::connect(EtcdConfig::from_url("etcd://127.0.0.1:2379/locks")?).await?;
+/// let guard = locks.lock("orders/SKU-8842").await?;
+/// println!("token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EtcdLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: EtcdConfig,
+    sessions: Sessions,
+    gates: Arc<Gates>,
+    runtime: Handle,
+}
+
+impl std::fmt::Debug for EtcdLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLock")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdLock {
+    /// Connects, authenticates and grants the client's session lease, so a wrong address,
+    /// password or lease fails here rather than at the first lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; a lease granted before the future was dropped expires on its own.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for bad settings (including a lease etcd would change),
+    /// [`Error::Unavailable`] when etcd cannot be reached within the connect timeout,
+    /// [`Error::Backend`] for authentication failures.
+    pub async fn connect(config: EtcdConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            options = options.with_user(user.clone(), password.clone());
+        } else if let Some(user) = &config.user {
+            options = options.with_user(user.clone(), "");
+        }
+        options = crate::tls::apply(options, config.tls.as_ref())?;
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let endpoints: Vec<String> = config
+            .endpoints
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect();
+        let connecting = async {
+            let client = Client::connect(endpoints, Some(options))
+                .await
+                .map_err(map)?;
+            let sessions = Sessions::default();
+            sessions.get(&client, config.lease).await?;
+            Ok::<_, Error>((client, sessions))
+        };
+        let (client, sessions) = tokio::time::timeout(config.connect_timeout, connecting)
+            .await
+            .map_err(|_| timed_out("the connection"))??;
+        Ok(EtcdLock {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                sessions,
+                gates: Arc::default(),
+                runtime: Handle::current(),
+            }),
+        })
+    }
+
+    /// The underlying `etcd-client` client, for fenced transactions of your own.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// Revokes the client's session leases, releasing every lock held through it at once.
+    /// Guards still alive report loss.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; leases not yet revoked expire on their own.
+    ///
+    /// # Errors
+    ///
+    /// None; revocation failures are logged, and the leases then expire.
+    pub async fn close(&self) {
+        self.inner.sessions.revoke_all(&self.inner.client).await;
+    }
+
+    async fn take(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let inner = &self.inner;
+        let names = name_prefix(&inner.config.prefix, name);
+        let lease = options.lease_kind();
+        let (session, fixed) = match lease {
+            Lease::Renewing(ttl) => (inner.sessions.get(&inner.client, ttl).await?, false),
+            Lease::Fixed(ttl) => (Session::grant(&inner.client, ttl, false).await?, true),
+        };
+        let key = own_key(&names, session.lease_id());
+        let mut cleanup = Cleanup {
+            client: inner.client.clone(),
+            runtime: inner.runtime.clone(),
+            timeout: inner.config.cleanup_timeout,
+            key: key.clone(),
+            state: KeyState::Absent,
+            session: (!fixed).then(|| session.clone()),
+            fixed_lease: fixed.then(|| session.lease_id()),
+            permit: None,
+        };
+        // Until the guard exists, dropping this (error, timeout, cancellation) undoes it all.
+        let mut pending = Pending(Some(cleanup));
+        let no_wait = options.wait_kind() == Wait::NoWait;
+        let permit = if no_wait {
+            inner
+                .gates
+                .try_enter(&key, &names)
+                .ok_or_else(|| Error::Contended {
+                    name: name.to_owned(),
+                })?
+        } else {
+            inner.gates.enter(&key, &names).await
+        };
+        pending.get().permit = Some(permit);
+
+        let sent = Instant::now();
+        let revision = if no_wait {
+            self.create_if_free(&key, &names, session.lease_id(), &mut pending, name)
+                .await?
+        } else {
+            let (mine, first) = self
+                .create_and_read_first(&key, &names, session.lease_id(), &mut pending)
+                .await?;
+            if first != mine {
+                wait::for_turn(&inner.client, &names, mine, &session, name).await?;
+                self.check_still_queued(&key, mine, name).await?;
+            }
+            mine
+        };
+
+        let valid_until = if fixed {
+            sent + lease.duration() - drift_margin(lease.duration())
+        } else {
+            session.valid_until()
+        };
+        let liveness = Liveness::new(valid_until);
+        let registration = (!fixed).then(|| session.register(liveness.clone()));
+        cleanup = pending.disarm();
+        let held = EtcdHeld::start(name, session, registration, liveness.clone(), cleanup);
+        let token = FencingToken::new(u64::try_from(revision).unwrap_or_default());
+        Ok(LockGuard::new(
+            name,
+            token,
+            BACKEND,
+            liveness,
+            Arc::new(held),
+        ))
+    }
+
+    /// The uncontended path, one round trip: create our key if absent and read the first
+    /// key under the name. Returns (our create revision, the holder's create revision).
+    async fn create_and_read_first(
+        &self,
+        key: &str,
+        names: &str,
+        lease_id: i64,
+        pending: &mut Pending,
+    ) -> Result<(i64, i64), Error> {
+        let first = TxnOp::get(names, Some(first_created()));
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease_id))),
+                first.clone(),
+            ])
+            .or_else([TxnOp::get(key, None), first]);
+        pending.get().state = KeyState::Unknown;
+        let response = self.inner.client.kv_client().txn(txn).await.map_err(map)?;
+        let ops = response.op_responses();
+        let mine = if response.succeeded() {
+            response.header().map_or(0, |h| h.revision())
+        } else {
+            // A key of ours from an earlier grant whose deletion never got through: never
+            // reuse it (its token is not new). Delete that incarnation and start over.
+            let stale = get_first(&ops, 0).ok_or_else(|| internal("the existing key vanished"))?;
+            crate::held::delete_incarnation(&self.inner.client, key, stale).await?;
+            pending.get().state = KeyState::Absent;
+            return Box::pin(self.create_and_read_first(key, names, lease_id, pending)).await;
+        };
+        pending.get().state = KeyState::Created(mine);
+        let first = get_first(&ops, 1)
+            .ok_or_else(|| internal("no key under the name after creating one"))?;
+        Ok((mine, first))
+    }
+
+    /// The no-wait path, one round trip: create our key only if no key exists under the
+    /// name, so a contended try leaves nothing behind.
+    async fn create_if_free(
+        &self,
+        key: &str,
+        names: &str,
+        lease_id: i64,
+        pending: &mut Pending,
+        name: &str,
+    ) -> Result<i64, Error> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(names, CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                key,
+                "",
+                Some(PutOptions::new().with_lease(lease_id)),
+            )]);
+        pending.get().state = KeyState::Unknown;
+        let response = self.inner.client.kv_client().txn(txn).await.map_err(map)?;
+        if !response.succeeded() {
+            pending.get().state = KeyState::Absent;
+            return Err(Error::Contended {
+                name: name.to_owned(),
+            });
+        }
+        let mine = response.header().map_or(0, |h| h.revision());
+        pending.get().state = KeyState::Created(mine);
+        Ok(mine)
+    }
+
+    /// After waiting: our key must still be the one we queued with. If the session expired
+    /// while we waited, the key is gone and the lock must not be taken (etcd #11456).
+    async fn check_still_queued(&self, key: &str, mine: i64, name: &str) -> Result<(), Error> {
+        let response = self
+            .inner
+            .client
+            .kv_client()
+            .get(key, None)
+            .await
+            .map_err(map)?;
+        match response.kvs().first() {
+            Some(kv) if kv.create_revision() == mine => Ok(()),
+            _ => Err(Error::lost(
+                name,
+                "our key disappeared while waiting (session expired or key deleted)",
+            )),
+        }
+    }
+}
+
+/// Sort options selecting the first-created key under a name.
+fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+        .with_keys_only()
+}
+
+fn get_first(ops: &[TxnOpResponse], index: usize) -> Option<i64> {
+    match ops.get(index) {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
+        _ => None,
+    }
+}
+
+fn internal(what: &str) -> Error {
+    Error::backend(BACKEND, false, format!("unexpected etcd answer: {what}"))
+}
+
+/// A grant in progress: cleaned up in the background unless disarmed.
+struct Pending(Option<Cleanup>);
+
+impl Pending {
+    fn get(&mut self) -> &mut Cleanup {
+        self.0
+            .as_mut()
+            .expect("pending clean-up is present until disarmed")
+    }
+
+    fn disarm(mut self) -> Cleanup {
+        self.0
+            .take()
+            .expect("pending clean-up is present until disarmed")
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(cleanup) = self.0.take() {
+            cleanup.spawn();
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for EtcdLock {
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(MIN_LEASE)?;
+        lease_seconds(options.lease_kind().duration())?;
+        match options.wait_kind() {
+            Wait::Timeout(limit) => tokio::time::timeout(limit, self.take(name, options))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
+                        name: name.to_owned(),
+                        waited: limit,
+                    })
+                }),
+            Wait::NoWait | Wait::Forever => self.take(name, options).await,
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+        validate_name(name)?;
+        let names = name_prefix(&self.inner.config.prefix, name);
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only();
+        let response = self
+            .inner
+            .client
+            .kv_client()
+            .get(names.as_str(), Some(options))
+            .await
+            .map_err(map)?;
+        let local = self.inner.gates.queued(&names);
+        let Some(first) = response.kvs().first() else {
+            return Ok(LockInfo::free(Some(local)));
+        };
+        let remaining = match self
+            .inner
+            .client
+            .lease_client()
+            .time_to_live(first.lease(), None)
+            .await
+        {
+            Ok(ttl) if ttl.ttl() >= 0 => Some(Duration::from_secs(ttl.ttl().unsigned_abs())),
+            _ => None,
+        };
+        let owner = String::from_utf8_lossy(first.key())
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let token = FencingToken::new(u64::try_from(first.create_revision()).unwrap_or_default());
+        let waiters = response.kvs().len() - 1 + local;
+        Ok(LockInfo::held(
+            HolderInfo::new(owner, token, remaining),
+            Some(waiters),
+        ))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(true, FencingStrength::Strong, true, LossDetection::Notified)
+            .with_min_lease(MIN_LEASE)
+            .with_counts_waiters(true)
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+}

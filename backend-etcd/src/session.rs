@@ -1,0 +1,272 @@
+//! One lease per client (per lease duration), kept alive by one keepalive stream.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use fencelock_core::{Error, Liveness};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{map, timed_out};
+
+/// A granted lease and the guards whose keys are attached to it.
+#[derive(Debug)]
+pub(crate) struct Session {
+    lease_id: i64,
+    ttl: Duration,
+    /// Fires when the lease is gone or can no longer be confirmed.
+    lost: CancellationToken,
+    state: Mutex<SessionState>,
+    next_guard: AtomicU64,
+    keepalive: Mutex<Option<AbortHandle>>,
+}
+
+#[derive(Debug)]
+struct SessionState {
+    /// Conservative local deadline: last keepalive sent + TTL − margin.
+    valid_until: Instant,
+    guards: HashMap<u64, Liveness>,
+}
+
+/// The margin subtracted from every deadline for clock-rate drift between this client and
+/// the etcd leader: 1 % of the lease plus 50 ms.
+pub(crate) fn drift_margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(50)
+}
+
+impl Session {
+    /// Grants a lease of `ttl` and, when `keep_alive`, starts its keepalive stream.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors; [`Error::InvalidConfig`] if etcd granted another TTL than asked
+    /// (it raises TTLs below its minimum by itself).
+    pub(crate) async fn grant(
+        client: &Client,
+        ttl: Duration,
+        keep_alive: bool,
+    ) -> Result<Arc<Self>, Error> {
+        let mut lease = client.lease_client();
+        let sent = Instant::now();
+        let seconds = crate::config::lease_seconds(ttl)?;
+        let granted = lease.grant(seconds, None).await.map_err(map)?;
+        if granted.ttl() != seconds {
+            let _ = lease.revoke(granted.id()).await;
+            return Err(Error::InvalidConfig(format!(
+                "etcd granted a {} s lease when {seconds} s was asked; the server's minimum TTL is higher",
+                granted.ttl()
+            )));
+        }
+        let session = Arc::new(Session {
+            lease_id: granted.id(),
+            ttl,
+            lost: CancellationToken::new(),
+            state: Mutex::new(SessionState {
+                valid_until: sent + ttl - drift_margin(ttl),
+                guards: HashMap::new(),
+            }),
+            next_guard: AtomicU64::new(0),
+            keepalive: Mutex::new(None),
+        });
+        if keep_alive {
+            let (keeper, stream) = lease.keep_alive(granted.id()).await.map_err(map)?;
+            let task = tokio::spawn(keep_alive_loop(
+                client.clone(),
+                Arc::downgrade(&session),
+                keeper,
+                stream,
+            ));
+            *session
+                .keepalive
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
+        }
+        Ok(session)
+    }
+
+    pub(crate) fn lease_id(&self) -> i64 {
+        self.lease_id
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.state().valid_until
+    }
+
+    /// Whether the session can no longer be used.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || Instant::now() >= self.valid_until()
+    }
+
+    /// Completes when the session is lost.
+    pub(crate) async fn lost(&self) {
+        loop {
+            if self.is_lost() {
+                return;
+            }
+            let deadline = self.valid_until();
+            tokio::select! {
+                _ = self.lost.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Starts reporting keepalives and loss to `liveness`. Returns the registration id.
+    pub(crate) fn register(&self, liveness: Liveness) -> u64 {
+        let id = self.next_guard.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.state();
+        liveness.extend(state.valid_until);
+        state.guards.insert(id, liveness);
+        id
+    }
+
+    pub(crate) fn unregister(&self, id: u64) {
+        self.state().guards.remove(&id);
+    }
+
+    /// Declares the session lost and tells every guard on it.
+    pub(crate) fn mark_lost(&self, reason: &str) {
+        self.lost.cancel();
+        let guards: Vec<Liveness> = self.state().guards.drain().map(|(_, l)| l).collect();
+        for liveness in guards {
+            liveness.mark_lost(reason);
+        }
+        if let Some(task) = self
+            .keepalive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+
+    fn renewed(&self, valid_until: Instant) {
+        let mut state = self.state();
+        if valid_until > state.valid_until {
+            state.valid_until = valid_until;
+        }
+        for liveness in state.guards.values() {
+            liveness.extend(state.valid_until);
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .keepalive
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// Sends a keepalive every third of the TTL and moves the deadline to `sent + TTL −
+/// margin` on each answer. A broken stream is reopened until the deadline; past the
+/// deadline, or when etcd says the lease is gone, the session is lost.
+async fn keep_alive_loop(
+    client: Client,
+    session: std::sync::Weak<Session>,
+    mut keeper: LeaseKeeper,
+    mut stream: LeaseKeepAliveStream,
+) {
+    let Some((id, ttl)) = session.upgrade().map(|s| (s.lease_id, s.ttl)) else {
+        return;
+    };
+    let interval = ttl / 3;
+    let mut next = Instant::now() + interval;
+    loop {
+        tokio::time::sleep_until(next).await;
+        let Some(deadline) = session.upgrade().map(|s| s.valid_until()) else {
+            return;
+        };
+        let sent = Instant::now();
+        let answer = tokio::time::timeout_at(deadline, async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        })
+        .await;
+        let Some(session) = session.upgrade() else {
+            return;
+        };
+        match answer {
+            Ok(Ok(Some(response))) if response.ttl() > 0 => {
+                let granted = Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(0));
+                session.renewed(sent + granted.min(ttl) - drift_margin(ttl));
+                next = sent + interval;
+            }
+            Ok(Ok(Some(_))) => {
+                session.mark_lost("the etcd session lease expired");
+                return;
+            }
+            Ok(Ok(None) | Err(_)) => {
+                // The stream broke (leader change, connection reset): reopen it and try
+                // again soon, until the deadline decides.
+                tracing::debug!(lease = id, "etcd keepalive stream broke; reopening");
+                match tokio::time::timeout_at(deadline, client.lease_client().keep_alive(id)).await
+                {
+                    Ok(Ok((k, s))) => (keeper, stream) = (k, s),
+                    Ok(Err(_)) => {}
+                    Err(_) => {
+                        session.mark_lost(&timed_out("a keepalive").to_string());
+                        return;
+                    }
+                }
+                next = Instant::now() + Duration::from_millis(100).min(interval);
+            }
+            Err(_) => {
+                session.mark_lost("no keepalive answer from etcd before the lease deadline");
+                return;
+            }
+        }
+        drop(session);
+    }
+}
+
+/// The client's sessions, one per lease duration, created on first use.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    by_ttl: tokio::sync::Mutex<HashMap<Duration, Arc<Session>>>,
+}
+
+impl Sessions {
+    /// The live session for `ttl`, granting a new one if there is none or the last one was
+    /// lost.
+    pub(crate) async fn get(&self, client: &Client, ttl: Duration) -> Result<Arc<Session>, Error> {
+        let mut sessions = self.by_ttl.lock().await;
+        if let Some(session) = sessions.get(&ttl) {
+            if !session.is_lost() {
+                return Ok(session.clone());
+            }
+        }
+        let session = Session::grant(client, ttl, true).await?;
+        sessions.insert(ttl, session.clone());
+        Ok(session)
+    }
+
+    /// Revokes every session lease (on close).
+    pub(crate) async fn revoke_all(&self, client: &Client) {
+        let sessions: Vec<Arc<Session>> =
+            self.by_ttl.lock().await.drain().map(|(_, s)| s).collect();
+        for session in sessions {
+            session.mark_lost("the client was closed");
+            let _ = client.lease_client().revoke(session.lease_id).await;
+        }
+    }
+}
