@@ -1,21 +1,69 @@
-//! fencelock backend for Redis (single, Sentinel, Cluster, Redlock). Not implemented yet: [`connect`] reports that.
+//! fencelock backend for Redis: a single server, Sentinel, Cluster and Redlock.
+//!
+//! Connect with [`connect`] (what `fencelock::connect` calls for `redis://`, `rediss://`,
+//! `redis+sentinel://`, `redis+cluster://` and `redlock://` URLs) or build a
+//! [`RedisConfig`] and call [`RedisLock::connect`].
+//!
+//! # What it guarantees, and what it does not
+//!
+//! - Acquire and release are one script call each (`EVALSHA`, loaded on `NOSCRIPT`). The
+//!   lock key holds a per-grant owner value (random client id + grant number) with a
+//!   millisecond TTL; release compares the owner before deleting, so it never deletes
+//!   another grant's key.
+//! - **Fencing tokens** come from the acquire script: `max(counter + 1, server TIME in
+//!   µs)`, written back to a counter key in the lock's slot. They never go backwards,
+//!   also after a restart without persistence, as long as the server's wall clock does
+//!   not step back (the assumption is spelled out in the README). Redlock records the
+//!   highest token on a majority before returning, so tokens grow while a majority
+//!   keeps its data. Reported as [`FencingStrength::BestEffort`](fencelock_core::FencingStrength).
+//! - **Not linearizable**: asynchronous replication can lose a lock on failover (a second
+//!   holder may then appear; the fenced resource must reject the first). The optional
+//!   replica check (`wait_replicas`) narrows, but does not close, that window.
+//! - **Not FIFO**: waiters wake on an unlock message and race.
+//! - Renewal: one task per client renews all its renewing locks every third of the lease,
+//!   batched per node (per slot on Cluster). A key found gone or re-owned reports loss at
+//!   once; renewal errors lead to loss at the local deadline (renewal sent + lease −
+//!   1 % − 2 ms).
+
+mod config;
+mod engine;
+mod held;
+mod keys;
+mod lock;
+mod node;
+mod renewal;
+mod scripts;
+mod subscriber;
 
 use std::sync::Arc;
 
+pub use config::{Endpoint, RedisConfig, Topology};
 use fencelock_core::{DistributedLock, Error};
+pub use keys::KeyLayout;
+pub use lock::{MIN_LEASE, RedisLock};
 
-/// Connects to the backend named by `url`.
+/// Connects to the Redis deployment named by `url` (see [`RedisConfig`] for the forms).
 ///
 /// # Cancel safety
 ///
-/// Cancel safe.
+/// Cancel safe: a dropped connect leaves no connection or task behind.
 ///
 /// # Errors
 ///
-/// Always [`Error::InvalidConfig`] until the backend is implemented.
+/// [`Error::InvalidUrl`] for a malformed URL (password redacted); otherwise as
+/// [`RedisLock::connect`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+/// let locks = fencelock_redis::connect("redis://127.0.0.1:6379").await?;
+/// let guard = locks.acquire("orders/SKU-8842", Default::default()).await?;
+/// println!("token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
-    let _ = url;
-    Err(Error::InvalidConfig(
-        "the redis backend is not implemented yet".into(),
-    ))
+    let config = RedisConfig::from_url(url)?;
+    Ok(Arc::new(RedisLock::connect(config).await?))
 }

@@ -17,6 +17,8 @@ mod net;
 mod port;
 mod process;
 mod redis;
+mod redis_cluster;
+mod redis_sentinel;
 mod zk_ensemble;
 mod zookeeper;
 
@@ -25,5 +27,7 @@ pub use etcd_cluster::EtcdCluster;
 pub use port::{free_port, free_ports, port_open};
 pub use process::process_alive;
 pub use redis::RedisServer;
+pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::{RedisSentinel, RedisSentinelSet, SENTINEL_SERVICE};
 pub use zk_ensemble::ZkEnsemble;
 pub use zookeeper::ZkServer;

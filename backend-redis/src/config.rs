@@ -1,0 +1,444 @@
+//! Typed configuration of the Redis backend and its URL parser.
+
+use std::fmt;
+use std::time::Duration;
+
+use fencelock_core::Error;
+
+use crate::keys::KeyLayout;
+
+/// A `host:port` pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// Which Redis deployment to talk to, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// One server (`redis://`, `rediss://`).
+    Single {
+        /// The server.
+        endpoint: Endpoint,
+        /// Whether to use TLS (`rediss://`).
+        tls: bool,
+        /// The logical database (`/N` in the URL).
+        db: i64,
+    },
+    /// A master found through Sentinels (`redis+sentinel://s1,s2,s3/service`).
+    Sentinel {
+        /// The Sentinels to ask.
+        sentinels: Vec<Endpoint>,
+        /// The monitored master's name.
+        service: String,
+        /// The logical database (`?db=N`).
+        db: i64,
+    },
+    /// A Redis Cluster, found from its seed nodes (`redis+cluster://a,b,c`).
+    Cluster {
+        /// Seed nodes.
+        seeds: Vec<Endpoint>,
+    },
+    /// Redlock over independent masters (`redlock://a,b,c`).
+    Redlock {
+        /// The independent instances; a lock needs a majority of them.
+        instances: Vec<Endpoint>,
+    },
+}
+
+/// The configuration of a [`RedisLock`](crate::RedisLock).
+///
+/// Built from a URL with [`RedisConfig::from_url`] or by hand. `Debug` never shows the
+/// password.
+///
+/// | URL | topology |
+/// |---|---|
+/// | `redis://[user:pass@]host:port[/db]` | single server |
+/// | `rediss://...` | single server over TLS (cargo feature `tls`) |
+/// | `redis+sentinel://[user:pass@]s1:port,s2:port/service` | master found through Sentinels |
+/// | `redis+cluster://[user:pass@]a:port,b:port` | Redis Cluster |
+/// | `redlock://[user:pass@]a:port,b:port,c:port` | Redlock over independent masters |
+///
+/// Query options (all optional): `prefix=STR` (key prefix, default `fencelock:`),
+/// `layout=tagged|raw` (`raw`: the key is exactly prefix + name, default prefix empty),
+/// `wait_replicas=N` and `wait_timeout=DUR` (replica check after acquiring),
+/// `timeout=DUR` (connect and response timeout, default 2 s),
+/// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h),
+/// `db=N` (Sentinel only). Durations are `250ms`, `2s`, `5m` or plain milliseconds.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// The deployment.
+    pub topology: Topology,
+    /// ACL user name, if any.
+    pub username: Option<String>,
+    /// Password, if any. Never printed.
+    pub password: Option<String>,
+    /// How lock names map to keys.
+    pub layout: KeyLayout,
+    /// Replicas that must acknowledge an acquire (`WAIT`), 0 = no check.
+    pub wait_replicas: u32,
+    /// How long to wait for those acknowledgements.
+    pub wait_timeout: Duration,
+    /// Connect and response timeout of every command.
+    pub timeout: Duration,
+    /// Lifetime of a name's token counter after its last grant.
+    pub token_ttl: Duration,
+}
+
+impl RedisConfig {
+    /// A configuration with defaults for `topology`.
+    pub fn new(topology: Topology) -> Self {
+        RedisConfig {
+            topology,
+            username: None,
+            password: None,
+            layout: KeyLayout::default(),
+            wait_replicas: 0,
+            wait_timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(2),
+            token_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+
+    /// Parses one of the URL forms in the type's documentation.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (with the password redacted) for malformed URLs, unknown
+    /// options or out-of-range values.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: redact(url),
+            reason,
+        };
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected SCHEME://HOST:PORT".into()))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.split_once('/') {
+            Some((a, p)) => (a, p),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let endpoints = hosts
+            .split(',')
+            .map(|h| parse_endpoint(h).map_err(&bad))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut query_db = None;
+        let mut config = RedisConfig::new(Topology::Cluster { seeds: Vec::new() });
+        let mut prefix = None;
+        let mut raw = false;
+        for (key, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match key.as_ref() {
+                "prefix" => prefix = Some(value.into_owned()),
+                "layout" => {
+                    raw = match value.as_ref() {
+                        "raw" => true,
+                        "tagged" => false,
+                        _ => return Err(bad("layout must be `tagged` or `raw`".into())),
+                    }
+                }
+                "wait_replicas" => {
+                    config.wait_replicas = value
+                        .parse()
+                        .map_err(|_| bad("wait_replicas must be a number".into()))?
+                }
+                "wait_timeout" => config.wait_timeout = parse_duration(&value).map_err(&bad)?,
+                "timeout" => config.timeout = parse_duration(&value).map_err(&bad)?,
+                "token_ttl" => config.token_ttl = parse_duration(&value).map_err(&bad)?,
+                "db" => {
+                    query_db = Some(
+                        value
+                            .parse()
+                            .map_err(|_| bad("db must be a number".into()))?,
+                    )
+                }
+                other => return Err(bad(format!("unknown option `{other}`"))),
+            }
+        }
+        if config.timeout.is_zero() || config.token_ttl < Duration::from_secs(1) {
+            return Err(bad(
+                "timeout must be positive and token_ttl at least 1s".into()
+            ));
+        }
+        config.layout = if raw {
+            KeyLayout::raw(prefix.unwrap_or_default())
+        } else {
+            KeyLayout::tagged(prefix.unwrap_or_else(|| KeyLayout::DEFAULT_PREFIX.into()))
+                .map_err(|e| bad(e.into()))?
+        };
+        if let Some(userinfo) = userinfo {
+            let (user, pass) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => ("", None),
+            };
+            let decode = |s: &str| {
+                url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                    .next()
+                    .map(|(_, v)| v.into_owned())
+                    .unwrap_or_default()
+            };
+            config.username = (!user.is_empty()).then(|| decode(&user.replace('+', "%2B")));
+            config.password = pass.map(|p| decode(&p.replace('+', "%2B")));
+        }
+        let single_host = |what: &str| {
+            if endpoints.len() == 1 {
+                Ok(endpoints[0].clone())
+            } else {
+                Err(bad(format!("{what} takes exactly one host")))
+            }
+        };
+        config.topology = match scheme.to_ascii_lowercase().as_str() {
+            "redis" | "rediss" => {
+                let db = if path.is_empty() {
+                    query_db.unwrap_or(0)
+                } else {
+                    path.parse()
+                        .map_err(|_| bad("the path must be a database number".into()))?
+                };
+                Topology::Single {
+                    endpoint: single_host("redis://")?,
+                    tls: scheme.eq_ignore_ascii_case("rediss"),
+                    db,
+                }
+            }
+            "redis+sentinel" => {
+                if path.is_empty() {
+                    return Err(bad("expected /SERVICE_NAME after the sentinels".into()));
+                }
+                Topology::Sentinel {
+                    sentinels: endpoints,
+                    service: path.to_owned(),
+                    db: query_db.unwrap_or(0),
+                }
+            }
+            "redis+cluster" => {
+                if !path.is_empty() || query_db.is_some() {
+                    return Err(bad("a cluster URL has no path or database".into()));
+                }
+                Topology::Cluster { seeds: endpoints }
+            }
+            "redlock" => {
+                if !path.is_empty() || query_db.is_some() {
+                    return Err(bad("a redlock URL has no path or database".into()));
+                }
+                if endpoints.len() % 2 == 0 {
+                    return Err(bad("redlock needs an odd number of instances".into()));
+                }
+                Topology::Redlock {
+                    instances: endpoints,
+                }
+            }
+            other => return Err(bad(format!("`{other}` is not a Redis scheme"))),
+        };
+        Ok(config)
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("topology", &self.topology)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("layout", &self.layout)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("timeout", &self.timeout)
+            .field("token_ttl", &self.token_ttl)
+            .finish()
+    }
+}
+
+fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
+    let (host, port) = match text.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (h, p),
+        _ => (text, "6379"),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err("a host is empty".into());
+    }
+    let port = port
+        .parse()
+        .map_err(|_| format!("`{port}` is not a port number"))?;
+    Ok(Endpoint {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// Parses `250ms`, `2s`, `5m` or plain milliseconds.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("`{text}` is not a duration (e.g. 250ms, 2s)");
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "ms"),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        _ => Err(bad()),
+    }
+}
+
+/// The URL with any password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            let tail = &rest[end..];
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{hosts}{tail}")
+            } else {
+                format!("{scheme}://***@{hosts}{tail}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(host: &str, port: u16) -> Endpoint {
+        Endpoint {
+            host: host.into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn url_table() {
+        let cases: Vec<(&str, Topology)> = vec![
+            (
+                "redis://127.0.0.1:6390",
+                Topology::Single {
+                    endpoint: ep("127.0.0.1", 6390),
+                    tls: false,
+                    db: 0,
+                },
+            ),
+            (
+                "redis://h/3",
+                Topology::Single {
+                    endpoint: ep("h", 6379),
+                    tls: false,
+                    db: 3,
+                },
+            ),
+            (
+                "rediss://u:p@h:1",
+                Topology::Single {
+                    endpoint: ep("h", 1),
+                    tls: true,
+                    db: 0,
+                },
+            ),
+            (
+                "redis+sentinel://a:1,b:2/mymaster?db=2",
+                Topology::Sentinel {
+                    sentinels: vec![ep("a", 1), ep("b", 2)],
+                    service: "mymaster".into(),
+                    db: 2,
+                },
+            ),
+            (
+                "redis+cluster://a:1,b:2,c:3",
+                Topology::Cluster {
+                    seeds: vec![ep("a", 1), ep("b", 2), ep("c", 3)],
+                },
+            ),
+            (
+                "redlock://a:1,b:2,c:3",
+                Topology::Redlock {
+                    instances: vec![ep("a", 1), ep("b", 2), ep("c", 3)],
+                },
+            ),
+            (
+                "redis://[::1]:7000",
+                Topology::Single {
+                    endpoint: ep("::1", 7000),
+                    tls: false,
+                    db: 0,
+                },
+            ),
+        ];
+        for (url, topology) in cases {
+            let config = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(config.topology, topology, "{url}");
+        }
+    }
+
+    #[test]
+    fn options_are_parsed() {
+        let c = RedisConfig::from_url(
+            "redis://h:1?prefix=lock:&layout=raw&wait_replicas=1&wait_timeout=250ms&timeout=3s",
+        )
+        .unwrap();
+        assert_eq!(c.layout, KeyLayout::raw("lock:"));
+        assert_eq!(c.wait_replicas, 1);
+        assert_eq!(c.wait_timeout, Duration::from_millis(250));
+        assert_eq!(c.timeout, Duration::from_secs(3));
+        let c = RedisConfig::from_url("redis://h:1").unwrap();
+        assert_eq!(c.layout, KeyLayout::default());
+    }
+
+    #[test]
+    fn bad_urls_are_typed_errors() {
+        for url in [
+            "redis://h:notaport",
+            "redis://a:1,b:2",
+            "redis://h:1?nope=1",
+            "redis://h:1?layout=odd",
+            "redis://h:1?prefix=a{b",
+            "redis+sentinel://a:1",
+            "redis+cluster://a:1/x",
+            "redlock://a:1,b:2",
+            "redis://h:1?timeout=5x",
+            "redis://h:1/abc",
+            "redis://:1",
+        ] {
+            let err = RedisConfig::from_url(url).unwrap_err();
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let c = RedisConfig::from_url("redis://alice:s3cr%40t@h:1").unwrap();
+        assert_eq!(c.password.as_deref(), Some("s3cr@t"));
+        assert_eq!(c.username.as_deref(), Some("alice"));
+        assert!(!format!("{c:?}").contains("s3cr"));
+        let err = RedisConfig::from_url("redis://alice:hunter2@h:1?bad=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(!format!("{err:?}").contains("hunter2"));
+        let c = RedisConfig::from_url("redis://:only@h:1").unwrap();
+        assert_eq!(c.password.as_deref(), Some("only"));
+        assert_eq!(c.username, None);
+    }
+}

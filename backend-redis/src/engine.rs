@@ -1,0 +1,308 @@
+//! The shared state of a client and one acquisition attempt over one or more nodes
+//! (one for single, Sentinel and Cluster; N for Redlock, which needs a majority).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fencelock_core::{Error, FencingToken};
+use futures_util::future::join_all;
+use redis::Value;
+use tokio::time::Instant;
+
+use crate::config::RedisConfig;
+use crate::keys::LockKeys;
+use crate::node::{BACKEND, Node};
+use crate::renewal::Renewals;
+use crate::scripts;
+use crate::subscriber::Subscriber;
+
+/// The margin for clock drift subtracted from every local deadline: 1 % of the lease
+/// plus 2 ms (as in the Redlock description).
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A client: its nodes, identity, renewals and subscriptions.
+pub(crate) struct Engine {
+    pub(crate) config: RedisConfig,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) subscribers: Vec<Subscriber>,
+    /// Nodes that must agree: 1, or a majority for Redlock.
+    pub(crate) quorum: usize,
+    /// Random per client; owner values are `client_id:attempt`.
+    client_id: String,
+    next_id: AtomicU64,
+    pub(crate) renewals: Renewals,
+    runtime: tokio::runtime::Handle,
+}
+
+/// What one attempt found.
+pub(crate) enum Attempt {
+    /// Granted with this token; the attempt's owner value and id.
+    Granted {
+        token: FencingToken,
+        owner: String,
+        id: u64,
+        sent: Instant,
+    },
+    /// Held by someone else; try again after at most this long (or on a message).
+    Held(Duration),
+}
+
+/// One node's answer to the acquire script.
+enum Reply {
+    Granted(u64),
+    Held(i64),
+}
+
+/// Releases an attempt's key in the background if the attempt is dropped before it has
+/// been turned into a guard or found not to have taken the lock.
+struct InFlight<'a> {
+    engine: &'a Arc<Engine>,
+    keys: &'a LockKeys,
+    owner: String,
+    armed: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.engine
+                .release_in_background(self.keys.clone(), std::mem::take(&mut self.owner));
+        }
+    }
+}
+
+impl Engine {
+    pub(crate) fn new(config: RedisConfig, nodes: Vec<Node>) -> Self {
+        let subscribers = nodes
+            .iter()
+            .map(|n| Subscriber::new(n.clone(), config.timeout))
+            .collect();
+        Engine {
+            quorum: nodes.len() / 2 + 1,
+            client_id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+            next_id: AtomicU64::new(1),
+            renewals: Renewals::default(),
+            runtime: tokio::runtime::Handle::current(),
+            config,
+            nodes,
+            subscribers,
+        }
+    }
+
+    fn lease_timeout(&self, lease: Duration) -> Duration {
+        if self.nodes.len() > 1 {
+            // Redlock: a node that does not answer quickly is skipped, not waited for.
+            self.config.timeout.min(lease / 2)
+        } else {
+            self.config.timeout
+        }
+    }
+
+    /// One try to take `keys` for `lease`.
+    pub(crate) async fn try_once(
+        self: &Arc<Self>,
+        keys: &LockKeys,
+        lease: Duration,
+    ) -> Result<Attempt, Error> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let owner = format!("{}:{id}", self.client_id);
+        let mut in_flight = InFlight {
+            engine: self,
+            keys,
+            owner: owner.clone(),
+            armed: true,
+        };
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.token)
+            .arg(&owner)
+            .arg(millis(lease))
+            .arg(millis(self.config.token_ttl));
+        let per_node = self.lease_timeout(lease);
+        let sent = Instant::now();
+        let replies = join_all(self.nodes.iter().map(|node| {
+            let invocation = &invocation;
+            async move {
+                match tokio::time::timeout(per_node, node.invoke::<Value>(invocation)).await {
+                    Ok(Ok(value)) => parse_acquire(value),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(Error::unavailable(BACKEND, "timed out")),
+                }
+            }
+        }))
+        .await;
+        let mut granted = Vec::new();
+        let mut held = Vec::new();
+        let mut errors = Vec::new();
+        for reply in replies {
+            match reply {
+                Ok(Reply::Granted(token)) => granted.push(token),
+                Ok(Reply::Held(pttl)) => held.push(pttl),
+                Err(e) => errors.push(e),
+            }
+        }
+        let validity = lease
+            .checked_sub(sent.elapsed() + drift(lease))
+            .unwrap_or_default();
+        if granted.len() >= self.quorum && !validity.is_zero() {
+            let token = granted.iter().copied().max().unwrap_or(0);
+            let checked = async {
+                if self.nodes.len() > 1 {
+                    self.raise_token(keys, token, per_node).await?;
+                }
+                if self.config.wait_replicas > 0 {
+                    self.wait_replicas().await?;
+                }
+                Ok::<_, Error>(())
+            };
+            if let Err(e) = checked.await {
+                self.release(keys, &owner).await.ok();
+                in_flight.armed = false;
+                return Err(e);
+            }
+            in_flight.armed = false;
+            return Ok(Attempt::Granted {
+                token: FencingToken::new(token),
+                owner,
+                id,
+                sent,
+            });
+        }
+        if !granted.is_empty() {
+            // Redlock without a majority (or too slow): undo the partial grant now.
+            self.release(keys, &owner).await.ok();
+            in_flight.armed = false;
+        } else if errors.is_empty() {
+            in_flight.armed = false;
+        }
+        if errors.len() > self.nodes.len() - self.quorum {
+            return Err(errors.swap_remove(0));
+        }
+        Ok(Attempt::Held(retry_after(&held, granted.len())))
+    }
+
+    /// Redlock: makes a majority remember `token` before the guard is handed out.
+    async fn raise_token(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        per_node: Duration,
+    ) -> Result<(), Error> {
+        let mut invocation = scripts::RAISE_TOKEN.prepare_invoke();
+        invocation
+            .key(&keys.token)
+            .arg(token)
+            .arg(millis(self.config.token_ttl));
+        let acks = join_all(self.nodes.iter().map(|node| {
+            let invocation = &invocation;
+            async move {
+                matches!(
+                    tokio::time::timeout(per_node, node.invoke::<i64>(invocation)).await,
+                    Ok(Ok(1))
+                )
+            }
+        }))
+        .await;
+        if acks.iter().filter(|ok| **ok).count() >= self.quorum {
+            Ok(())
+        } else {
+            Err(Error::unavailable(
+                BACKEND,
+                "the token could not be recorded on a majority of the instances",
+            ))
+        }
+    }
+
+    /// The replica check: `WAIT n timeout` must see `n` acknowledgements.
+    async fn wait_replicas(&self) -> Result<(), Error> {
+        let wanted = self.config.wait_replicas;
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(wanted).arg(millis(self.config.wait_timeout));
+        let acks: u32 = self.nodes[0].query(&cmd).await?;
+        if acks >= wanted {
+            Ok(())
+        } else {
+            Err(Error::backend(
+                BACKEND,
+                true,
+                format!(
+                    "only {acks} of {wanted} replicas acknowledged the lock within {:?}; it was released",
+                    self.config.wait_timeout
+                ),
+            ))
+        }
+    }
+
+    /// Compare-and-delete on every node; whether a quorum still held it.
+    pub(crate) async fn release(&self, keys: &LockKeys, owner: &str) -> Result<bool, Error> {
+        let mut invocation = scripts::RELEASE.prepare_invoke();
+        invocation.key(&keys.lock).arg(owner).arg(&keys.channel);
+        let replies = join_all(self.nodes.iter().map(|node| {
+            let invocation = &invocation;
+            async move {
+                match tokio::time::timeout(self.config.timeout, node.invoke::<i64>(invocation))
+                    .await
+                {
+                    Ok(result) => result,
+                    Err(_) => Err(Error::unavailable(BACKEND, "timed out")),
+                }
+            }
+        }))
+        .await;
+        let deleted = replies.iter().filter(|r| matches!(r, Ok(1))).count();
+        let mut errors: Vec<Error> = replies.into_iter().filter_map(Result::err).collect();
+        if deleted >= self.quorum {
+            Ok(true)
+        } else if !errors.is_empty() && deleted + errors.len() >= self.quorum {
+            Err(errors.swap_remove(0))
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Releases in a background task, bounded by the command timeout.
+    pub(crate) fn release_in_background(self: &Arc<Self>, keys: LockKeys, owner: String) {
+        let engine = self.clone();
+        let timeout = self.config.timeout;
+        self.runtime.spawn(async move {
+            let _ = tokio::time::timeout(timeout * 2, engine.release(&keys, &owner)).await;
+        });
+    }
+}
+
+fn parse_acquire(value: Value) -> Result<Reply, Error> {
+    let bad = || Error::backend(BACKEND, false, "unexpected reply from the acquire script");
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    match items.as_slice() {
+        [Value::Int(1), Value::BulkString(token)] => std::str::from_utf8(token)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .map(Reply::Granted)
+            .ok_or_else(bad),
+        [Value::Int(0), Value::Int(pttl)] => Ok(Reply::Held(*pttl)),
+        _ => Err(bad()),
+    }
+}
+
+/// How long to sleep (at most, unless woken by an unlock message) before trying again.
+fn retry_after(held: &[i64], partial: usize) -> Duration {
+    let longest = held.iter().copied().max();
+    match longest {
+        // A split vote (Redlock): back off a random short while.
+        _ if partial > 0 => Duration::from_millis(fastrand::u64(5..50)),
+        Some(pttl) if pttl >= 0 => Duration::from_millis(u64::try_from(pttl).unwrap_or(0) + 1),
+        // A key without expiry (a foreign lock): re-check every second.
+        Some(_) => Duration::from_secs(1),
+        None => Duration::from_millis(fastrand::u64(5..50)),
+    }
+}

@@ -1,0 +1,63 @@
+//! A held Redis lock: release and background release.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use fencelock_core::{Error, HeldLock};
+
+use crate::engine::Engine;
+use crate::keys::LockKeys;
+
+/// The backend side of a Redis guard. Its owner value identifies this grant alone, so a
+/// late or repeated release can never delete a newer holder's key.
+pub(crate) struct RedisHeld {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) keys: LockKeys,
+    pub(crate) owner: String,
+    pub(crate) released: AtomicBool,
+}
+
+#[async_trait]
+impl HeldLock for RedisHeld {
+    async fn release(&self) -> Result<(), Error> {
+        self.engine.renewals.remove(self.id);
+        match self.engine.release(&self.keys, &self.owner).await? {
+            true => {
+                self.released.store(true, Ordering::Release);
+                Ok(())
+            }
+            false if self.released.load(Ordering::Acquire) => Ok(()),
+            false => Err(Error::lost(
+                &self.name,
+                "the lock key was gone or held by another owner at release",
+            )),
+        }
+    }
+
+    fn release_in_background(&self) {
+        self.engine.renewals.remove(self.id);
+        if !self.released.load(Ordering::Acquire) {
+            self.engine
+                .release_in_background(self.keys.clone(), self.owner.clone());
+        }
+    }
+}
+
+impl Drop for RedisHeld {
+    fn drop(&mut self) {
+        self.engine.renewals.remove(self.id);
+    }
+}
+
+impl fmt::Debug for RedisHeld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisHeld")
+            .field("key", &self.keys.lock)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}

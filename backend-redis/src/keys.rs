@@ -1,0 +1,187 @@
+//! Lock name → Redis keys, and Redis Cluster slots.
+
+use std::fmt;
+
+/// How lock names become Redis keys.
+///
+/// Every layout puts a lock's auxiliary keys (token counter) and its unlock channel in
+/// the lock key's cluster slot, so one script can touch them all on Redis Cluster.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyLayout {
+    prefix: String,
+    raw: bool,
+}
+
+impl KeyLayout {
+    /// The prefix of the default (tagged) layout.
+    pub const DEFAULT_PREFIX: &'static str = "fencelock:";
+
+    /// The default layout: `PREFIX{NAME}`, where `%` and `}` in the name are
+    /// percent-encoded so the whole name is the hash tag. Names map injectively; the
+    /// prefix must not contain `{` or `}`.
+    ///
+    /// # Errors
+    ///
+    /// A message when the prefix contains a brace.
+    pub fn tagged(prefix: impl Into<String>) -> Result<Self, &'static str> {
+        let prefix = prefix.into();
+        if prefix.contains(['{', '}']) {
+            return Err("the prefix of the tagged layout must not contain { or }");
+        }
+        Ok(KeyLayout { prefix, raw: false })
+    }
+
+    /// The migration layout: the lock key is exactly `PREFIX` + name (the prefix may be
+    /// empty), as a hand-written `SET key value NX PX ms` lock would use, so both exclude
+    /// each other. On Redis Cluster, a key containing `}` without a non-empty `{tag}`
+    /// cannot have its auxiliary keys in its slot; use a tag in such keys.
+    pub fn raw(prefix: impl Into<String>) -> Self {
+        KeyLayout {
+            prefix: prefix.into(),
+            raw: true,
+        }
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether this is the raw (migration) layout.
+    pub fn is_raw(&self) -> bool {
+        self.raw
+    }
+
+    /// The keys of lock `name`.
+    pub(crate) fn keys(&self, name: &str) -> LockKeys {
+        if self.raw {
+            let lock = format!("{}{name}", self.prefix);
+            let tag = hash_tag(&lock).unwrap_or(&lock).to_owned();
+            LockKeys {
+                token: format!("{{{tag}}}:fencelock-token:{lock}"),
+                channel: format!("{{{tag}}}:fencelock-unlock:{lock}"),
+                slot: slot(&lock),
+                lock,
+            }
+        } else {
+            let mut lock = String::with_capacity(self.prefix.len() + name.len() + 2);
+            lock.push_str(&self.prefix);
+            lock.push('{');
+            for c in name.chars() {
+                match c {
+                    '%' => lock.push_str("%25"),
+                    '}' => lock.push_str("%7D"),
+                    c => lock.push(c),
+                }
+            }
+            lock.push('}');
+            LockKeys {
+                token: format!("{lock}:token"),
+                channel: format!("{lock}:unlock"),
+                slot: slot(&lock),
+                lock,
+            }
+        }
+    }
+}
+
+impl Default for KeyLayout {
+    fn default() -> Self {
+        KeyLayout {
+            prefix: Self::DEFAULT_PREFIX.into(),
+            raw: false,
+        }
+    }
+}
+
+impl fmt::Debug for KeyLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.raw { "Raw" } else { "Tagged" };
+        f.debug_tuple(kind).field(&self.prefix).finish()
+    }
+}
+
+/// The keys and channel of one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    /// The lock key (string, value = owner, PX = lease).
+    pub lock: String,
+    /// The token counter.
+    pub token: String,
+    /// The unlock channel.
+    pub channel: String,
+    /// The Redis Cluster slot of all of them.
+    pub slot: u16,
+}
+
+/// The content of `key`'s hash tag: between the first `{` and the next `}`, if non-empty.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    (close > 0).then(|| &key[open + 1..open + 1 + close])
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag or whole key, mod 16384.
+pub(crate) fn slot(key: &str) -> u16 {
+    let data = hash_tag(key).unwrap_or(key).as_bytes();
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis() {
+        // Values from `CLUSTER KEYSLOT`.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("123456789"), 12739);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
+        assert_ne!(slot("foo{}{bar}"), slot("bar"));
+    }
+
+    #[test]
+    fn tagged_keys_share_a_slot_and_are_injective() {
+        let layout = KeyLayout::default();
+        let names = ["a", "a}", "a%7D", "}x", "{tag}", "a/b", "%", "锁"];
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            let k = layout.keys(name);
+            assert!(seen.insert(k.lock.clone()), "{name}");
+            assert_eq!(slot(&k.token), k.slot, "{name}");
+            assert_eq!(slot(&k.channel), k.slot, "{name}");
+            assert!(k.lock.starts_with("fencelock:{"));
+        }
+        assert_eq!(layout.keys("x").lock, "fencelock:{x}");
+    }
+
+    #[test]
+    fn raw_keys_are_prefix_plus_name() {
+        let layout = KeyLayout::raw("lock:");
+        let k = layout.keys("order:SKU-8842");
+        assert_eq!(k.lock, "lock:order:SKU-8842");
+        assert_eq!(slot(&k.token), slot(&k.lock));
+        let k = KeyLayout::raw("").keys("{order}:1");
+        assert_eq!(k.lock, "{order}:1");
+        assert_eq!(slot(&k.token), slot(&k.lock));
+        assert_eq!(slot(&k.channel), slot(&k.lock));
+    }
+
+    #[test]
+    fn braces_in_tagged_prefix_are_refused() {
+        assert!(KeyLayout::tagged("a{").is_err());
+        assert!(KeyLayout::tagged("ok:").is_ok());
+    }
+}

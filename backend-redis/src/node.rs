@@ -1,0 +1,352 @@
+//! One Redis deployment to send commands to: a server, a Sentinel-managed master, or a
+//! cluster; plus how to open a pub/sub connection to it.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use fencelock_core::Error;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection, PubSub};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, ScriptInvocation, ServerErrorKind,
+};
+
+use crate::config::{Endpoint, RedisConfig, Topology};
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// Commands to one deployment. Cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Node {
+    /// A server, reconnected automatically.
+    Single {
+        conn: ConnectionManager,
+        client: Client,
+    },
+    /// A Redis Cluster; pub/sub goes through one of the seed nodes.
+    Cluster {
+        conn: ClusterConnection,
+        seeds: Arc<[Client]>,
+    },
+    /// The master named by Sentinels, re-resolved after connection errors.
+    Sentinel(Arc<SentinelNode>),
+}
+
+pub(crate) struct SentinelNode {
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    current: Mutex<Option<MultiplexedConnection>>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Node::Single { .. } => "Single",
+            Node::Cluster { .. } => "Cluster",
+            Node::Sentinel(_) => "Sentinel",
+        })
+    }
+}
+
+fn redis_info(config: &RedisConfig, db: i64) -> RedisConnectionInfo {
+    let mut info = RedisConnectionInfo::default()
+        .set_db(db)
+        .set_skip_set_lib_name();
+    if let Some(user) = &config.username {
+        info = info.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        info = info.set_password(password);
+    }
+    info
+}
+
+/// Opens the nodes of `config`: one, or one per Redlock instance.
+///
+/// A failed AUTH (or any other failure of the first connection) is returned here, and
+/// nothing else is sent on a connection whose AUTH failed.
+pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.timeout))
+        .set_response_timeout(Some(config.timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500));
+    let single = |endpoint: &Endpoint, tls: bool, db: i64| {
+        let info = redis_info(config, db);
+        let manager_config = manager_config.clone();
+        let endpoint = endpoint.clone();
+        async move {
+            let client = client_with(&endpoint, tls, info)?;
+            let conn = ConnectionManager::new_with_config(client.clone(), manager_config)
+                .await
+                .map_err(map_err)?;
+            Ok::<_, Error>(Node::Single { conn, client })
+        }
+    };
+    match &config.topology {
+        Topology::Single { endpoint, tls, db } => {
+            let node = single(endpoint, *tls, *db).await?;
+            node.ping().await?;
+            Ok(vec![node])
+        }
+        Topology::Redlock { instances } => {
+            // Instances connect lazily, so a minority may be down at start; a majority
+            // must answer PING now, and any authentication failure is fatal.
+            let mut nodes = Vec::with_capacity(instances.len());
+            for endpoint in instances {
+                let client = client_with(endpoint, false, redis_info(config, 0))?;
+                let conn =
+                    ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
+                        .map_err(map_err)?;
+                nodes.push(Node::Single { conn, client });
+            }
+            let pings = futures_util::future::join_all(nodes.iter().map(|n| n.ping())).await;
+            let mut up = 0;
+            for ping in pings {
+                match ping {
+                    Ok(()) => up += 1,
+                    Err(e) if !e.is_retryable() => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            if up < nodes.len() / 2 + 1 {
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!("only {up} of {} Redlock instances answered", nodes.len()),
+                ));
+            }
+            Ok(nodes)
+        }
+        Topology::Cluster { seeds } => {
+            let mut builder = redis::cluster::ClusterClientBuilder::new(
+                seeds
+                    .iter()
+                    .map(|e| ConnectionAddr::Tcp(e.host.clone(), e.port))
+                    .collect::<Vec<_>>(),
+            )
+            .connection_timeout(config.timeout)
+            .response_timeout(config.timeout)
+            .retries(2);
+            if let Some(user) = &config.username {
+                builder = builder.username(user);
+            }
+            if let Some(password) = &config.password {
+                builder = builder.password(password);
+            }
+            let cluster = builder.build().map_err(map_err)?;
+            let conn = cluster.get_async_connection().await.map_err(map_err)?;
+            let seeds = seeds
+                .iter()
+                .map(|e| client_with(e, false, redis_info(config, 0)))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(vec![Node::Cluster {
+                conn,
+                seeds: seeds.into(),
+            }])
+        }
+        Topology::Sentinel {
+            sentinels,
+            service,
+            db,
+        } => {
+            let sentinel = SentinelClient::build(
+                sentinels
+                    .iter()
+                    .map(|e| ConnectionAddr::Tcp(e.host.clone(), e.port))
+                    .collect(),
+                service.clone(),
+                Some(
+                    SentinelNodeConnectionInfo::default()
+                        .set_redis_connection_info(redis_info(config, *db)),
+                ),
+                SentinelServerType::Master,
+            )
+            .map_err(map_err)?;
+            let node = Arc::new(SentinelNode {
+                sentinel: tokio::sync::Mutex::new(sentinel),
+                current: Mutex::new(None),
+                timeout: config.timeout,
+            });
+            let node = Node::Sentinel(node);
+            node.ping().await?;
+            Ok(vec![node])
+        }
+    }
+}
+
+fn client_with(endpoint: &Endpoint, tls: bool, info: RedisConnectionInfo) -> Result<Client, Error> {
+    let addr = if tls {
+        ConnectionAddr::TcpTls {
+            host: endpoint.host.clone(),
+            port: endpoint.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port)
+    };
+    let conn_info = addr
+        .into_connection_info()
+        .map_err(map_err)?
+        .set_redis_settings(info);
+    Client::open(conn_info).map_err(map_err)
+}
+
+impl SentinelNode {
+    async fn connection(&self) -> Result<MultiplexedConnection, Error> {
+        if let Some(conn) = self.lock_current().clone() {
+            return Ok(conn);
+        }
+        let mut sentinel = self.sentinel.lock().await;
+        if let Some(conn) = self.lock_current().clone() {
+            return Ok(conn);
+        }
+        let client = sentinel.async_get_client().await.map_err(map_err)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(map_err)?;
+        *self.lock_current() = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn client(&self) -> Result<Client, Error> {
+        self.sentinel
+            .lock()
+            .await
+            .async_get_client()
+            .await
+            .map_err(map_err)
+    }
+
+    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn forget_on(&self, err: &RedisError) {
+        if needs_reconnect(err) {
+            *self.lock_current() = None;
+        }
+    }
+}
+
+fn needs_reconnect(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || matches!(
+            err.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+}
+
+impl Node {
+    /// Runs a script (EVALSHA, loading it on NOSCRIPT).
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, Error> {
+        match self {
+            Node::Single { conn, .. } => invocation
+                .invoke_async(&mut conn.clone())
+                .await
+                .map_err(map_err),
+            Node::Cluster { conn, .. } => invocation
+                .invoke_async(&mut conn.clone())
+                .await
+                .map_err(map_err),
+            Node::Sentinel(node) => {
+                let mut conn = node.connection().await?;
+                invocation.invoke_async(&mut conn).await.map_err(|e| {
+                    node.forget_on(&e);
+                    map_err(e)
+                })
+            }
+        }
+    }
+
+    /// Runs a plain command.
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
+        match self {
+            Node::Single { conn, .. } => cmd.query_async(&mut conn.clone()).await.map_err(map_err),
+            Node::Cluster { conn, .. } => cmd.query_async(&mut conn.clone()).await.map_err(map_err),
+            Node::Sentinel(node) => {
+                let mut conn = node.connection().await?;
+                cmd.query_async(&mut conn).await.map_err(|e| {
+                    node.forget_on(&e);
+                    map_err(e)
+                })
+            }
+        }
+    }
+
+    /// `PING`: fails (not retryable) when the server wants a password it did not get.
+    pub(crate) async fn ping(&self) -> Result<(), Error> {
+        self.query::<String>(&redis::cmd("PING")).await.map(drop)
+    }
+
+    /// Whether renewals must be grouped by cluster slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Node::Cluster { .. })
+    }
+
+    /// Opens a new pub/sub connection that receives this deployment's unlock messages.
+    pub(crate) async fn pubsub(&self) -> Result<PubSub, Error> {
+        match self {
+            Node::Single { client, .. } => client.get_async_pubsub().await.map_err(map_err),
+            Node::Cluster { seeds, .. } => {
+                // Classic PUBLISH reaches every node of a cluster, so any seed will do.
+                let mut last = None;
+                for seed in seeds.iter() {
+                    match seed.get_async_pubsub().await {
+                        Ok(pubsub) => return Ok(pubsub),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.map_or_else(
+                    || Error::unavailable(BACKEND, "no cluster seed node"),
+                    map_err,
+                ))
+            }
+            Node::Sentinel(node) => node
+                .client()
+                .await?
+                .get_async_pubsub()
+                .await
+                .map_err(map_err),
+        }
+    }
+}
+
+/// The one place Redis client errors become fencelock errors.
+pub(crate) fn map_err(err: RedisError) -> Error {
+    let retryable = matches!(
+        err.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+        ) | ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::MasterNameNotFoundBySentinel
+    );
+    let auth = matches!(err.kind(), ErrorKind::AuthenticationFailed)
+        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
+    if auth {
+        Error::backend(BACKEND, false, err)
+    } else if needs_reconnect(&err) || retryable {
+        Error::unavailable(BACKEND, err)
+    } else {
+        Error::backend(BACKEND, false, err)
+    }
+}

@@ -1,0 +1,229 @@
+//! Lease renewal: one task per client renews all its held locks, batched into one script
+//! call per node (per slot on Redis Cluster).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use fencelock_core::Liveness;
+use futures_util::future::join_all;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::engine::{Engine, drift};
+use crate::scripts;
+
+/// Keys per renewal script call, at most.
+const BATCH: usize = 100;
+
+/// The held locks of one client that need renewing.
+#[derive(Default)]
+pub(crate) struct Renewals {
+    state: Mutex<State>,
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<u64, Entry>,
+    running: bool,
+}
+
+struct Entry {
+    lock_key: String,
+    slot: u16,
+    owner: String,
+    lease: Duration,
+    liveness: Liveness,
+    next_due: Instant,
+}
+
+/// One lock of a batch.
+struct Due {
+    id: u64,
+    lock_key: String,
+    owner: String,
+    lease: Duration,
+    liveness: Liveness,
+}
+
+impl Renewals {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts renewing lock `id` every third of `lease`; starts the task if needed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert(
+        &self,
+        engine: &Arc<Engine>,
+        id: u64,
+        lock_key: String,
+        slot: u16,
+        owner: String,
+        lease: Duration,
+        liveness: Liveness,
+    ) {
+        let mut state = self.state();
+        state.entries.insert(
+            id,
+            Entry {
+                lock_key,
+                slot,
+                owner,
+                lease,
+                liveness,
+                next_due: Instant::now() + lease / 3,
+            },
+        );
+        if !state.running {
+            state.running = true;
+            tokio::spawn(run(Arc::downgrade(engine)));
+        }
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Stops renewing lock `id`. Idempotent.
+    pub(crate) fn remove(&self, id: u64) {
+        self.state().entries.remove(&id);
+    }
+
+    /// The number of locks being renewed.
+    pub(crate) fn len(&self) -> usize {
+        self.state().entries.len()
+    }
+
+    /// Takes the locks due now (or within a quarter interval, to batch them) and the
+    /// instant the next one is due; `None` (and the task stops) when nothing is held.
+    fn take_due(&self) -> Option<(Vec<Due>, Instant)> {
+        let mut state = self.state();
+        // A lock already reported lost is never renewed again (no zombie renewals).
+        state.entries.retain(|_, e| !e.liveness.is_lost());
+        if state.entries.is_empty() {
+            state.running = false;
+            return None;
+        }
+        let now = Instant::now();
+        let mut due = Vec::new();
+        let mut next = now + Duration::from_secs(3600);
+        for (id, entry) in &mut state.entries {
+            let interval = entry.lease / 3;
+            if entry.next_due <= now + interval / 4 {
+                entry.next_due = now + interval;
+                due.push(Due {
+                    id: *id,
+                    lock_key: entry.lock_key.clone(),
+                    owner: entry.owner.clone(),
+                    lease: entry.lease,
+                    liveness: entry.liveness.clone(),
+                });
+            }
+            next = next.min(entry.next_due);
+        }
+        Some((due, next))
+    }
+
+    /// Retries a failed renewal soon, well before the deadline.
+    fn retry_soon(&self, id: u64) {
+        if let Some(entry) = self.state().entries.get_mut(&id) {
+            entry.next_due = Instant::now() + (entry.lease / 10).max(Duration::from_millis(10));
+        }
+    }
+
+    fn slot_of(&self, id: u64) -> u16 {
+        self.state().entries.get(&id).map_or(0, |e| e.slot)
+    }
+}
+
+async fn run(engine: Weak<Engine>) {
+    loop {
+        let Some(strong) = engine.upgrade() else {
+            return;
+        };
+        let Some((due, next)) = strong.renewals.take_due() else {
+            return;
+        };
+        if !due.is_empty() {
+            renew(&strong, due).await;
+            continue;
+        }
+        let wake = strong.renewals.wake.clone();
+        drop(strong);
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = wake.notified() => {}
+        }
+    }
+}
+
+/// Renews `due` on every node, one call per node and slot group of up to [`BATCH`] keys.
+async fn renew(engine: &Arc<Engine>, due: Vec<Due>) {
+    let mut groups: BTreeMap<u16, Vec<Due>> = BTreeMap::new();
+    let cluster = engine.nodes.iter().any(|n| n.is_cluster());
+    for d in due {
+        let slot = if cluster {
+            engine.renewals.slot_of(d.id)
+        } else {
+            0
+        };
+        groups.entry(slot).or_default().push(d);
+    }
+    let chunks: Vec<Vec<Due>> = groups
+        .into_values()
+        .flat_map(|mut group| {
+            let mut chunks = Vec::new();
+            while group.len() > BATCH {
+                let rest = group.split_off(BATCH);
+                chunks.push(group);
+                group = rest;
+            }
+            chunks.push(group);
+            chunks
+        })
+        .collect();
+    join_all(chunks.into_iter().map(|chunk| renew_chunk(engine, chunk))).await;
+}
+
+async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
+    let sent = Instant::now();
+    let mut invocation = scripts::RENEW.prepare_invoke();
+    for d in &chunk {
+        invocation.key(&d.lock_key);
+        invocation
+            .arg(&d.owner)
+            .arg(u64::try_from(d.lease.as_millis()).unwrap_or(u64::MAX));
+    }
+    let replies = join_all(engine.nodes.iter().map(|node| {
+        let invocation = &invocation;
+        async move {
+            tokio::time::timeout(engine.config.timeout, node.invoke::<Vec<i64>>(invocation))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        }
+    }))
+    .await;
+    let nodes = engine.nodes.len();
+    for (i, d) in chunk.iter().enumerate() {
+        let mut renewed = 0;
+        let mut gone = 0;
+        for reply in replies.iter().flatten() {
+            match reply.get(i) {
+                Some(1) => renewed += 1,
+                Some(_) => gone += 1,
+                None => {}
+            }
+        }
+        if renewed >= engine.quorum {
+            d.liveness.extend(sent + d.lease - drift(d.lease));
+        } else if gone > nodes - engine.quorum {
+            d.liveness
+                .mark_lost("the lock key was gone or held by another owner at renewal");
+            engine.renewals.remove(d.id);
+        } else {
+            tracing::debug!(key = %d.lock_key, "lock renewal failed; retrying");
+            engine.renewals.retry_soon(d.id);
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The Lua scripts: each lock operation is one `EVALSHA` (loaded on `NOSCRIPT`).
+//!
+//! # Token scheme
+//!
+//! The acquire script issues `token = max(counter + 1, server TIME in µs)` and writes it
+//! back to the counter key (with a TTL of `token_ttl`), in the same script that sets the
+//! lock key. Tokens therefore never go backwards while the counter survives, and after a
+//! restart without persistence (or a failover that lost the counter, or the counter's
+//! expiry) the server clock, which has moved on, still lies above every earlier token.
+//! The assumption: the wall clock of the server (and of any replica promoted in its
+//! place) does not step back by more than the time that passed between the last grant
+//! before the data loss and the first grant after it. Tokens are below 2^53, so Lua's
+//! doubles represent them exactly.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// KEYS: lock, token. ARGV: owner, lease ms, token ttl ms.
+/// Returns `{1, token}` when granted, `{0, pttl}` when held by someone else.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local tok = math.max(c + 1, now)
+  local s = string.format('%.0f', tok)
+  redis.call('SET', KEYS[2], s, 'PX', ARGV[3])
+  return {1, s}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// KEYS: token. ARGV: token, token ttl ms. Raises the counter to at least `token`
+/// (Redlock: makes a majority remember the highest token granted).
+pub(crate) static RAISE_TOKEN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local c = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if c < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return 1
+",
+    )
+});
+
+/// KEYS: lock. ARGV: owner, unlock channel. Deletes the lock only if the owner matches,
+/// and publishes on the channel. Returns 1 if deleted, 0 if not ours (or gone).
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '0')
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// KEYS: lock keys (one slot). ARGV: owner, lease ms for each key in turn.
+/// Returns one integer per key: 1 renewed, 0 missing or another owner.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local r = {}
+for i, k in ipairs(KEYS) do
+  if redis.call('GET', k) == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', k, ARGV[2 * i])
+    r[i] = 1
+  else
+    r[i] = 0
+  end
+end
+return r
+",
+    )
+});
+
+/// KEYS: lock, token. Returns `{owner or false, pttl, counter or false}`.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+",
+    )
+});

@@ -1,0 +1,245 @@
+//! Fault tests on real Redis servers: a holder process frozen past its lease (SIGSTOP),
+//! a Redis restart without persistence, and Redlock with instances killed.
+//!
+//! The frozen holder is this test binary re-run as a child process (the `holder_child`
+//! test, which does nothing unless `FENCELOCK_HOLDER_URL` is set).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fencelock_core::{AcquireOptions, DistributedLock, FencedRegister, FencingToken};
+use fencelock_testkit::RedisServer;
+use redis::AsyncCommands;
+
+const HOLDER_URL: &str = "FENCELOCK_HOLDER_URL";
+
+/// The child side of `frozen_holder_is_fenced_and_told`: takes the lock with a renewing
+/// 1 s lease and then "works": it asks the parent to write with its token every 20 ms,
+/// whether or not it still holds the lock (as a paused process would), and says when it
+/// learns of the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_child() {
+    let Ok(url) = std::env::var(HOLDER_URL) else {
+        return;
+    };
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    let guard = locks
+        .acquire(
+            "zombie",
+            AcquireOptions::new().lease(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    let token = guard.token().get();
+    println!("token {token}");
+    let mut reported = false;
+    for _ in 0..400 {
+        println!("write {token}");
+        if guard.is_lost() && !reported {
+            println!("lost");
+            reported = true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// F3: the holder is SIGSTOPped for 3 leases. The next holder gets the lock with a larger
+/// token; every write the zombie makes after the new holder's first write is rejected by
+/// the fenced register; the zombie reports the loss within 1 s of SIGCONT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_holder_is_fenced_and_told() {
+    let server = RedisServer::start();
+    let url = format!("{}?prefix=f3:", server.url());
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "holder_child", "--nocapture", "--test-threads=1"])
+        .env(HOLDER_URL, &url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let register = Arc::new(FencedRegister::new(0u64));
+    let events = Arc::new(Mutex::new(Vec::<(Instant, String)>::new()));
+    let (token_tx, token_rx) = std::sync::mpsc::channel();
+    let reader = {
+        let (register, events) = (register.clone(), events.clone());
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let now = Instant::now();
+                // libtest prints "test holder_child ... " before the first line.
+                if let Some(t) = line.find("token ").map(|i| &line[i + 6..]) {
+                    let _ = token_tx.send(t.parse::<u64>().unwrap());
+                } else if let Some(t) = line.strip_prefix("write ") {
+                    let t = FencingToken::new(t.parse().unwrap());
+                    let ok = register.write(t, register.read() + 1).is_ok();
+                    events
+                        .lock()
+                        .unwrap()
+                        .push((now, if ok { "accepted" } else { "stale" }.into()));
+                } else if line == "lost" {
+                    events.lock().unwrap().push((now, "lost".into()));
+                }
+            }
+        })
+    };
+    let token_a =
+        tokio::task::spawn_blocking(move || token_rx.recv_timeout(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .expect("the holder child acquired");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal(pid, "-STOP");
+    let stopped = Instant::now();
+
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    let b = locks
+        .acquire(
+            "zombie",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("next holder acquires while the first is frozen");
+    assert!(
+        stopped.elapsed() < Duration::from_millis(2500),
+        "took {:?}",
+        stopped.elapsed()
+    );
+    assert!(b.token().get() > token_a, "{} <= {token_a}", b.token());
+    register
+        .write(b.token(), register.read() + 1)
+        .expect("B's write");
+    let b_wrote = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(stopped.elapsed())).await;
+
+    signal(pid, "-CONT");
+    let resumed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    reader.join().unwrap();
+
+    let events = events.lock().unwrap().clone();
+    let lost = events
+        .iter()
+        .find(|(_, e)| e == "lost")
+        .map(|(at, _)| *at)
+        .expect("the zombie reported the loss");
+    assert!(
+        lost.saturating_duration_since(resumed) < Duration::from_secs(1),
+        "loss reported {:?} after SIGCONT",
+        lost.saturating_duration_since(resumed)
+    );
+    let late: Vec<_> = events
+        .iter()
+        .filter(|(at, e)| *at > b_wrote && e != "lost")
+        .collect();
+    assert!(!late.is_empty(), "the zombie wrote nothing after resuming");
+    assert!(
+        late.iter().all(|(_, e)| e == "stale"),
+        "a zombie write was accepted after the new holder's"
+    );
+    assert!(!b.is_lost());
+    b.release().await.unwrap();
+}
+
+/// F7: Redis restarted without persistence while locks are in use: the holder learns of
+/// the loss, and no token issued after the restart is ≤ any token issued before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_never_reissues_a_token() {
+    let server = Arc::new(RedisServer::start());
+    let locks = fencelock_redis::connect(&server.url()).await.unwrap();
+    let opts = AcquireOptions::new()
+        .lease(Duration::from_millis(900))
+        .wait_timeout(Duration::from_secs(10));
+    let mut before = Vec::new();
+    for _ in 0..5 {
+        let g = locks.acquire("restart", opts).await.unwrap();
+        before.push(g.token());
+        g.release().await.unwrap();
+    }
+    let holder = locks.acquire("restart", opts).await.unwrap();
+    before.push(holder.token());
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.restart())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), holder.lost())
+        .await
+        .expect("the holder reports the loss after the restart");
+    let max_before = *before.iter().max().unwrap();
+    let mut after = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while after.len() < 5 {
+        match locks.acquire("restart", opts).await {
+            Ok(g) => {
+                after.push(g.token());
+                g.release().await.unwrap();
+            }
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(
+        after.iter().all(|t| *t > max_before),
+        "before {before:?}, after {after:?}"
+    );
+    assert!(after.windows(2).all(|w| w[0] < w[1]), "{after:?}");
+}
+
+/// F17: Redlock over 3 instances keeps working with 1 killed, and with 2 killed fails
+/// cleanly (retryable error, no hang) leaving no lock key on the survivor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_survives_one_loss_and_fails_cleanly_on_two() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    let locks = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .unwrap();
+    let opts = AcquireOptions::new()
+        .lease(Duration::from_secs(1))
+        .wait_timeout(Duration::from_secs(5));
+    let first = locks.acquire("quorum", opts).await.unwrap();
+    let t1 = first.token();
+    first.release().await.unwrap();
+
+    servers[0].kill();
+    let second = locks.acquire("quorum", opts).await.expect("2 of 3 suffice");
+    assert!(second.token() > t1);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!second.is_lost(), "renewal with 2 of 3 failed");
+    second.release().await.unwrap();
+
+    servers[1].kill();
+    let started = Instant::now();
+    let err = locks.acquire("quorum", opts).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut survivor = redis::Client::open(servers[2].url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let exists: bool = survivor.exists("fencelock:{quorum}").await.unwrap();
+    assert!(
+        !exists,
+        "a failed Redlock acquire left its key on the survivor"
+    );
+}

@@ -1,0 +1,202 @@
+//! Redis-specific behaviour on real servers: the raw key layout against a hand-written
+//! `SET NX PX` lock, authentication, the replica check, loss on a deleted key, and
+//! nothing left behind by dropped guards.
+
+use std::time::Duration;
+
+use fencelock_core::{AcquireOptions, DistributedLock, DistributedLockExt, Error};
+use fencelock_redis::{RedisConfig, RedisLock};
+use fencelock_testkit::RedisServer;
+use redis::AsyncCommands;
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn locks(url: &str) -> RedisLock {
+    RedisLock::connect(RedisConfig::from_url(url).unwrap())
+        .await
+        .unwrap()
+}
+
+const COMPARE_AND_DELETE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
+
+/// Issue 6's legacy lock: `SET lock:order:SKU-8842 <random> NX PX 5000` and a Lua
+/// compare-and-delete. Under `layout=raw&prefix=lock:` fencelock and it exclude each
+/// other both ways. The legacy release publishes nothing, so a fencelock waiter gets the
+/// lock when its PX would have run out (its sleep bound), not earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_layout_excludes_hand_written_set_nx() {
+    let server = RedisServer::shared();
+    let mut legacy = raw(server).await;
+    let locks = locks(&format!("{}?layout=raw&prefix=lock:", server.url())).await;
+    let key = "lock:order:SKU-8842";
+
+    // Legacy holds → fencelock is refused.
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg("legacy-7f3a")
+        .arg("NX")
+        .arg("PX")
+        .arg(1500)
+        .query_async(&mut legacy)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+    assert!(locks.try_lock("order:SKU-8842").await.unwrap().is_none());
+
+    // A fencelock waiter gets it after the legacy compare-and-delete.
+    let waiter = locks.acquire(
+        "order:SKU-8842",
+        AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+    );
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let deleted: i64 = redis::Script::new(COMPARE_AND_DELETE)
+            .key(key)
+            .arg("legacy-7f3a")
+            .invoke_async(&mut legacy.clone())
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1);
+    };
+    let (guard, ()) = tokio::join!(waiter, release);
+    let guard = guard.expect("fencelock acquires after the legacy release");
+
+    // fencelock holds → the legacy SET NX is refused, its compare-and-delete is a no-op.
+    let value: String = legacy.get(key).await.unwrap();
+    assert_ne!(value, "legacy-7f3a");
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg("legacy-8b1c")
+        .arg("NX")
+        .arg("PX")
+        .arg(5000)
+        .query_async(&mut legacy)
+        .await
+        .unwrap();
+    assert_eq!(set, None, "the legacy lock got in while fencelock held");
+    guard.release().await.unwrap();
+    let exists: bool = legacy.exists(key).await.unwrap();
+    assert!(!exists, "release left the key");
+}
+
+/// A wrong password fails at connect; no password for a server that needs one too; and
+/// no lock command ever reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_auth_is_a_hard_error_at_connect() {
+    let server = RedisServer::start_with(&["--requirepass", "right-one"]);
+    let port = server.port();
+    for url in [
+        format!("redis://:wrong-one@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+        format!("redlock://:wrong-one@127.0.0.1:{port}"),
+    ] {
+        let err = fencelock_redis::connect(&url).await.unwrap_err();
+        assert!(!err.is_retryable(), "{url}: {err:?}");
+        let text = format!("{err} {err:?}");
+        assert!(!text.contains("wrong-one"), "{text}");
+    }
+    let mut admin = redis::Client::open(format!("redis://:right-one@127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    for command in ["evalsha", "eval", "set", "script"] {
+        assert!(
+            !stats.contains(&format!("cmdstat_{command}:")),
+            "{command} was sent: {stats}"
+        );
+    }
+    let locks = fencelock_redis::connect(&format!("redis://:right-one@127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    assert!(!format!("{locks:?}").contains("right-one"));
+    let guard = locks.lock("auth-ok").await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// The replica check on a server without replicas: the acquire fails (retryable) and
+/// leaves no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_check_fails_without_replicas_and_releases() {
+    let server = RedisServer::shared();
+    let locks = locks(&format!(
+        "{}?wait_replicas=1&wait_timeout=100ms&prefix=rc:",
+        server.url()
+    ))
+    .await;
+    let err = locks.try_lock("replicated").await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(err.to_string().contains("redis"), "{err}");
+    let mut conn = raw(server).await;
+    let exists: bool = conn.exists("rc:{replicated}").await.unwrap();
+    assert!(!exists, "a failed replica check left the key");
+}
+
+/// Someone deletes the key (or the server clock jumps and it expires): the holder's next
+/// renewal reports the loss at once, long before its deadline; a late release is `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_reports_a_deleted_key_at_once() {
+    let server = RedisServer::shared();
+    let locks = locks(&format!("{}?prefix=del:", server.url())).await;
+    let lease = Duration::from_secs(3);
+    let guard = locks
+        .acquire("victim", AcquireOptions::new().lease(lease))
+        .await
+        .unwrap();
+    let mut conn = raw(server).await;
+    let _: i64 = conn.del("del:{victim}").await.unwrap();
+    let next = locks
+        .try_lock("victim")
+        .await
+        .unwrap()
+        .expect("free after DEL");
+    assert!(next.token() > guard.token());
+    tokio::time::timeout(lease / 3 + Duration::from_millis(500), guard.lost())
+        .await
+        .expect("loss reported at the next renewal");
+    assert!(guard.lost_reason().unwrap().contains("renewal"));
+    assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
+    assert!(!next.is_lost());
+    next.release().await.unwrap();
+}
+
+/// Dropped guards and released guards leave no key and no renewal entry; tokens of one
+/// name strictly increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_guards_leave_nothing() {
+    let server = RedisServer::shared();
+    let locks = locks(&format!("{}?prefix=drop:", server.url())).await;
+    let mut last = None;
+    for i in 0..20 {
+        let guard = locks
+            .acquire("d", AcquireOptions::new().lease(Duration::from_millis(600)))
+            .await
+            .unwrap();
+        assert!(last < Some(guard.token()));
+        last = Some(guard.token());
+        assert_eq!(locks.renewing(), 1);
+        if i % 2 == 0 {
+            drop(guard);
+        } else {
+            guard.release().await.unwrap();
+        }
+        assert_eq!(locks.renewing(), 0);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut conn = raw(server).await;
+    let exists: bool = conn.exists("drop:{d}").await.unwrap();
+    assert!(!exists);
+}
