@@ -1,21 +1,66 @@
-//! fencelock backend for ZooKeeper. Not implemented yet: [`connect`] reports that.
+//! The ZooKeeper backend of [fencelock](https://docs.rs/fencelock): `zk://` and
+//! `zookeeper://` URLs.
+//!
+//! Locks follow Apache Curator's `InterProcessMutex` recipe, so a Java service using
+//! Curator on the same path and a Rust service using fencelock exclude each other:
+//!
+//! - lock `name` under root `/r` lives in the container node `/r/{encoded name}`; each
+//!   acquisition creates `/r/{encoded name}/_c_<uuid>-lock-<seq>`, EPHEMERAL_SEQUENTIAL;
+//! - the lowest sequence holds the lock; a waiter watches only its predecessor;
+//! - the fencing token is the holder node's **czxid** (never the sequence number, a
+//!   per-parent 32-bit counter that wraps and restarts);
+//! - the lease is the ZooKeeper session (see [`ZkLock`] for the details).
+//!
+//! ```text
+//! zk://[user:password@]host[:port][,host[:port]...][/chroot][?session_timeout=30s&min_lease=4s&acl=open|creator]
+//! ```
+//!
+//! See [`ZkConfig`] for the settings and [`ZkFence`] for writes that only succeed while
+//! the lock is held.
+
+mod acquire;
+mod config;
+mod error;
+mod fence;
+mod held;
+mod lock;
+mod names;
+mod session;
 
 use std::sync::Arc;
 
 use fencelock_core::{DistributedLock, Error};
 
-/// Connects to the backend named by `url`.
+pub use config::{
+    AclPolicy, DEFAULT_MIN_LEASE, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, DigestAuth, ZkConfig,
+};
+pub use fence::ZkFence;
+pub use lock::ZkLock;
+/// The `zookeeper-client` crate this backend is built on, for [`ZkFence::writer`] and
+/// [`ZkLock::client`].
+pub use zookeeper_client;
+
+/// Connects to the ZooKeeper ensemble named by a `zk://` or `zookeeper://` URL.
 ///
 /// # Cancel safety
 ///
-/// Cancel safe.
+/// Cancel safe: a dropped connect leaves no session behind.
 ///
 /// # Errors
 ///
-/// Always [`Error::InvalidConfig`] until the backend is implemented.
+/// [`Error::InvalidUrl`] / [`Error::InvalidConfig`] for a bad URL (password redacted);
+/// [`Error::Unavailable`] when no server answers; [`Error::InvalidConfig`] when the server
+/// does not grant the configured session timeout.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), fencelock_core::Error> {
+/// let locks = fencelock_zk::connect("zk://127.0.0.1:2181/locks?session_timeout=10s").await?;
+/// assert_eq!(locks.backend(), "zookeeper");
+/// # Ok(()) }
+/// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
-    let _ = url;
-    Err(Error::InvalidConfig(
-        "the zookeeper backend is not implemented yet".into(),
-    ))
+    let config = ZkConfig::from_url(url)?;
+    Ok(Arc::new(ZkLock::connect(config).await?))
 }

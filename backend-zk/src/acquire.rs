@@ -1,0 +1,287 @@
+//! Taking a lock: Curator's `InterProcessMutex` protocol, with a czxid token.
+//!
+//! 1. Create `{dir}/_c_<uuid>-lock-` EPHEMERAL_SEQUENTIAL (creating the container `dir`
+//!    and the persistent root on `NoNode`). On connection loss, look for a child with our
+//!    uuid (ZOOKEEPER-1262) and adopt it, or create again.
+//! 2. List the children, sort them by sequence. First → granted, with the node's czxid
+//!    as the token. Otherwise watch only the immediate predecessor (`getData` watch) and
+//!    list again when it changes. Uncontended: two round trips.
+//!
+//! Dropping the future at any point deletes whatever node it may have created, in the
+//! background (by path when known, by uuid otherwise).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::error::{BACKEND, map, session_ended};
+use crate::held::{Node, ZkHeld};
+use crate::names;
+use crate::session::ZkSession;
+
+/// Pause before repeating a request that failed with connection loss.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// Acquires `name` on `session`. Waits (without timeout) unless `no_wait`.
+pub(crate) async fn acquire(
+    session: Arc<ZkSession>,
+    name: &str,
+    lease: Lease,
+    no_wait: bool,
+) -> Result<LockGuard, Error> {
+    let dir = names::lock_dir(session.root(), name);
+    let mut pending = Pending {
+        session: session.clone(),
+        dir,
+        prefix_name: names::protected_prefix(),
+        path: None,
+        armed: true,
+    };
+    let (path, stat) = create_node(&session, &pending.dir, &pending.prefix_name).await?;
+    pending.path = Some(path.clone());
+    let own = &path[pending.dir.len() + 1..];
+    loop {
+        let sent = Instant::now();
+        let mut children = match retry(|| session.client.list_children(&pending.dir)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(err) => return Err(waiting_error(name, err)),
+        };
+        names::sort_children(&mut children);
+        let Some(index) = children.iter().position(|c| c == own) else {
+            pending.armed = false;
+            return Err(Error::lost(
+                name,
+                "the lock node disappeared while waiting (session expired or node deleted)",
+            ));
+        };
+        delete_own_orphans(&session, &pending, own, &children);
+        if index == 0 {
+            pending.armed = false;
+            return Ok(grant(session, name, path, stat, lease, sent));
+        }
+        if no_wait {
+            pending.delete_now().await;
+            return Err(Error::Contended {
+                name: name.to_owned(),
+            });
+        }
+        let predecessor = format!("{}/{}", pending.dir, children[index - 1]);
+        match session.client.get_and_watch_data(&predecessor).await {
+            Ok((_, _, watcher)) => {
+                tokio::select! {
+                    _ = watcher.changed() => {}
+                    _ = session.ended() => {
+                        return Err(Error::lost(name, "the ZooKeeper session ended while waiting"));
+                    }
+                }
+            }
+            Err(zk::Error::NoNode) => {}
+            Err(zk::Error::ConnectionLoss) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(err) => return Err(waiting_error(name, err)),
+        }
+    }
+}
+
+/// Builds the guard for a granted node whose ownership was confirmed by a request sent
+/// at `sent`.
+fn grant(
+    session: Arc<ZkSession>,
+    name: &str,
+    path: String,
+    stat: zk::Stat,
+    lease: Lease,
+    sent: Instant,
+) -> LockGuard {
+    let cap = match lease {
+        Lease::Fixed(duration) => Some(sent + duration),
+        Lease::Renewing(_) => None,
+    };
+    let deadline = session.deadline(sent);
+    let liveness = Liveness::new(cap.map_or(deadline, |cap| cap.min(deadline)));
+    let token = FencingToken::new(stat.czxid as u64);
+    let held = ZkHeld::start(
+        name,
+        Node::new(session, path, stat.version),
+        liveness.clone(),
+        cap,
+    );
+    LockGuard::new(name, token, BACKEND, liveness, Arc::new(held))
+}
+
+fn waiting_error(name: &str, err: zk::Error) -> Error {
+    if session_ended(&err) {
+        Error::lost(
+            name,
+            format!("the ZooKeeper session ended while waiting: {err}"),
+        )
+    } else {
+        map(err)
+    }
+}
+
+/// Creates the lock node, returning its path and stat.
+async fn create_node(
+    session: &ZkSession,
+    dir: &str,
+    prefix_name: &str,
+) -> Result<(String, zk::Stat), Error> {
+    let prefix = format!("{dir}/{prefix_name}");
+    let acls = session.acls();
+    let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
+    loop {
+        match session.client.create(&prefix, &[], &options).await {
+            Ok((stat, sequence)) => {
+                let path = format!("{prefix}{sequence}");
+                if stat.is_invalid() {
+                    // Servers older than 3.5 return no stat from create.
+                    let (_, stat) = retry(|| session.client.get_data(&path))
+                        .await
+                        .map_err(map)?;
+                    return Ok((path, stat));
+                }
+                return Ok((path, stat));
+            }
+            Err(zk::Error::NoNode) => ensure_dir(session, dir).await?,
+            Err(zk::Error::ConnectionLoss) => {
+                if let Some(found) = find_own(session, dir, prefix_name).await? {
+                    return Ok(found);
+                }
+            }
+            Err(err) => return Err(map(err)),
+        }
+    }
+}
+
+/// Creates the lock directory as a container node (and the root above it, persistent).
+async fn ensure_dir(session: &ZkSession, dir: &str) -> Result<(), Error> {
+    let acls = session.acls();
+    let mut mode = zk::CreateMode::Container;
+    loop {
+        match session.client.create(dir, &[], &mode.with_acls(acls)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+            Err(zk::Error::NoNode) if !session.root().is_empty() => {
+                let root_options = zk::CreateMode::Persistent.with_acls(acls);
+                match session.client.mkdir(session.root(), &root_options).await {
+                    Ok(()) | Err(zk::Error::NodeExists) | Err(zk::Error::ConnectionLoss) => {}
+                    Err(err) => return Err(map(err)),
+                }
+            }
+            Err(zk::Error::Unimplemented) if mode == zk::CreateMode::Container => {
+                mode = zk::CreateMode::Persistent;
+            }
+            Err(zk::Error::ConnectionLoss) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(err) => return Err(map(err)),
+        }
+    }
+}
+
+/// Finds the node a create with a lost reply may have made, by its uuid prefix.
+async fn find_own(
+    session: &ZkSession,
+    dir: &str,
+    prefix_name: &str,
+) -> Result<Option<(String, zk::Stat)>, Error> {
+    let children = match retry(|| session.client.list_children(dir)).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(err) => return Err(map(err)),
+    };
+    let Some(child) = children.iter().find(|c| c.starts_with(prefix_name)) else {
+        return Ok(None);
+    };
+    let path = format!("{dir}/{child}");
+    match retry(|| session.client.get_data(&path)).await {
+        Ok((_, stat)) => Ok(Some((path, stat))),
+        Err(zk::Error::NoNode) => Ok(None),
+        Err(err) => Err(map(err)),
+    }
+}
+
+/// A create that was retried after connection loss may have been applied twice: delete
+/// every node with our uuid except the one we use.
+fn delete_own_orphans(session: &ZkSession, pending: &Pending, own: &str, children: &[String]) {
+    for orphan in children
+        .iter()
+        .filter(|c| c.starts_with(&pending.prefix_name) && c.as_str() != own)
+    {
+        let client = session.client.clone();
+        let path = format!("{}/{orphan}", pending.dir);
+        session.runtime().spawn(async move {
+            let _ = client.delete(&path, None).await;
+        });
+    }
+}
+
+/// Repeats `request` while it fails with connection loss.
+async fn retry<T, F, Fut>(request: F) -> Result<T, zk::Error>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, zk::Error>>,
+{
+    loop {
+        match request().await {
+            Err(zk::Error::ConnectionLoss) => tokio::time::sleep(RETRY_PAUSE).await,
+            other => return other,
+        }
+    }
+}
+
+/// The node an unfinished acquire may own; deleted in the background if the acquire is
+/// dropped or gives up.
+struct Pending {
+    session: Arc<ZkSession>,
+    dir: String,
+    prefix_name: String,
+    path: Option<String>,
+    armed: bool,
+}
+
+impl Pending {
+    /// Deletes the known node now (used when giving up without waiting).
+    async fn delete_now(&mut self) {
+        if let Some(path) = &self.path {
+            let deleted = retry(|| self.session.client.delete(path, None)).await;
+            if matches!(deleted, Ok(()) | Err(zk::Error::NoNode))
+                || deleted.as_ref().is_err_and(session_ended)
+            {
+                self.armed = false;
+            }
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let session = self.session.clone();
+        let dir = std::mem::take(&mut self.dir);
+        let prefix_name = std::mem::take(&mut self.prefix_name);
+        let path = self.path.take();
+        let limit = session.timeout();
+        self.session.runtime().spawn(async move {
+            let clean = async {
+                let paths = match path {
+                    Some(path) => vec![path],
+                    None => match retry(|| session.client.list_children(&dir)).await {
+                        Ok(children) => children
+                            .into_iter()
+                            .filter(|c| c.starts_with(&prefix_name))
+                            .map(|c| format!("{dir}/{c}"))
+                            .collect(),
+                        Err(_) => Vec::new(),
+                    },
+                };
+                for path in paths {
+                    let _ = retry(|| session.client.delete(&path, None)).await;
+                }
+            };
+            let _ = tokio::time::timeout(limit, clean).await;
+        });
+    }
+}

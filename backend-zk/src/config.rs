@@ -1,0 +1,496 @@
+//! Typed configuration of the ZooKeeper backend, and the `zk://` URL parser.
+
+use std::fmt;
+use std::time::Duration;
+
+use fencelock_core::Error;
+
+/// The ZooKeeper client port used when a host names none.
+pub const DEFAULT_PORT: u16 = 2181;
+
+/// The session timeout when none is given: 30 s, the default lease of fencelock.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shortest lease accepted when none is configured: 4 s, ZooKeeper's default
+/// `minSessionTimeout` (2 × the default `tickTime` of 2 s).
+pub const DEFAULT_MIN_LEASE: Duration = Duration::from_secs(4);
+
+/// Which ACL the znodes fencelock creates (lock nodes, their parents, the chroot) get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AclPolicy {
+    /// `world:anyone:cdrwa` (ZooKeeper's `OPEN_ACL_UNSAFE`): anyone who can reach the
+    /// ensemble can read, take and delete the locks. The default, as in Curator.
+    #[default]
+    Open,
+    /// `auth::cdrwa` (`CREATOR_ALL_ACL`): only sessions authenticated as the creator
+    /// (the same digest user) can touch the nodes. Needs digest credentials.
+    CreatorOnly,
+}
+
+/// Digest credentials (`addauth digest user:password`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct DigestAuth {
+    /// The user name.
+    pub user: String,
+    /// The password. Never printed by `Debug`.
+    pub password: String,
+}
+
+impl fmt::Debug for DigestAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DigestAuth")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+/// How to reach ZooKeeper and how to lay out and time the locks.
+///
+/// Built from a URL with [`ZkConfig::from_url`] and adjusted with the `with_*` methods,
+/// which win over the URL's query pairs.
+///
+/// ```text
+/// zk://[user:password@]host[:port][,host[:port]...][/chroot][?key=value&...]
+/// ```
+///
+/// | query key | meaning | default |
+/// |---|---|---|
+/// | `session_timeout` | session timeout = lease of `Lease::Renewing` locks with the default duration; `30s`, `1500ms`, `2m`, or bare milliseconds | `30s` |
+/// | `min_lease` | the shortest lease accepted; set it to the server's `minSessionTimeout` | `4s` |
+/// | `acl` | `open` or `creator` (see [`AclPolicy`]) | `open` |
+///
+/// `zookeeper://` is accepted as a synonym of `zk://`. The user info, when present, is
+/// digest credentials.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_zk::{AclPolicy, ZkConfig};
+///
+/// let config = ZkConfig::from_url("zk://app:s3cret@zk1,zk2:2182/locks?session_timeout=10s&acl=creator")?;
+/// assert_eq!(config.hosts(), "zk1:2181,zk2:2182");
+/// assert_eq!(config.chroot(), "/locks");
+/// assert_eq!(config.session_timeout(), Duration::from_secs(10));
+/// assert_eq!(config.acl(), AclPolicy::CreatorOnly);
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// # Ok::<(), fencelock_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ZkConfig {
+    hosts: String,
+    chroot: String,
+    session_timeout: Duration,
+    min_lease: Duration,
+    auth: Option<DigestAuth>,
+    acl: AclPolicy,
+}
+
+impl ZkConfig {
+    /// A configuration for the comma-separated `hosts` (`host[:port],...`), with every
+    /// other setting at its default and the locks directly under `/`.
+    pub fn new(hosts: impl Into<String>) -> Self {
+        ZkConfig {
+            hosts: hosts.into(),
+            chroot: String::new(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            min_lease: DEFAULT_MIN_LEASE,
+            auth: None,
+            acl: AclPolicy::Open,
+        }
+    }
+
+    /// Parses a `zk://` or `zookeeper://` URL (see the type's documentation).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (with the password redacted) for a malformed URL, an unknown
+    /// query key or a bad value; [`Error::InvalidConfig`] for inconsistent settings.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: redact(url),
+            reason,
+        };
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected zk://host:port/chroot".into()))?;
+        if !matches!(scheme.to_ascii_lowercase().as_str(), "zk" | "zookeeper") {
+            return Err(bad(format!("the scheme {scheme:?} is not zk or zookeeper")));
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        if rest.contains('#') {
+            return Err(bad("a fragment (#) is not allowed".into()));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let mut config = ZkConfig::new(normalize_hosts(hosts).map_err(bad)?);
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo
+                .split_once(':')
+                .ok_or_else(|| bad("the user info must be user:password".into()))?;
+            let user = percent_decode(user).map_err(bad)?;
+            let password = percent_decode(password).map_err(bad)?;
+            if user.is_empty() {
+                return Err(bad("the digest user name is empty".into()));
+            }
+            config = config.with_digest(user, password);
+        }
+        config.chroot = normalize_chroot(&percent_decode(path).map_err(bad)?).map_err(bad)?;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| bad(format!("the query pair {pair:?} has no value")))?;
+            match key {
+                "session_timeout" => {
+                    config.session_timeout =
+                        parse_duration(value).map_err(|r| bad(format!("session_timeout: {r}")))?
+                }
+                "min_lease" => {
+                    config.min_lease =
+                        parse_duration(value).map_err(|r| bad(format!("min_lease: {r}")))?
+                }
+                "acl" => {
+                    config.acl = match value {
+                        "open" => AclPolicy::Open,
+                        "creator" => AclPolicy::CreatorOnly,
+                        _ => {
+                            return Err(bad(format!("acl must be open or creator, not {value:?}")));
+                        }
+                    }
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "unknown query key {key:?} (known: session_timeout, min_lease, acl)"
+                    )));
+                }
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Puts the locks under `chroot` (an absolute path such as `/app/locks`; `/` or `""`
+    /// for the root). Missing nodes are created (persistent) on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a path ZooKeeper would reject.
+    pub fn with_chroot(mut self, chroot: &str) -> Result<Self, Error> {
+        self.chroot = normalize_chroot(chroot).map_err(Error::InvalidConfig)?;
+        Ok(self)
+    }
+
+    /// Sets the session timeout (the lease of default `Lease::Renewing` locks).
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Sets the shortest lease accepted.
+    pub fn with_min_lease(mut self, min_lease: Duration) -> Self {
+        self.min_lease = min_lease;
+        self
+    }
+
+    /// Authenticates every session with ZooKeeper's `digest` scheme.
+    pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.auth = Some(DigestAuth {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Sets the ACL of the znodes fencelock creates.
+    pub fn with_acl(mut self, acl: AclPolicy) -> Self {
+        self.acl = acl;
+        self
+    }
+
+    /// The connect string, `host:port,...`.
+    pub fn hosts(&self) -> &str {
+        &self.hosts
+    }
+
+    /// The lock root: `""` for `/`, otherwise an absolute path without a trailing `/`.
+    pub fn chroot(&self) -> &str {
+        &self.chroot
+    }
+
+    /// The session timeout.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// The shortest lease accepted.
+    pub fn min_lease(&self) -> Duration {
+        self.min_lease
+    }
+
+    /// The digest credentials, if any.
+    pub fn auth(&self) -> Option<&DigestAuth> {
+        self.auth.as_ref()
+    }
+
+    /// The ACL policy.
+    pub fn acl(&self) -> AclPolicy {
+        self.acl
+    }
+
+    /// Checks that the settings fit together.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the setting.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |msg: &str| Err(Error::InvalidConfig(msg.to_owned()));
+        if self.hosts.is_empty() {
+            return invalid("no ZooKeeper host given");
+        }
+        if self.session_timeout.is_zero() || self.session_timeout.subsec_nanos() % 1_000_000 != 0 {
+            return invalid("session_timeout must be a positive whole number of milliseconds");
+        }
+        if self.session_timeout.as_millis() > i32::MAX as u128 {
+            return invalid("session_timeout is too long");
+        }
+        if self.min_lease.is_zero() {
+            return invalid("min_lease must be positive");
+        }
+        if self.session_timeout < self.min_lease {
+            return invalid("session_timeout is shorter than min_lease");
+        }
+        if self.acl == AclPolicy::CreatorOnly && self.auth.is_none() {
+            return invalid("acl=creator needs digest credentials (zk://user:password@...)");
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("chroot", &self.chroot)
+            .field("session_timeout", &self.session_timeout)
+            .field("min_lease", &self.min_lease)
+            .field("auth", &self.auth)
+            .field("acl", &self.acl)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user info replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{hosts}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+fn normalize_hosts(hosts: &str) -> Result<String, String> {
+    if hosts.is_empty() {
+        return Err("no host given".into());
+    }
+    let mut out = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Err("empty host in the host list".into());
+        }
+        if host.contains(|c: char| c.is_whitespace() || c == '@') {
+            return Err(format!("bad host {host:?}"));
+        }
+        let has_port = match host.rfind(']') {
+            Some(close) => host[close..].contains(':'),
+            None => host.contains(':'),
+        };
+        if has_port {
+            let (_, port) = host.rsplit_once(':').unwrap_or((host, ""));
+            port.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("bad port in {host:?}"))?;
+            out.push(host.to_owned());
+        } else {
+            out.push(format!("{host}:{DEFAULT_PORT}"));
+        }
+    }
+    Ok(out.join(","))
+}
+
+fn normalize_chroot(path: &str) -> Result<String, String> {
+    if path.is_empty() || path == "/" {
+        return Ok(String::new());
+    }
+    if !path.starts_with('/') {
+        return Err(format!("the chroot {path:?} must start with /"));
+    }
+    let trimmed = path.strip_suffix('/').unwrap_or(path);
+    for segment in trimmed[1..].split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err(format!("the chroot {path:?} has an empty, . or .. segment"));
+        }
+        if segment.chars().any(crate::names::needs_escape) {
+            return Err(format!(
+                "the chroot {path:?} has characters ZooKeeper rejects"
+            ));
+        }
+    }
+    if trimmed == "/zookeeper" || trimmed.starts_with("/zookeeper/") {
+        return Err("the chroot must not be under /zookeeper (reserved)".into());
+    }
+    Ok(trimmed.to_owned())
+}
+
+fn percent_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or("bad percent escape")?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "a percent escape is not UTF-8".into())
+}
+
+/// Parses `30s`, `1500ms`, `2m`, or a bare number of milliseconds.
+pub(crate) fn parse_duration(value: &str) -> Result<Duration, String> {
+    let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => value.split_at(i),
+        None => (value, "ms"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{value:?} is not a duration such as 30s or 1500ms"))?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("unknown unit in {value:?} (use ms, s or m)")),
+    };
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(url: &str) -> ZkConfig {
+        ZkConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
+
+    /// URL, hosts, chroot, session timeout, min lease, digest credentials, ACL.
+    type Row = (
+        &'static str,
+        &'static str,
+        &'static str,
+        Duration,
+        Duration,
+        Option<(&'static str, &'static str)>,
+        AclPolicy,
+    );
+
+    #[test]
+    fn url_to_config_table() {
+        let s = Duration::from_secs;
+        #[rustfmt::skip]
+        let table: &[Row] = &[
+            ("zk://localhost", "localhost:2181", "", s(30), s(4), None, AclPolicy::Open),
+            ("zookeeper://h:2182/", "h:2182", "", s(30), s(4), None, AclPolicy::Open),
+            ("zk://a,b:1,c/x/y/", "a:2181,b:1,c:2181", "/x/y", s(30), s(4), None, AclPolicy::Open),
+            ("zk://[::1]:2181,[::2]/r", "[::1]:2181,[::2]:2181", "/r", s(30), s(4), None, AclPolicy::Open),
+            ("zk://h/r?session_timeout=10s&min_lease=1500ms", "h:2181", "/r", s(10), Duration::from_millis(1500), None, AclPolicy::Open),
+            ("zk://h?session_timeout=2m", "h:2181", "", s(120), s(4), None, AclPolicy::Open),
+            ("zk://h?session_timeout=5000", "h:2181", "", s(5), s(4), None, AclPolicy::Open),
+            ("zk://u:p%40ss@h/l%20x?acl=creator", "h:2181", "/l x", s(30), s(4), Some(("u", "p@ss")), AclPolicy::CreatorOnly),
+            ("ZK://u:@h?acl=open", "h:2181", "", s(30), s(4), Some(("u", "")), AclPolicy::Open),
+        ];
+        for (url, hosts, chroot, timeout, min, auth, acl) in table {
+            let c = ok(url);
+            assert_eq!(c.hosts(), *hosts, "{url}");
+            assert_eq!(c.chroot(), *chroot, "{url}");
+            assert_eq!(c.session_timeout(), *timeout, "{url}");
+            assert_eq!(c.min_lease(), *min, "{url}");
+            assert_eq!(
+                c.auth().map(|a| (a.user.as_str(), a.password.as_str())),
+                *auth,
+                "{url}"
+            );
+            assert_eq!(c.acl(), *acl, "{url}");
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_typed_errors_without_the_password() {
+        for url in [
+            "zk://",
+            "zk:///chroot",
+            "etcd://h",
+            "zk://h:0",
+            "zk://h:99999",
+            "zk://h,,g",
+            "zk://h/a//b",
+            "zk://h/a/../b",
+            "zk://h/zookeeper/x",
+            "zk://h?session_timeout=10x",
+            "zk://h?session_timeout=0s",
+            "zk://h?ttl=3",
+            "zk://h?acl=all",
+            "zk://h?acl=creator",
+            "zk://h?session_timeout=1s",
+            "zk://user:hunter2@h?nope=1",
+            "zk://user:hunter2@h/%zz",
+            "zk://h/a#frag",
+            "no-scheme",
+        ] {
+            let err = ZkConfig::from_url(url).expect_err(url);
+            assert!(
+                matches!(err, Error::InvalidUrl { .. } | Error::InvalidConfig(_)),
+                "{url}: {err:?}"
+            );
+            assert!(!err.to_string().contains("hunter2"), "{url}: {err}");
+            assert!(!format!("{err:?}").contains("hunter2"), "{url}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn explicit_settings_win_and_debug_hides_the_password() {
+        let c = ok("zk://me:hunter2@h?session_timeout=10s")
+            .with_session_timeout(Duration::from_secs(20))
+            .with_acl(AclPolicy::CreatorOnly)
+            .with_chroot("/other/")
+            .unwrap();
+        assert_eq!(c.session_timeout(), Duration::from_secs(20));
+        assert_eq!(c.chroot(), "/other");
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(debug.contains("me"), "{debug}");
+        assert!(c.validate().is_ok());
+    }
+}

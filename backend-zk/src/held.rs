@@ -1,0 +1,245 @@
+//! A held lock: its node, the watch on it, and release.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fencelock_core::{Error, HeldLock, Liveness};
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use crate::error::{map, session_ended};
+use crate::session::ZkSession;
+
+/// How long after the grant the watch on the own node is armed.
+const WATCH_DELAY: Duration = Duration::from_millis(10);
+
+/// The backend side of a ZooKeeper guard.
+#[derive(Debug)]
+pub(crate) struct ZkHeld {
+    name: String,
+    node: Arc<Node>,
+    liveness: Liveness,
+    registration: u64,
+    /// Stops the watch task.
+    stop: CancellationToken,
+    /// Serializes releases so repeated calls see each other's outcome.
+    releasing: tokio::sync::Mutex<()>,
+    /// A release returned `Ok`: later ones do too.
+    released: AtomicBool,
+}
+
+/// The lock node of one grant. Its path holds a fresh uuid, so it names this grant and
+/// no other, ever.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub(crate) session: Arc<ZkSession>,
+    pub(crate) path: String,
+    pub(crate) version: i32,
+    /// Set once a delete of ours succeeded (or found the node gone after our own earlier
+    /// attempt may have deleted it).
+    deleted: AtomicBool,
+}
+
+/// What a delete found.
+enum Deleted {
+    /// Our delete removed the node (or an earlier attempt of ours, whose reply was lost).
+    Now,
+    /// The node was already gone when we asked.
+    AlreadyGone,
+}
+
+impl Node {
+    pub(crate) fn new(session: Arc<ZkSession>, path: String, version: i32) -> Self {
+        Node {
+            session,
+            path,
+            version,
+            deleted: AtomicBool::new(false),
+        }
+    }
+
+    /// Deletes the node with a version check (one round trip), retrying on connection
+    /// loss within `limit`. A version mismatch (someone wrote data to our node, as
+    /// Curator's revocation does) still deletes: the path alone identifies this grant.
+    async fn delete(&self, limit: Duration) -> Result<Deleted, Error> {
+        if self.deleted.load(Ordering::Acquire) {
+            return Ok(Deleted::Now);
+        }
+        let client = &self.session.client;
+        let mut retried = false;
+        let mut version = Some(self.version);
+        let attempt = async {
+            loop {
+                match client.delete(&self.path, version).await {
+                    Ok(()) => return Ok(Deleted::Now),
+                    Err(zk::Error::NoNode) if retried => return Ok(Deleted::Now),
+                    Err(zk::Error::NoNode) => return Ok(Deleted::AlreadyGone),
+                    // An ended session took its ephemeral nodes with it.
+                    Err(err) if session_ended(&err) => return Ok(Deleted::AlreadyGone),
+                    Err(zk::Error::BadVersion) => version = None,
+                    Err(zk::Error::ConnectionLoss) => {
+                        retried = true;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+        };
+        let outcome = match tokio::time::timeout(limit, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(zk::Error::Timeout),
+        };
+        match outcome {
+            Ok(Deleted::Now) => {
+                self.deleted.store(true, Ordering::Release);
+                Ok(Deleted::Now)
+            }
+            Ok(Deleted::AlreadyGone) => Ok(Deleted::AlreadyGone),
+            Err(err) => Err(map(err)),
+        }
+    }
+
+    /// Deletes in the background, bounded by the session timeout.
+    pub(crate) fn delete_in_background(self: &Arc<Self>) {
+        if self.deleted.load(Ordering::Acquire) {
+            return;
+        }
+        let node = self.clone();
+        let limit = node.session.timeout();
+        self.session.runtime().spawn(async move {
+            if let Err(error) = node.delete(limit).await {
+                tracing::debug!(path = %node.path, %error, "background delete of a lock node failed; it expires with the session");
+            }
+        });
+    }
+}
+
+impl ZkHeld {
+    /// Takes over a granted node: registers it with the session monitor and starts the
+    /// watch task that reports deletion and deletes the node once the lock is lost (at
+    /// the end of a fixed lease, or when the session deadline passed).
+    pub(crate) fn start(
+        name: &str,
+        node: Node,
+        liveness: Liveness,
+        cap: Option<tokio::time::Instant>,
+    ) -> Self {
+        let node = Arc::new(node);
+        let registration = node.session.register(liveness.clone(), cap);
+        let stop = CancellationToken::new();
+        node.session
+            .runtime()
+            .spawn(watch_node(node.clone(), liveness.clone(), stop.clone()));
+        ZkHeld {
+            name: name.to_owned(),
+            node,
+            liveness,
+            registration,
+            stop,
+            releasing: tokio::sync::Mutex::new(()),
+            released: AtomicBool::new(false),
+        }
+    }
+
+    fn stop_tracking(&self) {
+        self.stop.cancel();
+        self.node.session.unregister(self.registration);
+    }
+}
+
+/// Watches the own node until the lock is released; reports its deletion by anyone else
+/// and deletes it when the lock is lost by deadline.
+async fn watch_node(node: Arc<Node>, liveness: Liveness, stop: CancellationToken) {
+    let client = node.session.client.clone();
+    // Short holds release before the watch would be armed, saving a request and a
+    // notification per grant. A deletion in this window is still seen: arming then
+    // finds no node.
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => return,
+        _ = tokio::time::sleep(WATCH_DELAY) => {}
+    }
+    loop {
+        let armed = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = liveness.lost() => break,
+            armed = client.get_and_watch_data(&node.path) => armed,
+        };
+        let watcher = match armed {
+            Ok((_, _, watcher)) => watcher,
+            Err(zk::Error::NoNode) => {
+                liveness.mark_lost("the lock node was deleted");
+                return;
+            }
+            Err(err) if session_ended(&err) => {
+                liveness.mark_lost(format!("the ZooKeeper session ended: {err}"));
+                return;
+            }
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = liveness.lost() => break,
+            event = watcher.changed() => match event.event_type {
+                zk::EventType::NodeDeleted => {
+                    if !stop.is_cancelled() {
+                        liveness.mark_lost("the lock node was deleted by another client");
+                    }
+                    return;
+                }
+                zk::EventType::Session if event.session_state.is_terminated() => {
+                    liveness.mark_lost(format!("the ZooKeeper session ended: {}", event.session_state));
+                    return;
+                }
+                _ => {}
+            },
+        }
+    }
+    // Lost by deadline (fixed lease over, or the session could not be confirmed in
+    // time): free the lock for others.
+    if !stop.is_cancelled() {
+        node.delete_in_background();
+    }
+}
+
+#[async_trait]
+impl HeldLock for ZkHeld {
+    async fn release(&self) -> Result<(), Error> {
+        self.stop_tracking();
+        let _serial = self.releasing.lock().await;
+        if self.released.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let lost_before = self.liveness.is_lost();
+        match self.node.delete(self.node.session.timeout()).await? {
+            Deleted::Now if !lost_before => {
+                self.released.store(true, Ordering::Release);
+                Ok(())
+            }
+            _ => Err(Error::lost(
+                &self.name,
+                self.liveness
+                    .lost_reason()
+                    .unwrap_or("the lock node was already gone at release"),
+            )),
+        }
+    }
+
+    fn release_in_background(&self) {
+        self.stop_tracking();
+        self.node.delete_in_background();
+    }
+}
+
+impl Drop for ZkHeld {
+    fn drop(&mut self) {
+        self.stop_tracking();
+    }
+}

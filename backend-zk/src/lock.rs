@@ -1,0 +1,244 @@
+//! [`ZkLock`]: the ZooKeeper implementation of [`DistributedLock`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fencelock_core::{
+    AcquireOptions, Capabilities, DEFAULT_LEASE, DistributedLock, Error, FencingStrength,
+    FencingToken, HolderInfo, Lease, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+};
+use zookeeper_client as zk;
+
+use crate::acquire;
+use crate::config::ZkConfig;
+use crate::error::{BACKEND, map};
+use crate::fence::ZkFence;
+use crate::names;
+use crate::session::{SessionPool, ZkSession};
+
+/// Locks in a ZooKeeper ensemble, compatible with Apache Curator's `InterProcessMutex`.
+///
+/// - **Lease** = the ZooKeeper session. One session per distinct renewing lease
+///   duration, created on first use and shared by every lock with that duration. The
+///   default lease ([`DEFAULT_LEASE`], what `AcquireOptions::new()` asks for) means the
+///   configured `session_timeout` (30 s unless configured otherwise). A
+///   [`Lease::Fixed`] lock lives in the default session and its node is deleted by this
+///   client when the fixed lease ends (if this process is stopped, the session timeout
+///   frees it instead).
+/// - **Token** = the czxid of the holder's node: 64-bit, ensemble-wide, strictly
+///   increasing.
+/// - **Waiting** watches only the immediate predecessor: FIFO, no herd.
+/// - **Loss**: the guard is at risk while disconnected, lost when the session expires,
+///   when the session could not be confirmed for `session_timeout` (local monotonic
+///   deadline), or when its node is deleted by someone else.
+///
+/// Clones share the sessions.
+///
+/// # Examples
+///
+/// ```no_run
+/// use fencelock_core::DistributedLockExt;
+/// use fencelock_zk::{ZkConfig, ZkLock};
+///
+/// # #[tokio::main] async fn main() -> Result<(), fencelock_core::Error> {
+/// let locks = ZkLock::connect(ZkConfig::from_url("zk://zk1:2181,zk2:2181/locks")?).await?;
+/// let guard = locks.lock("orders/SKU-8842").await?;
+/// println!("token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZkLock {
+    pool: Arc<SessionPool>,
+}
+
+impl ZkLock {
+    /// Validates `config` and opens the default session.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped connect leaves no session behind.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for inconsistent settings or a session timeout the
+    /// server does not grant; [`Error::Unavailable`] when no server answers.
+    pub async fn connect(config: ZkConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let pool = Arc::new(SessionPool::new(config));
+        pool.get(pool.config().session_timeout()).await?;
+        Ok(ZkLock { pool })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        self.pool.config()
+    }
+
+    async fn default_session(&self) -> Result<Arc<ZkSession>, Error> {
+        self.pool.get(self.config().session_timeout()).await
+    }
+
+    /// A ZooKeeper client on this lock's default session, for the application's own
+    /// data (for example the fenced writes of [`ZkFence`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    ///
+    /// As [`ZkLock::connect`] if the session had expired and cannot be reopened.
+    pub async fn client(&self) -> Result<zk::Client, Error> {
+        Ok(self.default_session().await?.client.clone())
+    }
+
+    /// A fence for writes to ZooKeeper data that succeed only while `guard` holds its
+    /// lock: every write is a multi-op whose first op checks the holder's node version.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] if `guard`'s node is no longer the holder; backend errors as for
+    /// `acquire`.
+    pub async fn fence(&self, guard: &LockGuard) -> Result<ZkFence, Error> {
+        let session = self.default_session().await?;
+        let dir = names::lock_dir(session.root(), guard.name());
+        let lost = || Error::lost(guard.name(), "the guard's node is not the holder any more");
+        match holder(&session, &dir).await? {
+            Some((path, stat, _)) if stat.czxid as u64 == guard.token().get() => {
+                // Write through the session that owns the node: if that session
+                // expires, the node is gone and so is the right to write.
+                let owner = self.pool.find(stat.ephemeral_owner).ok_or_else(lost)?;
+                Ok(ZkFence::new(
+                    owner.client.clone(),
+                    guard.name(),
+                    guard.token(),
+                    path,
+                    stat.version,
+                ))
+            }
+            _ => Err(lost()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ZkLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkLock")
+            .field("config", self.config())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The holder node of `dir` (path, stat, number of waiters), if any.
+async fn holder(
+    session: &ZkSession,
+    dir: &str,
+) -> Result<Option<(String, zk::Stat, usize)>, Error> {
+    for _ in 0..16 {
+        let mut children = match session.client.list_children(dir).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(err) => return Err(map(err)),
+        };
+        if children.is_empty() {
+            return Ok(None);
+        }
+        names::sort_children(&mut children);
+        let path = format!("{dir}/{}", children[0]);
+        match session.client.get_data(&path).await {
+            Ok((_, stat)) => return Ok(Some((path, stat, children.len() - 1))),
+            Err(zk::Error::NoNode) => continue,
+            Err(err) => return Err(map(err)),
+        }
+    }
+    Err(Error::backend(
+        BACKEND,
+        true,
+        "the lock changed hands too often to inspect",
+    ))
+}
+
+/// Session timeouts are negotiated in whole milliseconds that fit an `i32`.
+fn check_session_lease(lease: Duration) -> Result<(), Error> {
+    if lease.subsec_nanos() % 1_000_000 != 0 || lease.as_millis() > i32::MAX as u128 {
+        return Err(Error::InvalidConfig(format!(
+            "a renewing ZooKeeper lease is a session timeout: whole milliseconds up to i32::MAX, not {lease:?}"
+        )));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl DistributedLock for ZkLock {
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(self.config().min_lease())?;
+        let lease = match options.lease_kind() {
+            // The default lease means "this client's session": the configured
+            // `session_timeout` (see the type's documentation).
+            Lease::Renewing(DEFAULT_LEASE) => Lease::Renewing(self.config().session_timeout()),
+            other => other,
+        };
+        let session_timeout = match lease {
+            Lease::Renewing(duration) => {
+                check_session_lease(duration)?;
+                duration
+            }
+            Lease::Fixed(_) => self.config().session_timeout(),
+        };
+        let wait = options.wait_kind();
+        let attempt = async {
+            let session = self.pool.get(session_timeout).await?;
+            acquire::acquire(session, name, lease, wait == Wait::NoWait).await
+        };
+        match wait {
+            Wait::Timeout(limit) => {
+                tokio::time::timeout(limit, attempt)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::Timeout {
+                            name: name.to_owned(),
+                            waited: limit,
+                        })
+                    })
+            }
+            Wait::NoWait | Wait::Forever => attempt.await,
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+        validate_name(name)?;
+        let session = self.default_session().await?;
+        let dir = names::lock_dir(session.root(), name);
+        Ok(match holder(&session, &dir).await? {
+            None => LockInfo::free(Some(0)),
+            Some((path, stat, waiters)) => {
+                let node = path.rsplit('/').next().unwrap_or_default();
+                LockInfo::held(
+                    HolderInfo::new(
+                        format!("session {:#x} node {node}", stat.ephemeral_owner),
+                        FencingToken::new(stat.czxid as u64),
+                        None,
+                    ),
+                    Some(waiters),
+                )
+            }
+        })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(true, FencingStrength::Strong, true, LossDetection::Notified)
+            .with_min_lease(self.config().min_lease())
+            .with_counts_waiters(true)
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+}

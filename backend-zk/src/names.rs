@@ -1,0 +1,168 @@
+//! Lock names → znode paths, and the Curator node naming.
+//!
+//! A lock name becomes exactly one path segment under the lock root, so no name can
+//! reach another name's node, the root's parent or `/zookeeper`:
+//!
+//! - `%` and `/` are percent-encoded (UTF-8 bytes as `%XX`), as is every character
+//!   ZooKeeper's `PathUtils` rejects: controls, `U+D800`–`U+F8FF`, `U+FFF0`–`U+FFFF`, and
+//!   every character outside the Basic Multilingual Plane (the Java server sees those as
+//!   surrogates, which it rejects);
+//! - the segments `.` and `..` become `%2E` and `%2E%2E`;
+//! - directly under `/`, the reserved `zookeeper` becomes `%7Aookeeper`.
+//!
+//! Every other character is kept, so simple names such as `orders` map to themselves and a
+//! Curator `InterProcessMutex` on `{root}/orders` contends with fencelock's lock `orders`.
+//! The mapping is injective: `%` is always escaped, so decoding is unambiguous.
+
+use std::fmt::Write as _;
+
+/// The lock name Curator's `InterProcessMutex` uses between the protection prefix and
+/// the sequence number.
+pub(crate) const LOCK_NAME: &str = "lock-";
+
+/// Whether `c` must be percent-encoded in a path segment.
+pub(crate) fn needs_escape(c: char) -> bool {
+    let u = u32::from(c);
+    c == '%'
+        || c == '/'
+        || u <= 0x1f
+        || (0x7f..=0x9f).contains(&u)
+        || (0xd800..=0xf8ff).contains(&u)
+        || u >= 0xfff0
+}
+
+/// The path segment of lock `name`; `at_root` when the lock root is `/`.
+pub(crate) fn encode_name(name: &str, at_root: bool) -> String {
+    match name {
+        "." => return "%2E".into(),
+        ".." => return "%2E%2E".into(),
+        "zookeeper" if at_root => return "%7Aookeeper".into(),
+        _ => {}
+    }
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if needs_escape(c) {
+            let mut buf = [0u8; 4];
+            for byte in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "%{byte:02X}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The directory (a container node) holding the lock nodes of `name`.
+pub(crate) fn lock_dir(root: &str, name: &str) -> String {
+    format!("{root}/{}", encode_name(name, root.is_empty()))
+}
+
+/// The child-name prefix of one acquisition: `_c_<uuid>-lock-`, as Curator's protected
+/// mode names it. The uuid lets a client find its node after a lost create reply.
+pub(crate) fn protected_prefix() -> String {
+    format!("_c_{}-{LOCK_NAME}", uuid::Uuid::new_v4())
+}
+
+/// Curator's sort key of a child: what follows the last `lock-`, or the whole name.
+fn sort_key(child: &str) -> &str {
+    match child.rfind(LOCK_NAME) {
+        Some(i) => &child[i + LOCK_NAME.len()..],
+        None => child,
+    }
+}
+
+/// Sorts the children of a lock directory in Curator's order: by the sequence suffix.
+/// The first one holds the lock.
+pub(crate) fn sort_children(children: &mut [String]) {
+    children.sort_unstable_by(|a, b| sort_key(a).cmp(sort_key(b)).then_with(|| a.cmp(b)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// A ZooKeeper PathUtils check of one segment, as the Java server does it (UTF-16).
+    fn java_accepts(segment: &str) -> bool {
+        !segment.is_empty()
+            && segment != "."
+            && segment != ".."
+            && !segment.contains('/')
+            && segment.encode_utf16().all(|u| {
+                !(u <= 0x1f
+                    || (0x7f..=0x9f).contains(&u)
+                    || (0xd800..=0xf8ff).contains(&u)
+                    || u >= 0xfff0)
+            })
+    }
+
+    #[test]
+    fn names_map_to_one_safe_segment_injectively() {
+        let names = [
+            "orders",
+            "a/b",
+            "a%2Fb",
+            "a%b",
+            "/",
+            "//",
+            ".",
+            "..",
+            "...",
+            "./x",
+            "../..",
+            "zookeeper",
+            "Zookeeper",
+            "%7Aookeeper",
+            "%2E",
+            "é",
+            "锁/订单",
+            "🔒",
+            "\u{e000}",
+            "\u{fff0}",
+            "{tag}",
+            "with space",
+            "*?[",
+            "\\",
+            "a.",
+            ".a",
+        ];
+        let mut seen = HashSet::new();
+        for name in names {
+            for at_root in [false, true] {
+                let segment = encode_name(name, at_root);
+                assert!(java_accepts(&segment), "{name:?} → {segment:?}");
+                if at_root {
+                    assert_ne!(segment, "zookeeper");
+                }
+            }
+            assert!(seen.insert(encode_name(name, true)), "{name:?} collides");
+        }
+        assert_eq!(encode_name("orders", false), "orders");
+        assert_eq!(encode_name("a/b", false), "a%2Fb");
+        assert_eq!(encode_name("zookeeper", false), "zookeeper");
+        assert_eq!(lock_dir("", "zookeeper"), "/%7Aookeeper");
+        assert_eq!(lock_dir("/r", ".."), "/r/%2E%2E");
+    }
+
+    #[test]
+    fn children_sort_by_sequence_like_curator() {
+        let mut children = vec![
+            "_c_b-lock-0000000003".to_owned(),
+            "_c_a-lock-0000000010".to_owned(),
+            "_c_c-lock-0000000001".to_owned(),
+        ];
+        sort_children(&mut children);
+        assert_eq!(
+            children,
+            [
+                "_c_c-lock-0000000001",
+                "_c_b-lock-0000000003",
+                "_c_a-lock-0000000010"
+            ]
+        );
+        let prefix = protected_prefix();
+        assert!(prefix.starts_with("_c_") && prefix.ends_with("-lock-"));
+        assert_eq!(prefix.len(), "_c_".len() + 36 + "-lock-".len());
+    }
+}

@@ -1,0 +1,287 @@
+//! ZooKeeper sessions: the lease behind every lock.
+//!
+//! A session's heartbeats are the renewal of every lock created in it. Each session has
+//! one monitor task that
+//!
+//! - sends a tiny read (`exists /`) every third of the session timeout and, when it is
+//!   answered, moves the deadline of every lock of the session to *send time + session
+//!   timeout − margin*: the server heard from the session no earlier than the send, so it
+//!   cannot expire the session (and delete the nodes) before that deadline;
+//! - marks every lock *at risk* while the client is disconnected, and clears the mark on
+//!   reconnection;
+//! - marks every lock *lost* when the session expires, is closed or fails to
+//!   authenticate.
+//!
+//! The monitor holds the session weakly: dropping the last user closes the session.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use fencelock_core::{Error, Liveness};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use crate::config::{AclPolicy, ZkConfig};
+use crate::error::{map, session_ended};
+
+/// One ZooKeeper session and the locks held in it.
+pub(crate) struct ZkSession {
+    pub(crate) client: zk::Client,
+    timeout: Duration,
+    acl: AclPolicy,
+    root: String,
+    runtime: Handle,
+    ended: CancellationToken,
+    held: Mutex<HashMap<u64, Registered>>,
+    next_id: AtomicU64,
+}
+
+/// A held lock as the monitor sees it.
+struct Registered {
+    liveness: Liveness,
+    /// The end of a fixed lease: the deadline never moves past it.
+    cap: Option<Instant>,
+}
+
+impl ZkSession {
+    /// Opens a session with exactly `timeout`, or fails.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when no server answers; [`Error::InvalidConfig`] when the
+    /// server negotiated a different timeout (it is outside the server's
+    /// `minSessionTimeout`..`maxSessionTimeout`): the lease is never silently changed.
+    pub(crate) async fn connect(config: &ZkConfig, timeout: Duration) -> Result<Arc<Self>, Error> {
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(timeout)
+            .with_fail_eagerly();
+        if let Some(auth) = config.auth() {
+            let credentials = format!("{}:{}", auth.user, auth.password);
+            connector = connector.with_auth("digest", credentials.as_bytes());
+        }
+        let client = connector.connect(config.hosts()).await.map_err(map)?;
+        let negotiated = client.session_timeout();
+        if negotiated != timeout {
+            return Err(Error::InvalidConfig(format!(
+                "ZooKeeper granted a session timeout of {negotiated:?} instead of the requested \
+                 {timeout:?}: the lease is outside the server's minSessionTimeout..maxSessionTimeout"
+            )));
+        }
+        let session = Arc::new(ZkSession {
+            client,
+            timeout,
+            acl: config.acl(),
+            root: config.chroot().to_owned(),
+            runtime: Handle::current(),
+            ended: CancellationToken::new(),
+            held: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        });
+        spawn_monitor(&session);
+        Ok(session)
+    }
+
+    /// The negotiated session timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The lock root (`""` for `/`).
+    pub(crate) fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The ACLs for the nodes this session creates.
+    pub(crate) fn acls(&self) -> zk::Acls<'static> {
+        match self.acl {
+            AclPolicy::Open => zk::Acls::anyone_all(),
+            AclPolicy::CreatorOnly => zk::Acls::creator_all(),
+        }
+    }
+
+    /// The runtime the session lives on, for background clean-up from `Drop`.
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    /// The latest instant this session can be assumed alive by the server if it last
+    /// heard from us at `sent`: `sent + timeout − margin`. The margin (2 % of the timeout)
+    /// covers clock-rate differences between client and server.
+    pub(crate) fn deadline(&self, sent: Instant) -> Instant {
+        sent + self.timeout - self.timeout / 50
+    }
+
+    /// Completes when the session has expired or was closed.
+    pub(crate) async fn ended(&self) {
+        self.ended.cancelled().await
+    }
+
+    /// Whether new requests can still succeed on this session.
+    pub(crate) fn is_usable(&self) -> bool {
+        !self.ended.is_cancelled() && !self.client.state().is_terminated()
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<u64, Registered>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lets the monitor renew and report on `liveness`. Returns the id for
+    /// [`unregister`](Self::unregister).
+    pub(crate) fn register(&self, liveness: Liveness, cap: Option<Instant>) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if self.ended.is_cancelled() {
+            liveness.mark_lost("the ZooKeeper session ended");
+        }
+        self.held().insert(id, Registered { liveness, cap });
+        id
+    }
+
+    /// Stops tracking a released lock.
+    pub(crate) fn unregister(&self, id: u64) {
+        self.held().remove(&id);
+    }
+
+    fn set_at_risk(&self, at_risk: bool) {
+        for entry in self.held().values() {
+            entry.liveness.set_at_risk(at_risk);
+        }
+    }
+
+    fn end(&self, reason: &str) {
+        self.ended.cancel();
+        for entry in self.held().values() {
+            entry.liveness.mark_lost(reason);
+        }
+    }
+
+    /// One renewal: an `exists /` whose answer proves the server heard from us at `sent`.
+    async fn probe(&self) {
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(self.timeout / 3, self.client.check_stat("/")).await;
+        match answer {
+            Ok(Ok(_)) => {
+                let deadline = self.deadline(sent);
+                for entry in self.held().values() {
+                    entry
+                        .liveness
+                        .extend(entry.cap.map_or(deadline, |cap| cap.min(deadline)));
+                    entry.liveness.set_at_risk(false);
+                }
+            }
+            Ok(Err(err)) if session_ended(&err) => self.end(&format!("ZooKeeper session: {err}")),
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
+}
+
+impl std::fmt::Debug for ZkSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkSession")
+            .field("id", &self.client.session_id())
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn spawn_monitor(session: &Arc<ZkSession>) {
+    let weak: Weak<ZkSession> = Arc::downgrade(session);
+    let mut states = session.client.state_watcher();
+    let interval = session.timeout / 3;
+    session.runtime.spawn(async move {
+        let mut next_probe = Instant::now() + interval;
+        loop {
+            tokio::select! {
+                state = states.changed() => {
+                    let Some(session) = weak.upgrade() else { return };
+                    match state {
+                        zk::SessionState::Disconnected => session.set_at_risk(true),
+                        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                            next_probe = Instant::now();
+                        }
+                        terminal => {
+                            session.end(&format!("the ZooKeeper session ended: {terminal}"));
+                            return;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(next_probe) => {
+                    let Some(session) = weak.upgrade() else { return };
+                    next_probe = Instant::now() + interval;
+                    session.probe().await;
+                    if !session.is_usable() {
+                        session.end("the ZooKeeper session ended");
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The session of one lease duration; the async mutex serializes (re)connecting.
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<ZkSession>>>>;
+
+/// The sessions of one client: one per distinct lease duration, created on first use and
+/// replaced after expiry.
+#[derive(Debug)]
+pub(crate) struct SessionPool {
+    config: ZkConfig,
+    slots: Mutex<HashMap<Duration, Slot>>,
+}
+
+impl SessionPool {
+    pub(crate) fn new(config: ZkConfig) -> Self {
+        SessionPool {
+            config,
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &ZkConfig {
+        &self.config
+    }
+
+    /// The open session with ZooKeeper session id `id`, if it is one of ours.
+    pub(crate) fn find(&self, id: i64) -> Option<Arc<ZkSession>> {
+        let slots: Vec<Slot> = self
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        slots.iter().find_map(|slot| {
+            let current = slot.try_lock().ok()?;
+            current
+                .as_ref()
+                .filter(|s| s.client.session_id().0 == id)
+                .cloned()
+        })
+    }
+
+    /// The live session with `timeout`, connecting one if there is none or it ended.
+    ///
+    /// # Errors
+    ///
+    /// As [`ZkSession::connect`].
+    pub(crate) async fn get(&self, timeout: Duration) -> Result<Arc<ZkSession>, Error> {
+        let slot = self
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(timeout)
+            .or_default()
+            .clone();
+        let mut current = slot.lock().await;
+        if let Some(session) = current.as_ref().filter(|s| s.is_usable()) {
+            return Ok(session.clone());
+        }
+        let session = ZkSession::connect(&self.config, timeout).await?;
+        *current = Some(session.clone());
+        Ok(session)
+    }
+}

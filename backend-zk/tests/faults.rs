@@ -1,0 +1,318 @@
+//! Fault tests on real ZooKeeper servers: a holder process frozen with SIGSTOP past its
+//! session timeout, and a 3-server ensemble losing its leader during contention.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fencelock_core::{AcquireOptions, DistributedLock, DistributedLockExt, Error};
+use fencelock_testkit::{ZkEnsemble, ZkServer};
+use fencelock_zk::zookeeper_client as zk;
+use fencelock_zk::{ZkConfig, ZkLock};
+use tokio::time::Instant;
+
+/// Set in the child process that plays the holder to be frozen.
+const HOLDER_ENV: &str = "FENCELOCK_ZK_PAUSED_HOLDER";
+/// The holder's session timeout.
+const HOLDER_SESSION: Duration = Duration::from_secs(2);
+
+/// Kills the child process (even a stopped one) if the test fails half-way.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// A line for the parent, straight to the stdout pipe (not through the test harness's
+/// output capture).
+fn report(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn random_root(prefix: &str) -> String {
+    format!("/{prefix}-{:016x}", fastrand::u64(..))
+}
+
+/// The holder, run in a child process by `paused_holder_is_fenced_off`: takes the lock,
+/// writes the register through its fence, prints `HELD <token>`, and after being
+/// resumed (it sees the marker file) reports whether its guard is lost and whether its
+/// fenced write went through. A no-op in a normal test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_role() {
+    let Ok(setting) = std::env::var(HOLDER_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = setting.split('|').collect();
+    let [hosts, root, register, marker] = parts[..] else {
+        panic!("bad {HOLDER_ENV}: {setting}");
+    };
+    let config = ZkConfig::new(hosts)
+        .with_chroot(root)
+        .unwrap()
+        .with_session_timeout(HOLDER_SESSION)
+        .with_min_lease(Duration::from_secs(1));
+    let locks = ZkLock::connect(config).await.expect("connect");
+    let guard = locks.lock("zombie").await.expect("acquire");
+    let fence = locks.fence(&guard).await.expect("fence");
+    let token = guard.token().get();
+    fence
+        .set_data(register, token.to_string().as_bytes(), None)
+        .await
+        .expect("first write");
+    report(&format!("HELD {token}"));
+    while !Path::new(marker).exists() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resumed = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .is_ok();
+    let lost_after = resumed.elapsed();
+    let write = fence
+        .set_data(register, format!("{token}-zombie").as_bytes(), None)
+        .await;
+    let rejected = matches!(write, Err(Error::Lost { .. }));
+    let release = guard.release().await;
+    report(&format!(
+        "ZOMBIE lost={lost} lost_after_ms={} write_rejected={rejected} release_lost={}",
+        lost_after.as_millis(),
+        matches!(release, Err(Error::Lost { .. }))
+    ));
+}
+
+/// F3: the holder process is frozen past its session timeout. The session expires, the
+/// next holder gets a larger czxid, and after SIGCONT the zombie's guard reports loss at
+/// once, its fenced write is refused and its release says `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_is_fenced_off() {
+    if std::env::var(HOLDER_ENV).is_ok() {
+        return;
+    }
+    let server = ZkServer::shared();
+    let root = random_root("paused-holder");
+    let register = format!("{root}-register");
+    let locks = ZkLock::connect(
+        ZkConfig::new(server.connect_string())
+            .with_chroot(&root)
+            .unwrap()
+            .with_session_timeout(Duration::from_secs(10)),
+    )
+    .await
+    .unwrap();
+    let client = locks.client().await.unwrap();
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    client.create(&register, b"0", &persistent).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("resumed");
+
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "paused_holder_role",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            HOLDER_ENV,
+            format!(
+                "{}|{root}|{register}|{}",
+                server.connect_string(),
+                marker.display()
+            ),
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the holder");
+    let mut child = ChildGuard(child);
+    let pid = child.0.id();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    let stdout = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let wait_line = |prefix: &str| -> String {
+        loop {
+            let line = lines_rx
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("no {prefix} line from the holder: {e}"));
+            // The harness prints `test NAME ... ` without a newline first.
+            if let Some(at) = line.find(prefix) {
+                return line[at + prefix.len()..].to_owned();
+            }
+        }
+    };
+    let old_token: u64 = wait_line("HELD ").parse().unwrap();
+
+    signal(pid, "-STOP");
+    let paused_at = Instant::now();
+    let next = locks
+        .acquire(
+            "zombie",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(20)),
+        )
+        .await
+        .expect("the next holder acquires once the frozen session expires");
+    let waited = paused_at.elapsed();
+    assert!(
+        waited >= HOLDER_SESSION - Duration::from_millis(100),
+        "granted {waited:?} after the pause: before the holder's session could expire"
+    );
+    assert!(next.token().get() > old_token, "token did not grow");
+    let fence = locks.fence(&next).await.unwrap();
+    fence
+        .set_data(&register, next.token().to_string().as_bytes(), None)
+        .await
+        .expect("the new holder writes");
+
+    std::fs::write(&marker, b"go").unwrap();
+    signal(pid, "-CONT");
+    let report = wait_line("ZOMBIE ");
+    assert!(report.contains("lost=true"), "{report}");
+    assert!(report.contains("write_rejected=true"), "{report}");
+    assert!(report.contains("release_lost=true"), "{report}");
+    let lost_after: u64 = report
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("lost_after_ms="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        lost_after <= 1000,
+        "loss reported {lost_after} ms after SIGCONT"
+    );
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "holder process: {status}");
+
+    // The register holds the new holder's write, not the zombie's.
+    let (data, _) = client.get_data(&register).await.unwrap();
+    assert_eq!(data, next.token().to_string().as_bytes());
+    assert!(!next.is_lost());
+    next.release().await.unwrap();
+}
+
+/// A grant as the checker sees it: [acquired, released or lost], with its token.
+#[derive(Debug, Clone, Copy)]
+struct Grant {
+    start: Instant,
+    end: Instant,
+    token: u64,
+}
+
+/// A 3-server ensemble loses its leader while 3 clients (one session each) contend for
+/// one lock: no two grants overlap (C1), tokens grow in grant order (C4), and grants
+/// continue after the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_during_contention() {
+    if std::env::var(HOLDER_ENV).is_ok() {
+        return;
+    }
+    let ensemble = ZkEnsemble::start(3);
+    let root = random_root("leader-kill");
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let config = ZkConfig::new(ensemble.connect_string())
+            .with_chroot(&root)
+            .unwrap()
+            .with_session_timeout(Duration::from_secs(10));
+        clients.push(ZkLock::connect(config).await.expect("connect"));
+    }
+    let grants = Arc::new(Mutex::new(Vec::<Grant>::new()));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = tokio_util_stop();
+    let mut tasks = Vec::new();
+    for locks in clients.clone() {
+        let (grants, errors, stop) = (grants.clone(), errors.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let options = AcquireOptions::new().wait_timeout(Duration::from_secs(15));
+                let guard = match locks.acquire("job", options).await {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        errors.lock().unwrap().push(format!("acquire: {e}"));
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let start = Instant::now();
+                tokio::select! {
+                    _ = guard.lost() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(3)) => {}
+                }
+                let end = Instant::now();
+                grants.lock().unwrap().push(Grant {
+                    start,
+                    end,
+                    token: guard.token().get(),
+                });
+                if let Err(e) = guard.release().await {
+                    errors.lock().unwrap().push(format!("release: {e}"));
+                }
+            }
+        }));
+    }
+    let count = || grants.lock().unwrap().len();
+    let wait_for = |n: usize, what: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count() < n {
+            assert!(Instant::now() < deadline, "{what}: only {} grants", count());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    wait_for(30, "before the kill").await;
+    let leader = ensemble.wait_for_leader(Duration::from_secs(10));
+    ensemble.kill_member(leader);
+    let killed_at = count();
+    wait_for(killed_at + 30, "after the leader was killed").await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("worker stops")
+            .unwrap();
+    }
+
+    let new_leader = ensemble.wait_for_leader(Duration::from_secs(10));
+    assert_ne!(new_leader, leader, "the killed member cannot lead");
+
+    let mut grants = grants.lock().unwrap().clone();
+    grants.sort_by_key(|g| g.start);
+    for pair in grants.windows(2) {
+        assert!(
+            pair[0].end <= pair[1].start,
+            "overlap: {:?} and {:?}",
+            pair[0],
+            pair[1]
+        );
+        assert!(
+            pair[0].token < pair[1].token,
+            "tokens not increasing: {pair:?}"
+        );
+    }
+    eprintln!(
+        "{} grants, leader {leader} killed after {killed_at}; errors during failover: {:?}",
+        grants.len(),
+        errors.lock().unwrap()
+    );
+}
+
+fn tokio_util_stop() -> Arc<std::sync::atomic::AtomicBool> {
+    Arc::new(std::sync::atomic::AtomicBool::new(false))
+}
