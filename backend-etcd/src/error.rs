@@ -25,6 +25,21 @@ pub(crate) fn map(error: etcd_client::Error) -> Error {
     }
 }
 
+/// Whether etcd refused a request because the lease it names no longer exists (revoked
+/// or expired): the session is gone even if its keepalive has not noticed yet.
+pub(crate) fn is_lease_not_found(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease not found"))
+}
+
+/// Whether a mapped error came from [`is_lease_not_found`].
+pub(crate) fn is_stale_session(error: &Error) -> bool {
+    use std::error::Error as _;
+    error
+        .source()
+        .and_then(|source| source.downcast_ref::<etcd_client::Error>())
+        .is_some_and(is_lease_not_found)
+}
+
 /// A timeout talking to etcd.
 pub(crate) fn timed_out(what: &str) -> Error {
     Error::unavailable(BACKEND, format!("etcd did not answer {what} in time"))

@@ -152,7 +152,7 @@ pub(crate) struct EtcdHeld {
     registration: Option<u64>,
     releasing: Arc<AtomicBool>,
     released: AtomicBool,
-    cleanup: Mutex<Option<Cleanup>>,
+    cleanup: Arc<Mutex<Option<Cleanup>>>,
 }
 
 impl EtcdHeld {
@@ -169,23 +169,27 @@ impl EtcdHeld {
             _ => 0,
         };
         let releasing = Arc::new(AtomicBool::new(false));
-        cleanup.runtime.spawn(watch_key(
+        let runtime = cleanup.runtime.clone();
+        let watch = watch_key(
             cleanup.client.clone(),
             cleanup.key.clone(),
             revision,
             liveness.clone(),
             releasing.clone(),
-        ));
+        );
+        let key = cleanup.key.clone();
+        let cleanup = Arc::new(Mutex::new(Some(cleanup)));
+        runtime.spawn(give_up_when_lost(watch, liveness.clone(), cleanup.clone()));
         EtcdHeld {
             name: name.to_owned(),
-            key: cleanup.key.clone(),
+            key,
             revision,
             liveness,
             session,
             registration,
             releasing,
             released: AtomicBool::new(false),
-            cleanup: Mutex::new(Some(cleanup)),
+            cleanup,
         }
     }
 
@@ -257,8 +261,38 @@ impl HeldLock for EtcdHeld {
     }
 }
 
+/// Runs the key watch until the guard ends. If the guard is lost first (key deleted,
+/// session lost, deadline passed), its key is deleted in the background right away, so the
+/// lock does not stay blocked by a key nobody uses, and the client's turn for the name is
+/// passed on.
+async fn give_up_when_lost(
+    watch: impl std::future::Future<Output = ()>,
+    liveness: Liveness,
+    cleanup: Arc<Mutex<Option<Cleanup>>>,
+) {
+    let watch = async {
+        watch.await;
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        _ = liveness.ended() => return,
+        _ = liveness.lost() => {}
+        _ = watch => {}
+    }
+    if liveness.is_ended() {
+        return;
+    }
+    if let Some(cleanup) = cleanup
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    {
+        cleanup.spawn();
+    }
+}
+
 /// Marks the guard lost when its key is deleted by anyone but its own release (an
-/// operator, lease expiry). Ends with the guard.
+/// operator, lease expiry).
 async fn watch_key(
     client: Client,
     key: String,
@@ -291,14 +325,9 @@ async fn watch_key(
         }
         None
     };
-    tokio::select! {
-        deleted = watching => {
-            if let Some(reason) = deleted {
-                if !releasing.load(Ordering::SeqCst) {
-                    liveness.mark_lost(reason);
-                }
-            }
+    if let Some(reason) = watching.await {
+        if !releasing.load(Ordering::SeqCst) {
+            liveness.mark_lost(reason);
         }
-        _ = liveness.ended() => {}
     }
 }

@@ -152,6 +152,15 @@ impl EtcdLock {
         self.inner.sessions.revoke_all(&self.inner.client).await;
     }
 
+    /// [`take`](Self::take), once more on a new session if the session turned out to be
+    /// gone (revoked or expired before its keepalive noticed).
+    async fn take_fresh(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        match self.take(name, options).await {
+            Err(error) if crate::error::is_stale_session(&error) => self.take(name, options).await,
+            other => other,
+        }
+    }
+
     async fn take(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         let inner = &self.inner;
         let names = name_prefix(&inner.config.prefix, name);
@@ -238,7 +247,13 @@ impl EtcdLock {
             ])
             .or_else([TxnOp::get(key, None), first]);
         pending.get().state = KeyState::Unknown;
-        let response = self.inner.client.kv_client().txn(txn).await.map_err(map)?;
+        let response = self
+            .inner
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| stale(e, pending))?;
         let ops = response.op_responses();
         let mine = if response.succeeded() {
             response.header().map_or(0, |h| h.revision())
@@ -274,7 +289,13 @@ impl EtcdLock {
                 Some(PutOptions::new().with_lease(lease_id)),
             )]);
         pending.get().state = KeyState::Unknown;
-        let response = self.inner.client.kv_client().txn(txn).await.map_err(map)?;
+        let response = self
+            .inner
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| stale(e, pending))?;
         if !response.succeeded() {
             pending.get().state = KeyState::Absent;
             return Err(Error::Contended {
@@ -304,6 +325,18 @@ impl EtcdLock {
             )),
         }
     }
+}
+
+/// Maps a create's error; a lease etcd no longer knows means the session is gone, and
+/// nothing was created.
+fn stale(error: etcd_client::Error, pending: &mut Pending) -> Error {
+    if crate::error::is_lease_not_found(&error) {
+        pending.get().state = KeyState::Absent;
+        if let Some(session) = &pending.get().session {
+            session.mark_lost("etcd no longer knows the session lease");
+        }
+    }
+    map(error)
 }
 
 /// Sort options selecting the first-created key under a name.
@@ -358,7 +391,7 @@ impl DistributedLock for EtcdLock {
         options.validate(MIN_LEASE)?;
         lease_seconds(options.lease_kind().duration())?;
         match options.wait_kind() {
-            Wait::Timeout(limit) => tokio::time::timeout(limit, self.take(name, options))
+            Wait::Timeout(limit) => tokio::time::timeout(limit, self.take_fresh(name, options))
                 .await
                 .unwrap_or_else(|_| {
                     Err(Error::Timeout {
@@ -366,7 +399,7 @@ impl DistributedLock for EtcdLock {
                         waited: limit,
                     })
                 }),
-            Wait::NoWait | Wait::Forever => self.take(name, options).await,
+            Wait::NoWait | Wait::Forever => self.take_fresh(name, options).await,
         }
     }
 

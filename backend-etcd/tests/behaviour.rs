@@ -1,0 +1,211 @@
+//! etcd-specific behaviour on a real server: several clients, loss by deletion and by
+//! session revocation, clean-up after cancellation, fenced transactions, configuration.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use etcd_client::{GetOptions, Txn, TxnOp};
+use fencelock_core::{AcquireOptions, DistributedLock, DistributedLockExt, Error, FencedRegister};
+use fencelock_etcd::{EtcdConfig, EtcdLock, owner_compare};
+use fencelock_testkit::EtcdServer;
+
+fn config(prefix: &str) -> EtcdConfig {
+    EtcdConfig {
+        endpoints: vec![EtcdServer::shared().endpoint()],
+        prefix: format!("behaviour-{prefix}-{:x}", std::process::id()),
+        lease: Duration::from_secs(2),
+        ..EtcdConfig::default()
+    }
+}
+
+async fn client(prefix: &str) -> EtcdLock {
+    EtcdLock::connect(config(prefix)).await.expect("connect")
+}
+
+async fn keys_under(lock: &EtcdLock) -> Vec<String> {
+    let prefix = format!("{}/", lock.config().prefix);
+    let response = lock
+        .client()
+        .kv_client()
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .unwrap();
+    response
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_clients_exclude_each_other_with_increasing_tokens() {
+    let clients = futures_join(4, "exclusion").await;
+    let register = FencedRegister::new(0u32);
+    let inside = AtomicUsize::new(0);
+    let tokens = Mutex::new(Vec::new());
+    let work = clients.iter().map(|lock| async {
+        for _ in 0..25 {
+            let guard = lock.lock("counter").await.unwrap();
+            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
+            let n = register.read();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            register.write(guard.token(), n + 1).unwrap();
+            tokens.lock().unwrap().push(guard.token());
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.release().await.unwrap();
+        }
+    });
+    futures_util::future::join_all(work).await;
+    assert_eq!(register.read(), 100);
+    assert!(tokens.into_inner().unwrap().windows(2).all(|w| w[0] < w[1]));
+    assert!(keys_under(&clients[0]).await.is_empty());
+}
+
+async fn futures_join(n: usize, prefix: &str) -> Vec<EtcdLock> {
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        clients.push(client(prefix).await);
+    }
+    clients
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiters_of_other_clients_leave_no_key() {
+    let clients = futures_join(2, "cancel").await;
+    let holder = clients[0].lock("job").await.unwrap();
+    for i in 0..60u64 {
+        let opts = AcquireOptions::new().wait_timeout(Duration::from_millis(i % 20));
+        let _ = clients[1].acquire("job", opts).await;
+        if i % 3 == 0 {
+            drop(clients[1].lock("job"));
+        }
+    }
+    // Clean-ups run in the background; they are prompt.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while keys_under(&clients[0]).await.len() > 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            keys_under(&clients[0]).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.release().await.unwrap();
+    assert!(clients[1].try_lock("job").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_key_is_reported_as_loss_at_once() {
+    let lock = client("deleted").await;
+    let guard = lock.lock("report").await.unwrap();
+    let key = guard.backend_key().unwrap().to_owned();
+    lock.client().kv_client().delete(key, None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .expect("loss within 1 s");
+    assert!(guard.lost_reason().unwrap().contains("deleted"));
+    assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_fails_its_guards_and_a_new_session_serves_later_locks() {
+    let lock = client("revoked").await;
+    let a = lock.lock("a").await.unwrap();
+    let b = lock.lock("b").await.unwrap();
+    let key = a.backend_key().unwrap().to_owned();
+    let lease = i64::from_str_radix(key.rsplit('/').next().unwrap(), 16).unwrap();
+    lock.client().lease_client().revoke(lease).await.unwrap();
+    for guard in [&a, &b] {
+        tokio::time::timeout(Duration::from_secs(3), guard.lost())
+            .await
+            .expect("loss reported");
+    }
+    let c = lock
+        .lock("a")
+        .await
+        .expect("a new session after the old one was lost");
+    assert!(c.token() > a.token());
+    assert_ne!(c.backend_key(), a.backend_key());
+    c.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_compare_lets_only_the_current_holder_write() {
+    let lock = client("fenced").await;
+    let old = lock
+        .acquire(
+            "ledger",
+            AcquireOptions::new().fixed_lease(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+    let write = |guard: &fencelock_core::LockGuard, value: &'static str| {
+        let txn = Txn::new()
+            .when([owner_compare(guard).unwrap()])
+            .and_then([TxnOp::put(
+                format!("{}-ledger", lock.config().prefix),
+                value,
+                None,
+            )]);
+        let mut kv = lock.client().kv_client();
+        async move { kv.txn(txn).await.unwrap().succeeded() }
+    };
+    assert!(write(&old, "old holder").await);
+    let new = lock.lock("ledger").await.unwrap(); // waits for the fixed lease to run out
+    assert!(write(&new, "new holder").await);
+    assert!(
+        !write(&old, "zombie").await,
+        "the zombie's write must be refused by etcd"
+    );
+    new.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_on_a_taken_name_creates_nothing() {
+    let clients = futures_join(2, "try").await;
+    let holder = clients[0].lock("x").await.unwrap();
+    for _ in 0..10 {
+        assert!(clients[1].try_lock("x").await.unwrap().is_none());
+    }
+    assert_eq!(keys_under(&clients[0]).await.len(), 1);
+    let info = clients[1].inspect("x").await.unwrap();
+    assert_eq!(info.holder.unwrap().token, holder.token());
+    assert_eq!(info.waiters, Some(0));
+    holder.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_etcd_would_change_are_refused() {
+    let lock = client("leases").await;
+    for lease in [Duration::from_secs(1), Duration::from_millis(2500)] {
+        let err = lock
+            .acquire("x", AcquireOptions::new().lease(lease))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{lease:?}: {err:?}");
+    }
+    let err = EtcdLock::connect(EtcdConfig {
+        lease: Duration::from_secs(1),
+        ..config("leases")
+    })
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_is_unavailable_and_retryable() {
+    let port = fencelock_testkit::free_port();
+    let err = EtcdLock::connect(EtcdConfig {
+        endpoints: vec![format!("127.0.0.1:{port}")],
+        connect_timeout: Duration::from_millis(500),
+        ..config("down")
+    })
+    .await
+    .unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+}
