@@ -164,7 +164,7 @@ impl EtcdLock {
     async fn take(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         let inner = &self.inner;
         let names = name_prefix(&inner.config.prefix, name);
-        let lease = options.lease_kind();
+        let lease = options.lease_or(inner.config.lease);
         let (session, fixed) = match lease {
             Lease::Renewing(ttl) => (inner.sessions.get(&inner.client, ttl).await?, false),
             Lease::Fixed(ttl) => (Session::grant(&inner.client, ttl, false).await?, true),
@@ -389,7 +389,7 @@ impl DistributedLock for EtcdLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
         options.validate(MIN_LEASE)?;
-        lease_seconds(options.lease_kind().duration())?;
+        lease_seconds(options.lease_or(self.inner.config.lease).duration())?;
         match options.wait_kind() {
             Wait::Timeout(limit) => tokio::time::timeout(limit, self.take_fresh(name, options))
                 .await

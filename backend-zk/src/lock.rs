@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock_core::{
-    AcquireOptions, Capabilities, DEFAULT_LEASE, DistributedLock, Error, FencingStrength,
-    FencingToken, HolderInfo, Lease, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+    AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
+    HolderInfo, Lease, LockGuard, LockInfo, LossDetection, Wait, validate_name,
 };
 use zookeeper_client as zk;
 
@@ -20,9 +20,9 @@ use crate::session::{SessionPool, ZkSession};
 /// Locks in a ZooKeeper ensemble, compatible with Apache Curator's `InterProcessMutex`.
 ///
 /// - **Lease** = the ZooKeeper session. One session per distinct renewing lease
-///   duration, created on first use and shared by every lock with that duration. The
-///   default lease ([`DEFAULT_LEASE`], what `AcquireOptions::new()` asks for) means the
-///   configured `session_timeout` (30 s unless configured otherwise). A
+///   duration, created on first use and shared by every lock with that duration. Options
+///   without a lease (`AcquireOptions::new()`) use the configured `session_timeout` (30 s
+///   unless configured otherwise). A
 ///   [`Lease::Fixed`] lock lives in the default session and its node is deleted by this
 ///   client when the fixed lease ends (if this process is stopped, the session timeout
 ///   frees it instead).
@@ -179,12 +179,9 @@ impl DistributedLock for ZkLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
         options.validate(self.config().min_lease())?;
-        let lease = match options.lease_kind() {
-            // The default lease means "this client's session": the configured
-            // `session_timeout` (see the type's documentation).
-            Lease::Renewing(DEFAULT_LEASE) => Lease::Renewing(self.config().session_timeout()),
-            other => other,
-        };
+        // No lease on the options means "this client's session": the configured
+        // `session_timeout` (see the type's documentation).
+        let lease = options.lease_or(self.config().session_timeout());
         let session_timeout = match lease {
             Lease::Renewing(duration) => {
                 check_session_lease(duration)?;

@@ -84,7 +84,9 @@ pub enum Wait {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AcquireOptions {
-    lease: Lease,
+    /// `None`: the backend's configured default lease (a renewing [`DEFAULT_LEASE`] unless
+    /// the backend's configuration says otherwise, e.g. `etcd://...?lease=10s`).
+    lease: Option<Lease>,
     wait: Wait,
 }
 
@@ -96,19 +98,19 @@ impl AcquireOptions {
 
     /// A renewing lease of this duration (renewed every third of it).
     pub fn lease(mut self, duration: Duration) -> Self {
-        self.lease = Lease::Renewing(duration);
+        self.lease = Some(Lease::Renewing(duration));
         self
     }
 
     /// A fixed lease of this duration that is never renewed.
     pub fn fixed_lease(mut self, duration: Duration) -> Self {
-        self.lease = Lease::Fixed(duration);
+        self.lease = Some(Lease::Fixed(duration));
         self
     }
 
     /// Sets the lease directly.
     pub fn with_lease(mut self, lease: Lease) -> Self {
-        self.lease = lease;
+        self.lease = Some(lease);
         self
     }
 
@@ -133,9 +135,24 @@ impl AcquireOptions {
         self.wait(Wait::Forever)
     }
 
-    /// The lease.
+    /// The lease: the one set on these options, or a renewing [`DEFAULT_LEASE`].
+    ///
+    /// Backends whose configuration sets a default lease use
+    /// [`lease_or`](Self::lease_or) instead.
     pub fn lease_kind(&self) -> Lease {
-        self.lease
+        self.lease.unwrap_or_default()
+    }
+
+    /// The lease set on these options, or a renewing lease of `configured` when none was
+    /// set: how a backend applies its configured default lease.
+    pub fn lease_or(&self, configured: Duration) -> Lease {
+        self.lease.unwrap_or(Lease::Renewing(configured))
+    }
+
+    /// Whether a lease was set on these options (rather than left to the backend's
+    /// default).
+    pub fn has_lease(&self) -> bool {
+        self.lease.is_some()
     }
 
     /// The wait.
@@ -150,7 +167,7 @@ impl AcquireOptions {
     /// [`Error::InvalidConfig`] if the lease is zero or shorter than `min_lease`. The
     /// lease is never silently raised to the minimum.
     pub fn validate(&self, min_lease: Duration) -> Result<(), Error> {
-        let lease = self.lease.duration();
+        let lease = self.lease_kind().duration();
         if lease.is_zero() {
             return Err(Error::InvalidConfig(
                 "the lease must be longer than zero".into(),
@@ -175,6 +192,16 @@ mod tests {
         assert_eq!(o.lease_kind(), Lease::Renewing(Duration::from_secs(30)));
         assert_eq!(o.lease_kind().renew_interval(), Duration::from_secs(10));
         assert_eq!(o.wait_kind(), Wait::Forever);
+        assert!(!o.has_lease());
+        assert_eq!(
+            o.lease_or(Duration::from_secs(5)),
+            Lease::Renewing(Duration::from_secs(5))
+        );
+        let explicit = o.lease(Duration::from_secs(30));
+        assert_eq!(
+            explicit.lease_or(Duration::from_secs(5)),
+            Lease::Renewing(Duration::from_secs(30))
+        );
     }
 
     #[test]

@@ -1,0 +1,277 @@
+//! Fault tests on real etcd servers: a holder process frozen past its lease (SIGSTOP), an
+//! etcd restart, and a 3-member cluster losing its leader during contention.
+//!
+//! The frozen holder is this test binary re-run as a child process: the `holder_child`
+//! test does nothing unless `FENCELOCK_ETCD_HOLDER` is set.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Txn, TxnOp};
+use fencelock_core::{
+    AcquireOptions, DistributedLock, DistributedLockExt, FencedRegister, FencingToken,
+};
+use fencelock_etcd::{EtcdConfig, EtcdLock, owner_compare};
+use fencelock_testkit::{EtcdCluster, EtcdServer};
+
+const HOLDER: &str = "FENCELOCK_ETCD_HOLDER";
+const LEASE: Duration = Duration::from_secs(2);
+
+fn config(endpoints: Vec<String>, prefix: &str) -> EtcdConfig {
+    EtcdConfig {
+        endpoints,
+        prefix: prefix.to_owned(),
+        lease: LEASE,
+        ..EtcdConfig::default()
+    }
+}
+
+/// Child side of `frozen_holder_is_fenced_and_told`: takes the lock, prints its token,
+/// prints `lost` the moment its guard reports loss, and on each `write` line from the
+/// parent tries a write fenced by `owner_compare`, printing whether etcd applied it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_child() {
+    let Ok(endpoint) = std::env::var(HOLDER) else {
+        return;
+    };
+    let locks = EtcdLock::connect(config(vec![endpoint], "faults-frozen"))
+        .await
+        .unwrap();
+    let guard = locks.lock("stock").await.unwrap();
+    println!("token {}", guard.token());
+    let watcher = async {
+        guard.lost().await;
+        println!("lost");
+    };
+    let writer = async {
+        let (lines, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        while let Some(line) = rx.recv().await {
+            if line == "write" {
+                let txn = Txn::new()
+                    .when([owner_compare(&guard).unwrap()])
+                    .and_then([TxnOp::put("faults-frozen-stock", "zombie", None)]);
+                let applied = locks
+                    .client()
+                    .kv_client()
+                    .txn(txn)
+                    .await
+                    .unwrap()
+                    .succeeded();
+                println!("write {}", if applied { "applied" } else { "rejected" });
+            }
+        }
+    };
+    tokio::join!(watcher, writer);
+}
+
+/// The holder is SIGSTOPped for 3× its lease. The next holder gets the lock with a larger
+/// token, the zombie's fenced write is rejected by etcd, and its guard reports loss within
+/// 1 s of SIGCONT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_holder_is_fenced_and_told() {
+    let server = EtcdServer::shared();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "holder_child", "--nocapture", "--test-threads=1"])
+        .env(HOLDER, server.endpoint())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<(Instant, String)>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // libtest may print "running 1 test" and "test holder_child ... " around ours.
+            let line = line.trim_start_matches("test holder_child ... ").to_owned();
+            let _ = lines_tx.send((Instant::now(), line));
+        }
+    });
+    let next_line = |prefix: &str| loop {
+        let (at, line) = lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("child output");
+        if let Some(rest) = line.strip_prefix(prefix) {
+            return (at, rest.trim().to_owned());
+        }
+    };
+    let (_, zombie_token) = next_line("token ");
+    let zombie_token = FencingToken::new(zombie_token.parse().unwrap());
+
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let paused_at = Instant::now();
+    let locks = EtcdLock::connect(config(vec![server.endpoint()], "faults-frozen"))
+        .await
+        .unwrap();
+    let next = locks
+        .acquire("stock", AcquireOptions::new().wait_timeout(LEASE * 5))
+        .await
+        .expect("the next holder gets the lock once the frozen holder's lease expires");
+    assert!(next.token() > zombie_token);
+    let remaining = (LEASE * 3).saturating_sub(paused_at.elapsed());
+    tokio::time::sleep(remaining).await;
+
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let resumed_at = Instant::now();
+    let (lost_at, _) = next_line("lost");
+    assert!(
+        lost_at.duration_since(resumed_at) < Duration::from_secs(1),
+        "loss reported {:?} after SIGCONT",
+        lost_at.duration_since(resumed_at)
+    );
+    writeln!(child.stdin.as_mut().unwrap(), "write").unwrap();
+    let (_, outcome) = next_line("write ");
+    assert_eq!(outcome, "rejected", "the zombie's write must be fenced off");
+    next.release().await.unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Tokens are etcd revisions, which survive a restart: every token after it is larger
+/// than every token before it, and a lock held across the restart is either kept or
+/// reported lost, never silently shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_growing_across_an_etcd_restart() {
+    let server = EtcdServer::start();
+    let locks = EtcdLock::connect(config(vec![server.endpoint()], "faults-restart"))
+        .await
+        .unwrap();
+    let mut before = FencingToken::new(0);
+    for _ in 0..20 {
+        let guard = locks.lock("restart").await.unwrap();
+        before = before.max(guard.token());
+        guard.release().await.unwrap();
+    }
+    let held = locks.lock("held-across").await.unwrap();
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.restart();
+    let after = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match locks
+                .acquire(
+                    "restart",
+                    AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+                )
+                .await
+            {
+                Ok(guard) => return guard,
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e:?}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+    .await
+    .expect("locks work again after the restart");
+    assert!(
+        after.token() > before,
+        "{:?} after the restart, {before:?} before",
+        after.token()
+    );
+    after.release().await.unwrap();
+    // The guard held across the restart either survived with its session or reports loss.
+    if held.is_lost() {
+        assert!(held.release().await.is_err());
+    } else {
+        let info = locks.inspect("held-across").await.unwrap();
+        assert_eq!(info.holder.map(|h| h.token), Some(held.token()));
+        held.release().await.unwrap();
+    }
+}
+
+/// Three members, four clients contending on one name with a fenced register; the leader
+/// is killed mid-way. No two holders overlap, no write is rejected, and grants continue
+/// after the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_during_contention_keeps_exclusion() {
+    let cluster = EtcdCluster::start(3);
+    let leader = cluster.wait_for_leader(Duration::from_secs(10));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let mut config = config(cluster.endpoints(), "faults-cluster");
+        config.lease = Duration::from_secs(5);
+        clients.push(EtcdLock::connect(config).await.unwrap());
+    }
+    let register = FencedRegister::new(0u64);
+    let inside = AtomicUsize::new(0);
+    let grants = AtomicU64::new(0);
+    let grants_after_kill = AtomicU64::new(0);
+    let killed = std::sync::atomic::AtomicBool::new(false);
+    let errors = Mutex::new(Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(12);
+    let work = clients.iter().map(|lock| async {
+        while Instant::now() < deadline {
+            let guard = match lock
+                .acquire(
+                    "contended",
+                    AcquireOptions::new().wait_timeout(Duration::from_secs(3)),
+                )
+                .await
+            {
+                Ok(guard) => guard,
+                Err(e) => {
+                    errors.lock().unwrap().push(e.to_string());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders at once"
+            );
+            let value = register.read();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if !guard.is_lost() {
+                register
+                    .write(guard.token(), value + 1)
+                    .expect("a valid holder was fenced off");
+            }
+            inside.fetch_sub(1, Ordering::SeqCst);
+            grants.fetch_add(1, Ordering::SeqCst);
+            if killed.load(Ordering::SeqCst) {
+                grants_after_kill.fetch_add(1, Ordering::SeqCst);
+            }
+            let _ = guard.release().await;
+        }
+    });
+    let chaos = async {
+        while grants.load(Ordering::SeqCst) < 30 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cluster.kill_member(leader);
+        killed.store(true, Ordering::SeqCst);
+    };
+    tokio::join!(futures_util::future::join_all(work), chaos);
+    assert_eq!(register.rejections(), 0);
+    assert!(
+        grants_after_kill.load(Ordering::SeqCst) > 10,
+        "progress stalled after the leader died; errors: {:?}",
+        errors.lock().unwrap()
+    );
+    let new_leader = cluster.wait_for_leader(Duration::from_secs(10));
+    assert_ne!(new_leader, leader);
+}
