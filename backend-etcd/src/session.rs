@@ -242,28 +242,46 @@ async fn keep_alive_loop(
 /// The client's sessions, one per lease duration, created on first use.
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
-    by_ttl: tokio::sync::Mutex<HashMap<Duration, Arc<Session>>>,
+    /// The live sessions, read without waiting on every acquire.
+    live: std::sync::RwLock<HashMap<Duration, Arc<Session>>>,
+    /// Serializes granting, so concurrent first acquisitions share one new session.
+    granting: tokio::sync::Mutex<()>,
 }
 
 impl Sessions {
     /// The live session for `ttl`, granting a new one if there is none or the last one was
     /// lost.
     pub(crate) async fn get(&self, client: &Client, ttl: Duration) -> Result<Arc<Session>, Error> {
-        let mut sessions = self.by_ttl.lock().await;
-        if let Some(session) = sessions.get(&ttl) {
-            if !session.is_lost() {
-                return Ok(session.clone());
-            }
+        if let Some(session) = self.live(ttl) {
+            return Ok(session);
+        }
+        let _granting = self.granting.lock().await;
+        if let Some(session) = self.live(ttl) {
+            return Ok(session);
         }
         let session = Session::grant(client, ttl, true).await?;
-        sessions.insert(ttl, session.clone());
+        self.live
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ttl, session.clone());
         Ok(session)
+    }
+
+    fn live(&self, ttl: Duration) -> Option<Arc<Session>> {
+        let sessions = self.live.read().unwrap_or_else(PoisonError::into_inner);
+        sessions.get(&ttl).filter(|s| !s.is_lost()).cloned()
     }
 
     /// Revokes every session lease (on close).
     pub(crate) async fn revoke_all(&self, client: &Client) {
-        let sessions: Vec<Arc<Session>> =
-            self.by_ttl.lock().await.drain().map(|(_, s)| s).collect();
+        let _granting = self.granting.lock().await;
+        let sessions: Vec<Arc<Session>> = self
+            .live
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
         for session in sessions {
             session.mark_lost("the client was closed");
             let _ = client.lease_client().revoke(session.lease_id).await;
