@@ -80,6 +80,43 @@ impl EtcdServer {
         })
     }
 
+    /// Starts a one-node etcd that also serves clients over TLS with the given PEM
+    /// certificate and key, and returns it with the TLS client port. The plain client port
+    /// ([`EtcdServer::client_port`]) stays open for the readiness probe and for tests.
+    pub fn start_tls(cert: &Path, key: &Path) -> (Self, u16) {
+        let tls_port = free_ports(1)[0];
+        let server = with_retries("etcd (TLS)", || {
+            let ports = free_ports(2);
+            let (client_port, peer_port) = (ports[0], ports[1]);
+            let urls = format!("http://127.0.0.1:{client_port},https://127.0.0.1:{tls_port}");
+            let initial_cluster = format!("n0=http://127.0.0.1:{peer_port}");
+            let token = format!("fencelock-{client_port}");
+            let (cert, key) = (cert.display().to_string(), key.display().to_string());
+            let extra = [
+                "--listen-client-urls",
+                urls.as_str(),
+                "--advertise-client-urls",
+                urls.as_str(),
+                "--cert-file",
+                cert.as_str(),
+                "--key-file",
+                key.as_str(),
+            ];
+            let server = EtcdServer::spawn_member(&MemberSpec {
+                name: "n0",
+                client_port,
+                peer_port,
+                initial_cluster: &initial_cluster,
+                token: &token,
+                clustered: false,
+                extra: &extra,
+            })?;
+            server.wait_up(true)?;
+            Ok(server)
+        });
+        (server, tls_port)
+    }
+
     /// One server per test process, started on first use and shared by every test in
     /// it. Do not pause, kill or restart it: other tests use it concurrently. It dies
     /// with the process; its directory is removed at normal exit.
