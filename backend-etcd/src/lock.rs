@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse,
+    TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
@@ -246,14 +246,7 @@ impl EtcdLock {
                 first.clone(),
             ])
             .or_else([TxnOp::get(key, None), first]);
-        pending.get().state = KeyState::Unknown;
-        let response = self
-            .inner
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| stale(e, pending))?;
+        let response = self.send_create(txn, pending).await?;
         let ops = response.op_responses();
         let mine = if response.succeeded() {
             response.header().map_or(0, |h| h.revision())
@@ -269,6 +262,18 @@ impl EtcdLock {
         let first = get_first(&ops, 1)
             .ok_or_else(|| internal("no key under the name after creating one"))?;
         Ok((mine, first))
+    }
+
+    /// Sends a transaction that may create our key: until its answer arrives, whether the
+    /// key exists is unknown (and a clean-up must delete by key).
+    async fn send_create(&self, txn: Txn, pending: &mut Pending) -> Result<TxnResponse, Error> {
+        pending.get().state = KeyState::Unknown;
+        self.inner
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| stale(e, pending))
     }
 
     /// The no-wait path, one round trip: create our key only if no key exists under the
@@ -288,14 +293,7 @@ impl EtcdLock {
                 "",
                 Some(PutOptions::new().with_lease(lease_id)),
             )]);
-        pending.get().state = KeyState::Unknown;
-        let response = self
-            .inner
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| stale(e, pending))?;
+        let response = self.send_create(txn, pending).await?;
         if !response.succeeded() {
             pending.get().state = KeyState::Absent;
             return Err(Error::Contended {
