@@ -1,5 +1,6 @@
 //! TLS (`etcds://`) and user/password authentication against real etcd servers.
 
+#[cfg(feature = "tls")]
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use fencelock_core::{DistributedLockExt, Error};
 use fencelock_etcd::{EtcdConfig, EtcdLock};
 use fencelock_testkit::EtcdServer;
 
+#[cfg(feature = "tls")]
 fn openssl(dir: &Path, args: &[&str]) {
     let status = Command::new("openssl")
         .args(args)
@@ -18,6 +20,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A CA and a server certificate for 127.0.0.1 / localhost, made with the openssl CLI.
+#[cfg(feature = "tls")]
 fn certificates(dir: &Path) {
     openssl(
         dir,
