@@ -236,27 +236,10 @@ fn parse_endpoint(host: &str) -> Result<String, String> {
     }
 }
 
-/// Parses `30s`, `500ms`, `2m`, `1h`, or a plain number of seconds.
+/// Parses a duration setting (see [`fencelock_core::parse_duration`]).
 fn parse_duration(key: &str, value: &str) -> Result<Duration, Error> {
-    let bad = || {
-        Error::InvalidConfig(format!(
-            "etcd: `{key}={value}` is not a duration like 30s or 500ms"
-        ))
-    };
-    let split = value
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(value.len());
-    let (number, unit) = value.split_at(split);
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    let millis = match unit {
-        "" | "s" => number.checked_mul(1000),
-        "ms" => Some(number),
-        "m" => number.checked_mul(60_000),
-        "h" => number.checked_mul(3_600_000),
-        _ => None,
-    }
-    .ok_or_else(bad)?;
-    Ok(Duration::from_millis(millis))
+    fencelock_core::parse_duration(value)
+        .map_err(|reason| Error::InvalidConfig(format!("etcd: `{key}`: {reason}")))
 }
 
 fn decode(s: &str) -> Result<String, std::str::Utf8Error> {

@@ -109,6 +109,21 @@ impl Cleanup {
         });
     }
 
+    /// One attempt right away, bounded by the clean-up timeout; if it fails, the rest
+    /// continues in the background as with [`spawn`](Self::spawn).
+    pub(crate) async fn run_now(self) {
+        let done = self.state == KeyState::Absent && self.fixed_lease.is_none();
+        if done
+            || matches!(
+                tokio::time::timeout(self.timeout, self.run()).await,
+                Ok(Ok(()))
+            )
+        {
+            return;
+        }
+        self.spawn();
+    }
+
     async fn run(&self) -> Result<(), Error> {
         match (self.fixed_lease, self.state) {
             // Revoking a dedicated lease deletes exactly the keys attached to it: ours.

@@ -155,13 +155,37 @@ impl EtcdLock {
     /// [`take`](Self::take), once more on a new session if the session turned out to be
     /// gone (revoked or expired before its keepalive noticed).
     async fn take_fresh(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
-        match self.take(name, options).await {
-            Err(error) if crate::error::is_stale_session(&error) => self.take(name, options).await,
+        let deadline = match options.wait_kind() {
+            Wait::Timeout(limit) => Some(Instant::now() + limit),
+            Wait::NoWait | Wait::Forever => None,
+        };
+        match self.take(name, options, deadline).await {
+            Err(error) if crate::error::is_stale_session(&error) => {
+                self.take(name, options, deadline).await
+            }
             other => other,
         }
     }
 
-    async fn take(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+    /// Takes the lock, giving up at `deadline` (if any) with [`Error::Timeout`].
+    ///
+    /// A waiter that gives up deletes its key before returning (bounded by the clean-up
+    /// timeout), so a process that exits right after a timeout leaves nothing that would
+    /// block the name until its lease expires. Only a dropped future leaves the clean-up
+    /// to the background.
+    async fn take(
+        &self,
+        name: &str,
+        options: AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<LockGuard, Error> {
+        let timed_out = || Error::Timeout {
+            name: name.to_owned(),
+            waited: match options.wait_kind() {
+                Wait::Timeout(limit) => limit,
+                _ => Duration::ZERO,
+            },
+        };
         let inner = &self.inner;
         let names = name_prefix(&inner.config.prefix, name);
         let lease = options.lease_or(inner.config.lease);
@@ -191,7 +215,7 @@ impl EtcdLock {
                     name: name.to_owned(),
                 })?
         } else {
-            inner.gates.enter(&key, &names).await
+            within(deadline, inner.gates.enter(&key, &names), timed_out).await?
         };
         pending.get().permit = Some(permit);
 
@@ -204,8 +228,17 @@ impl EtcdLock {
                 .create_and_read_first(&key, &names, session.lease_id(), &mut pending)
                 .await?;
             if first != mine {
-                wait::for_turn(&inner.client, &names, mine, &session, name).await?;
-                self.check_still_queued(&key, mine, name).await?;
+                let waiting = async {
+                    wait::for_turn(&inner.client, &names, mine, &session, name).await?;
+                    self.check_still_queued(&key, mine, name).await
+                };
+                match within(deadline, waiting, timed_out).await {
+                    Ok(waited) => waited?,
+                    Err(timeout) => {
+                        pending.finish_now().await;
+                        return Err(timeout);
+                    }
+                }
             }
             mine
         };
@@ -337,6 +370,20 @@ fn stale(error: etcd_client::Error, pending: &mut Pending) -> Error {
     map(error)
 }
 
+/// Runs `step`, giving up at `deadline` with the error `timed_out` makes.
+async fn within<T>(
+    deadline: Option<Instant>,
+    step: impl std::future::Future<Output = T>,
+    timed_out: impl FnOnce() -> Error,
+) -> Result<T, Error> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, step)
+            .await
+            .map_err(|_| timed_out()),
+        None => Ok(step.await),
+    }
+}
+
 /// Sort options selecting the first-created key under a name.
 fn first_created() -> GetOptions {
     GetOptions::new()
@@ -367,6 +414,14 @@ impl Pending {
             .expect("pending clean-up is present until disarmed")
     }
 
+    /// Undoes the grant now, bounded by the clean-up timeout (in the background if that
+    /// attempt fails).
+    async fn finish_now(&mut self) {
+        if let Some(cleanup) = self.0.take() {
+            cleanup.run_now().await;
+        }
+    }
+
     fn disarm(mut self) -> Cleanup {
         self.0
             .take()
@@ -388,17 +443,7 @@ impl DistributedLock for EtcdLock {
         validate_name(name)?;
         options.validate(MIN_LEASE)?;
         lease_seconds(options.lease_or(self.inner.config.lease).duration())?;
-        match options.wait_kind() {
-            Wait::Timeout(limit) => tokio::time::timeout(limit, self.take_fresh(name, options))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::Timeout {
-                        name: name.to_owned(),
-                        waited: limit,
-                    })
-                }),
-            Wait::NoWait | Wait::Forever => self.take_fresh(name, options).await,
-        }
+        self.take_fresh(name, options).await
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {

@@ -209,3 +209,17 @@ async fn an_unreachable_cluster_is_unavailable_and_retryable() {
     .unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_waiter_has_deleted_its_key_when_it_returns() {
+    let clients = futures_join(2, "timeout-cleanup").await;
+    let holder = clients[0].lock("job").await.unwrap();
+    for _ in 0..5 {
+        let opts = AcquireOptions::new().wait_timeout(Duration::from_millis(150));
+        let err = clients[1].acquire("job", opts).await.unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+        // No background clean-up to wait for: a process may exit right here.
+        assert_eq!(keys_under(&clients[0]).await.len(), 1);
+    }
+    holder.release().await.unwrap();
+}
