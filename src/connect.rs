@@ -1,18 +1,26 @@
 //! URL → backend: the one place that knows every backend.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use fencelock_core::{DistributedLock, Error, MemoryLock};
+use fencelock_core::{DistributedLock, Error, MemoryLock, Retry};
 use url::Url;
 
 use crate::redact::redact_url;
+use crate::{Config, migrate, requirement};
 
-/// The environment variable [`connect_from_env`] reads.
+/// The environment variable [`connect_from_env`] reads first: a URL.
 const URL_VAR: &str = "FENCELOCK_URL";
+
+/// The environment variable [`connect_from_env`] reads when there is no URL: the path of
+/// a TOML config file.
+const CONFIG_VAR: &str = "FENCELOCK_CONFIG";
 
 /// The URL schemes this build can connect to.
 pub const SUPPORTED_SCHEMES: &[&str] = &[
     "mem",
+    "migrate",
     #[cfg(feature = "etcd")]
     "etcd",
     #[cfg(feature = "etcd")]
@@ -35,14 +43,17 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 
 /// Connects to the lock backend named by `url`.
 ///
-/// | scheme | backend |
-/// |---|---|
-/// | `mem://` / `mem://NAMESPACE` | in-process memory; one shared set of locks per namespace |
+/// | scheme | backend | cargo feature |
+/// |---|---|---|
+/// | `mem://` / `mem://NAMESPACE` | in-process memory; one shared set of locks per namespace | always |
+/// | `etcd://host:port[,host:port...]/prefix[?lease=30s]`, `etcds://` | etcd v3 (see `fencelock_etcd::EtcdConfig`) | `etcd` |
+/// | `zk://host:port[,...][/chroot][?session_timeout=30s]`, `zookeeper://` | ZooKeeper (see `fencelock_zk::ZkConfig`) | `zookeeper` |
+/// | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | Redis (see `fencelock_redis::RedisConfig`) | `redis` |
+/// | `migrate://?legacy=URL&target=URL&phase=...` | the migration layer over two of the above | always (plus the legs' features) |
 ///
-/// The etcd, ZooKeeper and Redis schemes (`etcd`, `etcds`, `zk`, `zookeeper`, `redis`,
-/// `rediss`, `redis+sentinel`, `redis+cluster`, `redlock`) are recognised and answered with
-/// [`Error::BackendNotCompiled`] naming the cargo feature until their backends are built
-/// in.
+/// On every scheme the query may also carry the facade's options: `require=...`
+/// (capabilities the backend must have, see [`Requirement`](crate::Requirement)),
+/// `retry=N` and `metrics=true` (see [`Config`]). This is `connect_config(&Config::from_url(url)?)`.
 ///
 /// # Cancel safety
 ///
@@ -55,6 +66,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// - [`Error::BackendNotCompiled`]: a known scheme whose cargo feature is off.
 /// - [`Error::InvalidUrl`]: the URL is malformed or has parts the backend does not accept.
 ///   Passwords are redacted from the message.
+/// - [`Error::RequirementNotMet`]: the backend lacks a required capability.
 /// - Backend errors when the backend cannot be reached.
 ///
 /// # Examples
@@ -69,6 +81,78 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
+    connect_config(&Config::from_url(url)?).await
+}
+
+/// Connects as `config` says, then checks its requirements and adds its layers.
+///
+/// # Cancel safety
+///
+/// Cancel safe: a dropped connect leaves no connection or task behind.
+///
+/// # Errors
+///
+/// As [`connect`]. A backend that lacks a required capability is refused with
+/// [`Error::RequirementNotMet`] naming the requirement and what the backend offers.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock::Error> {
+/// let config = fencelock::Config::from_toml_str(r#"
+///     backend = "mem"
+///     require = ["linearizable", "fencing=strong"]
+/// "#)?;
+/// let locks = fencelock::connect_config(&config).await?;
+/// assert_eq!(locks.backend(), "mem");
+/// # Ok(()) }
+/// ```
+pub async fn connect_config(config: &Config) -> Result<Arc<dyn DistributedLock>, Error> {
+    let lock = open(config.backend_url()).await?;
+    requirement::check_all(&*lock, config.requirements())?;
+    let lock: Arc<dyn DistributedLock> = match config.retry_policy() {
+        Some(policy) if policy.retries() > 0 => Arc::new(Retry::new(lock, *policy)),
+        _ => lock,
+    };
+    with_metrics(lock, config.has_metrics())
+}
+
+#[cfg(feature = "metrics")]
+fn with_metrics(
+    lock: Arc<dyn DistributedLock>,
+    on: bool,
+) -> Result<Arc<dyn DistributedLock>, Error> {
+    Ok(if on {
+        Arc::new(crate::Metrics::new(lock, crate::MetricsOptions::new()))
+    } else {
+        lock
+    })
+}
+
+#[cfg(not(feature = "metrics"))]
+fn with_metrics(
+    lock: Arc<dyn DistributedLock>,
+    on: bool,
+) -> Result<Arc<dyn DistributedLock>, Error> {
+    if on {
+        return Err(Error::InvalidConfig(
+            "metrics=true needs fencelock's cargo feature `metrics`".into(),
+        ));
+    }
+    Ok(lock)
+}
+
+/// A boxed future of a connected lock. Boxing cuts the future's type short: `migrate://`
+/// connects its legs through [`connect_config`] again, and callers' futures stay small.
+type LockFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>, Error>> + Send + 'a>>;
+
+/// The one place that maps a URL scheme to a backend.
+fn open(url: &str) -> LockFuture<'_> {
+    Box::pin(open_scheme(url))
+}
+
+async fn open_scheme(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(invalid(
             url,
@@ -77,6 +161,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
     };
     match scheme.to_ascii_lowercase().as_str() {
         "mem" => Ok(Arc::new(memory(url)?)),
+        "migrate" => migrate::connect(url).await,
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => fencelock_etcd::connect(url).await,
         #[cfg(not(feature = "etcd"))]
@@ -100,8 +185,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
     }
 }
 
-/// Connects to the backend named by the `FENCELOCK_URL` environment variable, or to
-/// `mem://` when it is unset or empty.
+/// Connects to the backend named by the environment: the URL in `FENCELOCK_URL`, else
+/// the TOML config file whose path is in `FENCELOCK_CONFIG`, else `mem://`.
 ///
 /// # Cancel safety
 ///
@@ -109,7 +194,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
 ///
 /// # Errors
 ///
-/// As [`connect`]; a value that is not valid Unicode is [`Error::InvalidUrl`].
+/// As [`connect`] and [`Config::from_file`]; a value that is not valid Unicode is
+/// [`Error::InvalidUrl`] / [`Error::InvalidConfig`].
 ///
 /// # Examples
 ///
@@ -121,12 +207,18 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
 /// ```
 pub async fn connect_from_env() -> Result<Arc<dyn DistributedLock>, Error> {
     match std::env::var(URL_VAR) {
-        Ok(url) if !url.trim().is_empty() => connect(url.trim()).await,
-        Ok(_) | Err(std::env::VarError::NotPresent) => connect("mem://").await,
-        Err(std::env::VarError::NotUnicode(_)) => Err(Error::InvalidUrl {
-            url: format!("${URL_VAR}"),
-            reason: "the value is not valid Unicode".into(),
-        }),
+        Ok(url) if !url.trim().is_empty() => return connect(url.trim()).await,
+        Ok(_) | Err(std::env::VarError::NotPresent) => {}
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(Error::InvalidUrl {
+                url: format!("${URL_VAR}"),
+                reason: "the value is not valid Unicode".into(),
+            });
+        }
+    }
+    match std::env::var_os(CONFIG_VAR) {
+        Some(path) if !path.is_empty() => connect_config(&Config::from_file(path)?).await,
+        _ => connect("mem://").await,
     }
 }
 
@@ -173,6 +265,8 @@ mod tests {
             Err(Error::UnknownScheme { .. }) => "unknown-scheme".into(),
             Err(Error::BackendNotCompiled { feature, .. }) => format!("needs-feature:{feature}"),
             Err(Error::InvalidUrl { .. }) => "invalid-url".into(),
+            Err(Error::InvalidConfig(_)) => "invalid-config".into(),
+            Err(Error::RequirementNotMet { requirement, .. }) => format!("not-met:{requirement}"),
             Err(e) => format!("other:{e}"),
         }
     }
@@ -194,6 +288,23 @@ mod tests {
             ("redis+cluster://a:1,b:2", "needs-feature:redis"),
             ("redlock://a:1,b:2,c:3", "needs-feature:redis"),
             ("consul://127.0.0.1:8500", "unknown-scheme"),
+            ("mem://?require=linearizable,fencing=strong,fifo", "ok:mem"),
+            ("mem://?require=fast", "invalid-config"),
+            ("mem://?retry=2", "ok:mem"),
+            ("migrate://?phase=target&target=mem://t", "ok:migration"),
+            (
+                "migrate://?phase=legacy-first&legacy=mem://a&target=mem://b&require=linearizable",
+                "ok:migration",
+            ),
+            ("migrate://?phase=legacy&target=mem://", "invalid-url"),
+            (
+                "migrate://?phase=target&target=etcd%3A%2F%2Fh%3A1%2Fp",
+                "needs-feature:etcd",
+            ),
+            (
+                "migrate://?phase=legacy&legacy=redis%3A%2F%2Fh%3A1",
+                "needs-feature:redis",
+            ),
             ("127.0.0.1:2379", "invalid-url"),
             ("", "invalid-url"),
         ];
@@ -213,6 +324,16 @@ mod tests {
             }
             assert_eq!(kind(connect(url).await), expected, "{url}");
         }
+    }
+
+    #[tokio::test]
+    async fn facade_options_add_layers() {
+        let plain = connect("mem://layers").await.unwrap();
+        assert!(!format!("{plain:?}").starts_with("Retry"));
+        let retried = connect("mem://layers?retry=2").await.unwrap();
+        assert!(format!("{retried:?}").starts_with("Retry"), "{retried:?}");
+        let metrics = connect("mem://layers?metrics=true").await;
+        assert_eq!(metrics.is_ok(), cfg!(feature = "metrics"), "{metrics:?}");
     }
 
     #[tokio::test]

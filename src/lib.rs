@@ -23,9 +23,31 @@
 //! | URL | backend | cargo feature | status |
 //! |---|---|---|---|
 //! | `mem://`, `mem://NAMESPACE` | in-process memory | always | built |
-//! | `etcd://`, `etcds://` | etcd v3 | `etcd` | not built yet |
-//! | `zk://`, `zookeeper://` | ZooKeeper | `zookeeper` | not built yet |
-//! | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | Redis | `redis` | not built yet |
+//! | `etcd://`, `etcds://` | etcd v3 | `etcd` | built |
+//! | `zk://`, `zookeeper://` | ZooKeeper | `zookeeper` | built |
+//! | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | Redis | `redis` | built |
+//! | `migrate://?legacy=URL&target=URL&phase=...` | [migration](fencelock_core::layer::migration) from one to another | always | built |
+//!
+//! `full` enables every backend. See [`connect`] for the URL forms.
+//!
+//! # Configuration
+//!
+//! A URL or a TOML config file loads into a [`Config`] ([`Config::from_url`],
+//! [`Config::from_file`]), connected with [`connect_config`]. Either can require
+//! capabilities ([`Requirement`]: `?require=linearizable,fencing=strong`), so a deployment
+//! refuses to start on a backend that lacks them, and add the retry and metrics layers.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock::Error> {
+//! let config = fencelock::Config::from_toml_str(r#"
+//!     backend = "mem"
+//!     prefix = "docs"
+//!     require = ["linearizable", "fencing=strong"]
+//! "#)?;
+//! let locks = fencelock::connect_config(&config).await?;
+//! assert_eq!(locks.backend(), "mem");
+//! # Ok(()) }
+//! ```
 //!
 //! # Safety model
 //!
@@ -33,13 +55,25 @@
 //! the lock while someone else has it. Only a resource that checks the fencing token is
 //! safe against that. See the `fencelock-core` documentation for the full contract.
 
+mod config;
 mod connect;
+mod file;
+mod migrate;
 mod redact;
+mod requirement;
 
-pub use connect::{SUPPORTED_SCHEMES, connect, connect_from_env};
+pub use config::Config;
+pub use connect::{SUPPORTED_SCHEMES, connect, connect_config, connect_from_env};
+/// Layers over any lock: retry with backoff, metrics and tracing. See [`Retry`] and
+/// `Metrics` (cargo feature `metrics`).
+pub use fencelock_core::layer;
 pub use fencelock_core::{
     AcquireOptions, BoxError, Capabilities, DEFAULT_LEASE, DistributedLock, DistributedLockExt,
     Error, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Lease, Liveness,
     LockGuard, LockInfo, LossDetection, MAX_NAME_LEN, MemoryLock, StaleToken, Wait, validate_name,
 };
+#[cfg(feature = "metrics")]
+pub use fencelock_core::{Metrics, MetricsOptions};
+pub use fencelock_core::{MigrationLock, MigrationPhase, Retry, RetryPolicy};
 pub use redact::redact_url;
+pub use requirement::Requirement;

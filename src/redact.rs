@@ -29,13 +29,40 @@ pub fn redact_url(url: &str) -> String {
                 Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {
                     format!("{key}=***")
                 }
-                _ => pair.to_owned(),
+                Some((key, value)) => format!("{key}={}", redact_nested(value)),
+                None => pair.to_owned(),
             })
             .collect();
         out.push_str(&pairs.join("&"));
     }
     out
 }
+
+/// A query value that is itself a URL (the legs of `migrate://`), redacted whether it is
+/// percent-encoded or not.
+fn redact_nested(value: &str) -> String {
+    if value.contains("://") {
+        return redact_url(value);
+    }
+    match percent_encoding::percent_decode_str(value).decode_utf8() {
+        Ok(decoded) if decoded.contains("://") => {
+            let redacted = redact_url(&decoded);
+            if redacted == decoded {
+                value.to_owned()
+            } else {
+                percent_encoding::utf8_percent_encode(&redacted, COMPONENT).to_string()
+            }
+        }
+        _ => value.to_owned(),
+    }
+}
+
+/// What is percent-encoded in a query value: everything but the unreserved characters.
+pub(crate) const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 fn redact_userinfo(head: &str) -> String {
     let Some((scheme, rest)) = head.split_once("://") else {
@@ -73,6 +100,18 @@ mod tests {
             ),
             ("redis://u:p@ss@h", "redis://u:***@h"),
             ("not a url:p@ss", "not a url:p@ss"),
+            (
+                "migrate://?legacy=redis%3A%2F%2F%3As3cret%40h%3A1&phase=legacy",
+                "migrate://?legacy=redis%3A%2F%2F%3A%2A%2A%2A%40h%3A1&phase=legacy",
+            ),
+            (
+                "migrate://?target=etcd://u:s3cret@h/p&phase=target",
+                "migrate://?target=etcd://u:***@h/p&phase=target",
+            ),
+            (
+                "migrate://?target=etcd%3A%2F%2Fh%2Fp&phase=target",
+                "migrate://?target=etcd%3A%2F%2Fh%2Fp&phase=target",
+            ),
         ];
         for (input, expected) in cases {
             assert_eq!(redact_url(input), expected, "{input}");

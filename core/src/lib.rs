@@ -21,10 +21,12 @@
 mod capabilities;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod duration;
 mod error;
 mod ext;
 mod fence;
 mod guard;
+pub mod layer;
 mod liveness;
 mod lock;
 mod memory;
@@ -33,10 +35,15 @@ mod options;
 mod token;
 
 pub use capabilities::{Capabilities, FencingStrength, LossDetection};
+pub use duration::parse_duration;
 pub use error::{BoxError, Error};
 pub use ext::DistributedLockExt;
 pub use fence::{FencedRegister, StaleToken};
 pub use guard::{HeldLock, LockGuard};
+#[cfg(feature = "metrics")]
+pub use layer::metrics::{Metrics, MetricsOptions};
+pub use layer::migration::{MigrationLock, MigrationPhase};
+pub use layer::retry::{Retry, RetryPolicy};
 pub use liveness::Liveness;
 pub use lock::{DistributedLock, HolderInfo, LockInfo};
 pub use memory::MemoryLock;

@@ -1,0 +1,227 @@
+//! `fencelock` end to end on real etcd, ZooKeeper and Redis servers (fencelock-testkit):
+//! two processes on one name never overlap, a lost lock stops the command, `--wait`
+//! gives up with its exit code, signals release the lock, `inspect` sees the holder,
+//! `bench --json` parses.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use fencelock_testkit::{EtcdServer, RedisServer, ZkServer};
+use nix::sys::signal::Signal;
+
+/// A name no other test run uses.
+fn unique(label: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("cli-{label}-{}-{nanos}", std::process::id())
+}
+
+/// A URL for each backend whose sessions / leases can be as short as 2 s.
+fn etcd_url() -> String {
+    format!(
+        "etcd://{}/fencelock-cli?lease=2s",
+        EtcdServer::shared().endpoint()
+    )
+}
+
+fn zk_url() -> String {
+    format!(
+        "zk://{}/fencelock-cli?session_timeout=2s&min_lease=1s",
+        ZkServer::shared().connect_string()
+    )
+}
+
+fn redis_url() -> String {
+    RedisServer::shared().url()
+}
+
+/// The critical section every holder runs: it fails loudly if it finds another holder
+/// inside, and appends its token to the log on the way out.
+const CRITICAL: &str = r#"
+dir="$0"
+if [ -e "$dir/inside" ]; then echo "overlap $FENCELOCK_TOKEN" >> "$dir/overlap"; fi
+echo "$FENCELOCK_TOKEN" > "$dir/inside"
+sleep 0.2
+rm -f "$dir/inside"
+echo "$FENCELOCK_TOKEN" >> "$dir/log"
+"#;
+
+fn two_processes_never_overlap(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique("exclusion");
+    let rounds = 3;
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, name, path) = (url.to_owned(), name.clone(), dir.path().to_owned());
+            std::thread::spawn(move || {
+                for _ in 0..rounds {
+                    let out = output(
+                        fencelock()
+                            .args(["run", "--url", &url, "--wait", "30s", &name, "--"])
+                            .args(["sh", "-c", CRITICAL])
+                            .arg(&path),
+                    );
+                    assert_code(&out, 0);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert!(
+        !dir.path().join("overlap").exists(),
+        "two holders overlapped"
+    );
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    let tokens: Vec<u64> = log.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(tokens.len(), 2 * rounds, "{log}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens grow in holding order: {tokens:?}"
+    );
+}
+
+/// A holder frozen (SIGSTOP) past its lease learns of the loss when it wakes and stops
+/// its command at once; meanwhile another process got the lock.
+fn a_frozen_holder_stops_its_command_when_it_wakes(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique("frozen");
+    let ready = dir.path().join("ready");
+    let holder = Running::start(
+        fencelock()
+            .args(["run", "--url", url, "--lease", "2s", &name, "--"])
+            .args(["sh", "-c", r#"touch "$0"; exec sleep 60"#])
+            .arg(&ready),
+    );
+    wait_for_file(&ready, Duration::from_secs(20));
+    signal(holder.pid(), Signal::SIGSTOP);
+    // Another process gets the lock once the frozen holder's lease has run out.
+    let taken =
+        output(fencelock().args(["run", "--url", url, "--wait", "20s", &name, "--", "true"]));
+    assert_code(&taken, 0);
+    signal(holder.pid(), Signal::SIGCONT);
+    let woke = Instant::now();
+    let out = holder.wait(Duration::from_secs(20));
+    assert_code(&out, LOST);
+    assert!(stderr(&out).contains("SIGTERM"), "{}", stderr(&out));
+    assert!(woke.elapsed() < Duration::from_secs(10));
+}
+
+/// `--wait` gives up with 75 while another process holds the lock; SIGTERM to the holder
+/// reaches its command and frees the lock; `inspect` sees the holder's token.
+fn waiting_signals_and_inspect(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique("wait");
+    let ready = dir.path().join("ready");
+    let holder = Running::start(
+        fencelock()
+            .args(["run", "--url", url, &name, "--"])
+            .args([
+                "sh",
+                "-c",
+                r#"echo "$FENCELOCK_TOKEN" > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 60"#,
+            ])
+            .arg(&ready),
+    );
+    wait_for_file(&ready, Duration::from_secs(20));
+    let token: u64 = std::fs::read_to_string(&ready)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+
+    let inspect = output(fencelock().args(["inspect", "--json", "--url", url, &name]));
+    assert_code(&inspect, 0);
+    let info: serde_json::Value = serde_json::from_str(&stdout(&inspect)).unwrap();
+    assert_eq!(info["held"], true, "{info}");
+    assert_eq!(info["token"], token, "{info}");
+
+    let start = Instant::now();
+    let timed_out =
+        output(fencelock().args(["run", "--url", url, "--wait", "300ms", &name, "--", "true"]));
+    assert_code(&timed_out, NOT_ACQUIRED);
+    assert!(
+        stderr(&timed_out).contains("not acquired within"),
+        "{}",
+        stderr(&timed_out)
+    );
+    assert!(start.elapsed() < Duration::from_secs(15));
+    let busy = output(fencelock().args(["run", "--url", url, "--wait", "0", &name, "--", "true"]));
+    assert_code(&busy, NOT_ACQUIRED);
+
+    signal(holder.pid(), Signal::SIGTERM);
+    let out = holder.wait(Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    let after = output(fencelock().args(["run", "--url", url, "--wait", "0", &name, "--", "true"]));
+    assert_code(&after, 0);
+}
+
+fn bench_json(url: &str) {
+    let out = output(fencelock().args([
+        "bench",
+        "--url",
+        url,
+        "--workload",
+        "contended",
+        "--clients",
+        "2",
+        "--duration",
+        "500ms",
+        "--baseline",
+        "--json",
+    ]));
+    assert_code(&out, 0);
+    check_bench_json(&stdout(&out), "contended", true);
+}
+
+fn unreachable_backend_is_69(url: &str) {
+    let out = output(fencelock().args(["inspect", "--url", url, "a"]));
+    assert_code(&out, 69);
+}
+
+macro_rules! backend_tests {
+    ($backend:ident, $url:expr, $dead:expr) => {
+        mod $backend {
+            use super::*;
+
+            #[test]
+            fn two_processes_never_overlap() {
+                super::two_processes_never_overlap(&$url);
+            }
+
+            #[test]
+            fn a_frozen_holder_stops_its_command_when_it_wakes() {
+                super::a_frozen_holder_stops_its_command_when_it_wakes(&$url);
+            }
+
+            #[test]
+            fn waiting_signals_and_inspect() {
+                super::waiting_signals_and_inspect(&$url);
+            }
+
+            #[test]
+            fn bench_json() {
+                super::bench_json(&$url);
+            }
+
+            #[test]
+            fn unreachable_backend_is_69() {
+                let port = fencelock_testkit::free_port();
+                super::unreachable_backend_is_69(&format!($dead, port));
+            }
+        }
+    };
+}
+
+backend_tests!(etcd, etcd_url(), "etcd://127.0.0.1:{}/x?connect_timeout=1s");
+backend_tests!(
+    zookeeper,
+    zk_url(),
+    "zk://127.0.0.1:{}/x?session_timeout=2s&min_lease=1s"
+);
+backend_tests!(redis, redis_url(), "redis://127.0.0.1:{}?timeout=1s");

@@ -1,0 +1,209 @@
+//! Helpers for the end-to-end tests of the `fencelock` binary.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// The documented exit codes.
+pub const USAGE: i32 = 64;
+pub const NOT_ACQUIRED: i32 = 75;
+pub const LOST: i32 = 76;
+pub const CANNOT_EXECUTE: i32 = 126;
+pub const NOT_FOUND: i32 = 127;
+
+/// `fencelock` with a clean environment (no `FENCELOCK_URL`).
+pub fn fencelock() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    command.env_remove("FENCELOCK_URL").stdin(Stdio::null());
+    command
+}
+
+/// Runs to completion (at most 60 s) and returns the output.
+pub fn output(command: &mut Command) -> Output {
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn fencelock");
+    let pid = child.id();
+    let watchdog = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            if !fencelock_testkit::process_alive(pid) {
+                return;
+            }
+        }
+        signal(pid, Signal::SIGKILL);
+    });
+    let out = child.wait_with_output().expect("wait for fencelock");
+    let _ = watchdog.join();
+    out
+}
+
+/// stderr as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// stdout as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Asserts the exit code, and that fencelock's own failures are one `fencelock: ` line.
+pub fn assert_code(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        stdout(out),
+        stderr(out)
+    );
+    // fencelock's own outcomes end in one error line; a command's status passes through.
+    if [64, 69, 70, 75, 76, 126, 127].contains(&code) {
+        let err = stderr(out);
+        let ours: Vec<_> = err
+            .lines()
+            .filter(|l| l.starts_with("fencelock: "))
+            .collect();
+        assert_eq!(ours.len(), 1, "one error line expected: {err}");
+    }
+}
+
+/// Sends a signal to a process.
+pub fn signal(pid: u32, signal: Signal) {
+    let _ = kill(Pid::from_raw(pid as i32), signal);
+}
+
+/// A background `fencelock run`, stopped (with its command) when dropped.
+pub struct Running {
+    child: Option<Child>,
+    pid: u32,
+}
+
+impl Running {
+    /// Starts `command` with piped output.
+    pub fn start(command: &mut Command) -> Self {
+        let child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn fencelock");
+        Running {
+            pid: child.id(),
+            child: Some(child),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Waits at most `timeout` for it to exit (then kills it) and returns its output.
+    pub fn wait(mut self, timeout: Duration) -> Output {
+        let mut child = self.child.take().expect("not waited yet");
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if child.try_wait().expect("try_wait").is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if child.try_wait().expect("try_wait").is_none() {
+            let _ = child.kill();
+        }
+        child.wait_with_output().expect("wait_with_output")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(None) = child.try_wait() {
+            // SIGTERM is forwarded to the command, which then ends with fencelock.
+            signal(self.pid, Signal::SIGCONT);
+            signal(self.pid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Waits until `path` exists (at most `timeout`).
+pub fn wait_for_file(path: &Path, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a process with this id exists.
+pub fn alive(pid: u32) -> bool {
+    fencelock_testkit::process_alive(pid)
+}
+
+/// Checks a `bench --json` document has every field.
+pub fn check_bench_json(text: &str, workload: &str, baseline: bool) -> serde_json::Value {
+    let doc: serde_json::Value = serde_json::from_str(text.trim()).expect("bench --json parses");
+    for field in [
+        "url",
+        "backend",
+        "workload",
+        "clients",
+        "duration_s",
+        "fencelock",
+        "baseline",
+    ] {
+        assert!(doc.get(field).is_some(), "missing {field}: {doc}");
+    }
+    assert_eq!(doc["workload"], workload);
+    let mut runs = vec![&doc["fencelock"]];
+    if baseline {
+        runs.push(&doc["baseline"]);
+    } else {
+        assert!(doc["baseline"].is_null());
+    }
+    for run in runs {
+        for field in [
+            "description",
+            "ops",
+            "elapsed_s",
+            "ops_per_sec",
+            "p50_us",
+            "p99_us",
+            "max_us",
+            "per_client_ops",
+            "fairness",
+        ] {
+            assert!(run.get(field).is_some(), "missing {field}: {run}");
+        }
+        assert!(run["ops"].as_u64().unwrap() > 0, "{run}");
+        assert!(run["p99_us"].as_f64().unwrap() >= run["p50_us"].as_f64().unwrap());
+        assert_eq!(
+            run["per_client_ops"].as_array().unwrap().len() as u64,
+            doc["clients"].as_u64().unwrap()
+        );
+    }
+    doc
+}

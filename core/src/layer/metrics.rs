@@ -1,0 +1,546 @@
+//! Metrics and tracing: how long callers wait for locks, how long they hold them, and how
+//! often they lose them.
+//!
+//! [`Metrics`] wraps any [`DistributedLock`] and reports through the
+//! [`metrics`](https://docs.rs/metrics) facade (install any recorder, for example
+//! `metrics-exporter-prometheus`; without one, recording costs next to nothing) and opens
+//! `tracing` spans around acquire and release.
+//!
+//! | metric | kind | what |
+//! |---|---|---|
+//! | `fencelock_lock_wait_seconds` | histogram | time `acquire` took, for acquisitions that got the lock (the seeds' `lock_wait_ms` P99 alarm) |
+//! | `fencelock_lock_hold_seconds` | histogram | time from grant to release, drop or loss |
+//! | `fencelock_lock_acquisitions_total` | counter | locks granted |
+//! | `fencelock_lock_timeouts_total` | counter | acquires that ran out of their wait |
+//! | `fencelock_lock_contended_total` | counter | `no_wait` acquires that found the lock held |
+//! | `fencelock_lock_acquire_errors_total` | counter | acquires that failed otherwise (backend down, bad input) |
+//! | `fencelock_lock_lost_total` | counter | granted locks lost before release (the seeds' `lock_loss_count` alarm); label `cause` |
+//! | `fencelock_locks_held` | gauge | guards currently holding a lock (granted, not released, dropped or lost) |
+//!
+//! Every metric has the labels `backend` (`"etcd"`, `"redis"`, ...) and `name` (the lock
+//! name). `fencelock_lock_lost_total` also has `cause`: `deadline` when the guard's own
+//! conservative deadline passed without a successful renewal (renewals failed), `reported`
+//! when the backend reported the lock gone (key or node deleted, session expired), and
+//! `release` when the loss was only discovered by the release.
+//!
+//! # Cardinality
+//!
+//! One time series per (backend, lock name) and metric. That is right for a fixed set of
+//! names (`nightly-report`, `orders-sync`), and wrong for names built from ids
+//! (`orders/SKU-8842`): use [`MetricsOptions::without_name_label`] then, and the `name`
+//! label is left out.
+//!
+//! # Renewal failures
+//!
+//! Renewals happen inside each backend, out of a layer's sight, so individual renewal
+//! failures are not counted here. What a layer can see is their consequence: a lock whose
+//! renewals kept failing until its deadline is counted in `fencelock_lock_lost_total` with
+//! `cause="deadline"`.
+//!
+//! # Tracing
+//!
+//! Spans `fencelock.acquire` (fields `backend`, `lock`, and `token` once granted) and
+//! `fencelock.release` (`backend`, `lock`, `token`); a loss is a `warn` event with the
+//! reason.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use metrics::{Label, counter, gauge, histogram};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::{
+    AcquireOptions, Capabilities, DistributedLock, Error, FencingToken, HeldLock, Liveness,
+    LockGuard, LockInfo,
+};
+
+/// Histogram of the time `acquire` took, in seconds, for acquisitions that got the lock.
+pub const LOCK_WAIT_SECONDS: &str = "fencelock_lock_wait_seconds";
+/// Histogram of the time a lock was held, in seconds.
+pub const LOCK_HOLD_SECONDS: &str = "fencelock_lock_hold_seconds";
+/// Counter of locks granted.
+pub const LOCK_ACQUISITIONS_TOTAL: &str = "fencelock_lock_acquisitions_total";
+/// Counter of acquires that ran out of their wait.
+pub const LOCK_TIMEOUTS_TOTAL: &str = "fencelock_lock_timeouts_total";
+/// Counter of `no_wait` acquires that found the lock held.
+pub const LOCK_CONTENDED_TOTAL: &str = "fencelock_lock_contended_total";
+/// Counter of acquires that failed for other reasons.
+pub const LOCK_ACQUIRE_ERRORS_TOTAL: &str = "fencelock_lock_acquire_errors_total";
+/// Counter of granted locks lost before release.
+pub const LOCK_LOST_TOTAL: &str = "fencelock_lock_lost_total";
+/// Gauge of guards currently holding a lock.
+pub const LOCKS_HELD: &str = "fencelock_locks_held";
+
+/// Options of the [`Metrics`] layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsOptions {
+    name_label: bool,
+}
+
+impl Default for MetricsOptions {
+    fn default() -> Self {
+        MetricsOptions { name_label: true }
+    }
+}
+
+impl MetricsOptions {
+    /// Labels `backend` and `name`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Leaves the `name` label out, for applications with many or unbounded lock names
+    /// (see the module's "Cardinality").
+    pub fn without_name_label(mut self) -> Self {
+        self.name_label = false;
+        self
+    }
+
+    /// Whether the `name` label is set.
+    pub fn has_name_label(&self) -> bool {
+        self.name_label
+    }
+}
+
+/// A lock that records metrics and tracing spans for another lock.
+///
+/// See the [module documentation](self) for the metrics. Put it outermost (see
+/// [`crate::layer`]), so it measures what the application sees.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use fencelock_core::layer::metrics::{Metrics, MetricsOptions};
+/// use fencelock_core::{DistributedLock, DistributedLockExt, MemoryLock};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+/// // Install a `metrics` recorder (e.g. metrics-exporter-prometheus) first.
+/// let locks: Arc<dyn DistributedLock> =
+///     Arc::new(Metrics::new(Arc::new(MemoryLock::new()), MetricsOptions::default()));
+/// let guard = locks.lock("nightly-report").await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    inner: Arc<dyn DistributedLock>,
+    options: MetricsOptions,
+}
+
+impl Metrics {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn DistributedLock>, options: MetricsOptions) -> Self {
+        Metrics { inner, options }
+    }
+
+    /// The wrapped lock.
+    pub fn inner(&self) -> &Arc<dyn DistributedLock> {
+        &self.inner
+    }
+
+    fn labels(&self, name: &str) -> Vec<Label> {
+        let mut labels = vec![Label::new("backend", self.inner.backend())];
+        if self.options.name_label {
+            labels.push(Label::new("name", name.to_owned()));
+        }
+        labels
+    }
+}
+
+#[async_trait]
+impl DistributedLock for Metrics {
+    /// Acquires through the inner lock, recording wait time and the outcome.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as the inner lock's `acquire`; a cancelled acquire records nothing.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let backend = self.inner.backend();
+        let labels = self.labels(name);
+        let span = tracing::info_span!(
+            "fencelock.acquire",
+            backend,
+            lock = name,
+            token = tracing::field::Empty
+        );
+        let start = Instant::now();
+        let result = self
+            .inner
+            .acquire(name, options)
+            .instrument(span.clone())
+            .await;
+        let guard = match result {
+            Ok(guard) => guard,
+            Err(error) => {
+                let metric = match error {
+                    Error::Timeout { .. } => LOCK_TIMEOUTS_TOTAL,
+                    Error::Contended { .. } => LOCK_CONTENDED_TOTAL,
+                    _ => LOCK_ACQUIRE_ERRORS_TOTAL,
+                };
+                counter!(metric, labels).increment(1);
+                return Err(error);
+            }
+        };
+        span.record("token", guard.token().get());
+        histogram!(LOCK_WAIT_SECONDS, labels.clone()).record(start.elapsed().as_secs_f64());
+        counter!(LOCK_ACQUISITIONS_TOTAL, labels.clone()).increment(1);
+        gauge!(LOCKS_HELD, labels.clone()).increment(1.0);
+
+        let liveness = guard.liveness().clone();
+        let record = Arc::new(HoldRecord {
+            labels,
+            backend,
+            name: name.to_owned(),
+            token: guard.token().get(),
+            acquired_at: Instant::now(),
+            releasing: AtomicBool::new(false),
+            unheld: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+        });
+        record.watch(liveness.clone());
+        let held = Arc::new(MeteredHeld {
+            held: guard.held().clone(),
+            liveness: liveness.clone(),
+            guard: Mutex::new(Some(guard)),
+            record: record.clone(),
+        });
+        Ok(LockGuard::new(
+            name,
+            FencingToken::new(held.record.token),
+            backend,
+            liveness,
+            held,
+        ))
+    }
+
+    /// Forwards to the inner lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+        self.inner.inspect(name).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
+
+/// What is recorded about one grant until it ends.
+#[derive(Debug)]
+struct HoldRecord {
+    labels: Vec<Label>,
+    backend: &'static str,
+    name: String,
+    token: u64,
+    acquired_at: Instant,
+    /// An explicit release is under way: a loss seen now is judged by its result.
+    releasing: AtomicBool,
+    /// The gauge was decremented (at loss or end).
+    unheld: AtomicBool,
+    /// Hold time was recorded (at release or drop).
+    ended: AtomicBool,
+}
+
+impl HoldRecord {
+    /// Watches the grant until it is lost (counted) or ends.
+    fn watch(self: &Arc<Self>, liveness: Liveness) {
+        let record = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                _ = liveness.ended() => {}
+                _ = liveness.lost() => {
+                    if !record.releasing.load(Ordering::SeqCst) {
+                        record.lost_by(&liveness);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Counts the loss `liveness` reports.
+    fn lost_by(&self, liveness: &Liveness) {
+        let reason = liveness.lost_reason().unwrap_or("unknown");
+        // Liveness's own reason when its deadline passed without a renewal.
+        let cause = if reason.contains("deadline") {
+            "deadline"
+        } else {
+            "reported"
+        };
+        self.lost(cause, reason);
+    }
+
+    /// Counts a loss (once) and takes the lock out of the held gauge.
+    fn lost(&self, cause: &'static str, reason: &str) {
+        if self.unheld.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tracing::warn!(
+            backend = self.backend,
+            lock = %self.name,
+            token = self.token,
+            cause,
+            reason,
+            "lock lost while held"
+        );
+        let mut labels = self.labels.clone();
+        labels.push(Label::new("cause", cause));
+        counter!(LOCK_LOST_TOTAL, labels).increment(1);
+        gauge!(LOCKS_HELD, self.labels.clone()).decrement(1.0);
+    }
+
+    /// Records the hold time and leaves the gauge (once).
+    fn end(&self) {
+        if self.ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        histogram!(LOCK_HOLD_SECONDS, self.labels.clone())
+            .record(self.acquired_at.elapsed().as_secs_f64());
+        if !self.unheld.swap(true, Ordering::SeqCst) {
+            gauge!(LOCKS_HELD, self.labels.clone()).decrement(1.0);
+        }
+    }
+}
+
+/// The outer guard's handle: the inner guard, kept alive (so it does not release on its
+/// own), and the record.
+#[derive(Debug)]
+struct MeteredHeld {
+    held: Arc<dyn HeldLock>,
+    liveness: Liveness,
+    guard: Mutex<Option<LockGuard>>,
+    record: Arc<HoldRecord>,
+}
+
+#[async_trait]
+impl HeldLock for MeteredHeld {
+    async fn release(&self) -> Result<(), Error> {
+        let record = &self.record;
+        if self.liveness.is_lost() {
+            record.lost_by(&self.liveness);
+        }
+        record.releasing.store(true, Ordering::SeqCst);
+        let span = tracing::info_span!(
+            "fencelock.release",
+            backend = record.backend,
+            lock = %record.name,
+            token = record.token
+        );
+        // The inner handle's release is idempotent; the inner guard stays in place so a
+        // failed release is still retried in the background when this handle is dropped.
+        let result = self.held.release().instrument(span).await;
+        if let Err(Error::Lost { reason, .. }) = &result {
+            record.lost("release", reason);
+        }
+        record.end();
+        result
+    }
+
+    fn release_in_background(&self) {
+        let guard = self
+            .guard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(guard);
+        self.record.end();
+    }
+
+    fn backend_key(&self) -> Option<&str> {
+        self.held.backend_key()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+    use super::*;
+    use crate::{DistributedLockExt, MemoryLock};
+
+    /// Everything recorded so far, per (metric, labels as `k=v` pairs). The debugging
+    /// recorder's snapshots drain it, so they are added up here; tests use distinct lock
+    /// names and may run in parallel.
+    #[derive(Default)]
+    struct Totals {
+        values: HashMap<(String, Vec<String>), (f64, Vec<f64>)>,
+    }
+
+    fn snapshotter() -> &'static (Snapshotter, Mutex<Totals>) {
+        static RECORDER: OnceLock<(Snapshotter, Mutex<Totals>)> = OnceLock::new();
+        RECORDER.get_or_init(|| {
+            let recorder = DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            recorder
+                .install()
+                .expect("no other recorder in this test binary");
+            (snapshotter, Mutex::new(Totals::default()))
+        })
+    }
+
+    /// The counter / gauge value (or histogram sample count) of `metric` with `labels`,
+    /// and the histogram samples.
+    fn read(metric: &str, labels: &[&str]) -> (f64, Vec<f64>) {
+        let (snapshotter, totals) = snapshotter();
+        let mut totals = totals.lock().unwrap();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let mut key_labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            key_labels.sort();
+            let entry = totals
+                .values
+                .entry((key.key().name().to_owned(), key_labels))
+                .or_default();
+            match value {
+                DebugValue::Counter(n) => entry.0 += n as f64,
+                DebugValue::Gauge(g) => entry.0 += g.into_inner(),
+                DebugValue::Histogram(samples) => {
+                    entry.0 += samples.len() as f64;
+                    entry.1.extend(samples.into_iter().map(|s| s.into_inner()));
+                }
+            }
+        }
+        let mut labels: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+        labels.sort();
+        totals
+            .values
+            .get(&(metric.to_owned(), labels))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn count(metric: &str, labels: &[&str]) -> f64 {
+        read(metric, labels).0
+    }
+
+    fn metered(options: MetricsOptions) -> (Arc<MemoryLock>, Metrics) {
+        let _ = snapshotter();
+        let memory = Arc::new(MemoryLock::new());
+        (memory.clone(), Metrics::new(memory, options))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquisitions_wait_hold_and_the_held_gauge_move() {
+        let (memory, locks) = metered(MetricsOptions::default());
+        let labels = ["backend=mem", "name=m-basic"];
+        let first = locks.lock("m-basic").await.unwrap();
+        assert_eq!(count(LOCKS_HELD, &labels), 1.0);
+        let second = {
+            let locks = locks.clone();
+            tokio::spawn(async move { locks.lock("m-basic").await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        first.release().await.unwrap();
+        let second = second.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(second);
+        assert_eq!(count(LOCK_ACQUISITIONS_TOTAL, &labels), 2.0);
+        assert_eq!(count(LOCKS_HELD, &labels), 0.0);
+        let (waits, wait_samples) = read(LOCK_WAIT_SECONDS, &labels);
+        assert_eq!(waits, 2.0);
+        assert!(
+            wait_samples.iter().any(|w| (*w - 0.25).abs() < 0.01),
+            "{wait_samples:?}"
+        );
+        let (holds, hold_samples) = read(LOCK_HOLD_SECONDS, &labels);
+        assert_eq!(holds, 2.0);
+        assert!(
+            hold_samples.iter().any(|h| (*h - 0.1).abs() < 0.01),
+            "{hold_samples:?}"
+        );
+        assert!(!memory.inspect("m-basic").await.unwrap().is_held());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_contention_and_errors_are_counted() {
+        let (_memory, locks) = metered(MetricsOptions::default());
+        let labels = ["backend=mem", "name=m-fail"];
+        let held = locks.lock("m-fail").await.unwrap();
+        let wait = AcquireOptions::new().wait_timeout(Duration::from_millis(50));
+        assert!(locks.acquire("m-fail", wait).await.is_err());
+        assert!(locks.try_lock("m-fail").await.unwrap().is_none());
+        let zero = AcquireOptions::new().lease(Duration::ZERO);
+        assert!(locks.acquire("m-fail", zero).await.is_err());
+        assert_eq!(count(LOCK_TIMEOUTS_TOTAL, &labels), 1.0);
+        assert_eq!(count(LOCK_CONTENDED_TOTAL, &labels), 1.0);
+        assert_eq!(count(LOCK_ACQUIRE_ERRORS_TOTAL, &labels), 1.0);
+        assert_eq!(count(LOCK_ACQUISITIONS_TOTAL, &labels), 1.0);
+        held.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_is_counted_once_when_it_happens() {
+        let (_memory, locks) = metered(MetricsOptions::default());
+        let labels = ["backend=mem", "name=m-lost"];
+        let opts = AcquireOptions::new().fixed_lease(Duration::from_secs(1));
+        let guard = locks.acquire("m-lost", opts).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tokio::task::yield_now().await;
+        let lost = [labels[0], labels[1], "cause=deadline"];
+        assert_eq!(count(LOCK_LOST_TOTAL, &lost), 1.0, "counted before release");
+        assert_eq!(count(LOCKS_HELD, &labels), 0.0);
+        assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
+        assert_eq!(count(LOCK_LOST_TOTAL, &lost), 1.0);
+        assert_eq!(count(LOCKS_HELD, &labels), 0.0);
+        assert_eq!(count(LOCK_HOLD_SECONDS, &labels), 1.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_name_label_can_be_dropped() {
+        let memory: Arc<dyn DistributedLock> = Arc::new(MemoryLock::named("m-noname"));
+        let _ = snapshotter();
+        let locks = Metrics::new(memory, MetricsOptions::new().without_name_label());
+        assert!(!MetricsOptions::new().without_name_label().has_name_label());
+        let before = count(LOCK_ACQUISITIONS_TOTAL, &["backend=mem"]);
+        let guard = locks.lock("m-noname-a").await.unwrap();
+        assert_eq!(guard.backend(), "mem");
+        assert!(guard.backend_key().is_none());
+        guard.release().await.unwrap();
+        assert!(count(LOCK_ACQUISITIONS_TOTAL, &["backend=mem"]) > before);
+        assert_eq!(
+            count(LOCK_ACQUISITIONS_TOTAL, &["backend=mem", "name=m-noname-a"]),
+            0.0
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_the_conformance_release_case() {
+        let (_memory, locks) = metered(MetricsOptions::new().without_name_label());
+        let guard = locks.lock("m-idem").await.unwrap();
+        let handle = guard.held().clone();
+        handle.release().await.unwrap();
+        handle.release().await.unwrap();
+        let again = locks.try_lock("m-idem").await.unwrap().expect("free");
+        assert!(matches!(
+            guard.release().await,
+            Ok(()) | Err(Error::Lost { .. })
+        ));
+        handle.release().await.unwrap();
+        assert!(locks.try_lock("m-idem").await.unwrap().is_none());
+        again.release().await.unwrap();
+    }
+}

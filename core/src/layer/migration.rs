@@ -1,0 +1,344 @@
+//! Migration: a legacy lock and a target lock held as one, so a fleet moves from one lock
+//! service to another (Redis → etcd, typically) by configuration alone, with old and new
+//! versions of a service running side by side and never two holders.
+//!
+//! # Phases
+//!
+//! | phase | legs, in order | tokens from |
+//! |---|---|---|
+//! | [`Legacy`](MigrationPhase::Legacy) | legacy | legacy leg, legacy epoch |
+//! | [`LegacyFirst`](MigrationPhase::LegacyFirst) | legacy, then target | legacy leg, legacy epoch |
+//! | [`TargetFirst`](MigrationPhase::TargetFirst) | target, then legacy | target leg, target epoch |
+//! | [`Target`](MigrationPhase::Target) | target | target leg, target epoch |
+//!
+//! In the two-leg phases both legs are taken in the phase's fixed order. The second leg is
+//! waited for a bounded time ([`MigrationLock::second_leg_wait`]); if it cannot be had,
+//! or fails, the first leg is released before `acquire` returns or tries again, so no
+//! half-held lock outlives the call. Dropping the `acquire` future at any point drops
+//! whatever leg guard it holds, which releases in the background. The guard is valid
+//! only while both legs hold: its deadline is the earlier of the legs' deadlines, and the
+//! loss of either leg is the loss of the guard. Release frees the legs in reverse order.
+//!
+//! # Fencing tokens across the switch
+//!
+//! A token is the token of the first leg with an epoch in its high bits:
+//! `epoch << 56 | leg token` ([`era_token`]). The legacy epoch is 0 by default, so in the
+//! legacy phases tokens are *exactly* the legacy backend's own, comparable with those of
+//! services that still use the legacy backend directly. The target epoch (default 1)
+//! makes every target-era token larger than every legacy-era one, whatever the two
+//! backends' numbers (Redis: microseconds, about 1.7 × 10^15; etcd: revisions, small;
+//! ZooKeeper: zxids). So a resource that has seen legacy tokens accepts the first holder
+//! of the target era and keeps rejecting legacy-era zombies.
+//!
+//! The guarantee: tokens handed out by this layer and by legacy-only services grow
+//! with the order of grants across every phase change, given that
+//!
+//! 1. each backend keeps its own token promise (see its
+//!    [`FencingStrength`](crate::FencingStrength));
+//! 2. backend tokens fit in 56 bits (checked on every grant: a grant whose token does
+//!    not fit is refused, never wrapped);
+//! 3. once any instance runs a target-token phase (`target-first`, `target`), no
+//!    service writes with legacy-era tokens any more: instances still on a legacy phase
+//!    (during a rolling change, or after a rollback) get their writes *refused* by
+//!    resources that have seen a target-era token. That is safe (a refusal, never a
+//!    stale write accepted) but it is an outage for them, so roll that step quickly;
+//! 4. epochs only grow: a later migration (etcd → ZooKeeper) uses the previous target
+//!    epoch as its legacy epoch and a larger target epoch.
+//!
+//! Tokens stay below 2^63 ([`MAX_EPOCH`] is 127), so they fit a signed SQL `BIGINT`.
+//!
+//! # Composition
+//!
+//! Outermost first: metrics → retry → migration → backends. A retry therefore repeats a
+//! whole two-leg acquisition, never half of one.
+
+mod acquire;
+mod held;
+mod token;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use self::acquire::Leg;
+pub use self::token::{ERA_SHIFT, MAX_EPOCH, era_token};
+use crate::{
+    AcquireOptions, Capabilities, DistributedLock, Error, LockGuard, LockInfo, validate_name,
+};
+
+/// The short backend name of a [`MigrationLock`] and its guards.
+const BACKEND: &str = "migration";
+
+/// Where a migration stands. Teams move forward one phase at a time by changing
+/// configuration; see the [module documentation](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MigrationPhase {
+    /// Only the legacy lock: behaves exactly like the legacy backend (`legacy`).
+    Legacy,
+    /// The legacy lock, then the target lock; legacy tokens (`legacy-first`).
+    LegacyFirst,
+    /// The target lock, then the legacy lock; target tokens (`target-first`).
+    TargetFirst,
+    /// Only the target lock; target tokens (`target`).
+    Target,
+}
+
+impl MigrationPhase {
+    /// Every phase, in the order a migration goes through them.
+    pub const ALL: [MigrationPhase; 4] = [
+        MigrationPhase::Legacy,
+        MigrationPhase::LegacyFirst,
+        MigrationPhase::TargetFirst,
+        MigrationPhase::Target,
+    ];
+
+    /// The phase's name in configuration: `legacy`, `legacy-first`, `target-first`,
+    /// `target`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            MigrationPhase::Legacy => "legacy",
+            MigrationPhase::LegacyFirst => "legacy-first",
+            MigrationPhase::TargetFirst => "target-first",
+            MigrationPhase::Target => "target",
+        }
+    }
+
+    /// Whether the phase takes the legacy lock.
+    pub const fn uses_legacy(self) -> bool {
+        !matches!(self, MigrationPhase::Target)
+    }
+
+    /// Whether the phase takes the target lock.
+    pub const fn uses_target(self) -> bool {
+        !matches!(self, MigrationPhase::Legacy)
+    }
+
+    /// Whether guards carry target-era tokens (the target epoch) rather than legacy-era
+    /// ones.
+    pub const fn target_tokens(self) -> bool {
+        matches!(self, MigrationPhase::TargetFirst | MigrationPhase::Target)
+    }
+}
+
+impl fmt::Display for MigrationPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MigrationPhase {
+    type Err = Error;
+
+    /// Parses a phase name; `_` may stand for `-`.
+    fn from_str(text: &str) -> Result<Self, Error> {
+        let wanted = text.trim().to_ascii_lowercase().replace('_', "-");
+        Self::ALL
+            .into_iter()
+            .find(|phase| phase.as_str() == wanted)
+            .ok_or_else(|| {
+                Error::InvalidConfig(format!(
+                    "migration: unknown phase {text:?}; expected legacy, legacy-first, \
+                     target-first or target"
+                ))
+            })
+    }
+}
+
+/// A [`DistributedLock`] that holds a legacy lock and a target lock as one, by
+/// [`MigrationPhase`]. See the [module documentation](self) for the rules and the token
+/// guarantee.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use fencelock_core::layer::migration::{MigrationLock, MigrationPhase};
+/// use fencelock_core::{DistributedLock, DistributedLockExt, MemoryLock};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+/// let legacy: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+/// let target: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+/// let locks = MigrationLock::new(MigrationPhase::LegacyFirst, Some(legacy.clone()), Some(target))?;
+/// let guard = locks.lock("orders/SKU-8842").await?;
+/// // Services that only know the legacy lock are excluded.
+/// assert!(legacy.try_lock("orders/SKU-8842").await?.is_none());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MigrationLock {
+    phase: MigrationPhase,
+    /// The leg taken first; its tokens are the guard's.
+    first: Leg,
+    /// The leg taken second, in the two-leg phases.
+    second: Option<Leg>,
+    second_leg_wait: Duration,
+}
+
+impl MigrationLock {
+    /// The default bound on waiting for the second leg: 2 s.
+    pub const DEFAULT_SECOND_LEG_WAIT: Duration = Duration::from_secs(2);
+
+    /// A migration lock in `phase`, with legacy epoch 0 and target epoch 1. A leg the
+    /// phase does not take may be `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if a leg the phase takes is missing.
+    pub fn new(
+        phase: MigrationPhase,
+        legacy: Option<Arc<dyn DistributedLock>>,
+        target: Option<Arc<dyn DistributedLock>>,
+    ) -> Result<Self, Error> {
+        let leg = |role, lock: Option<Arc<dyn DistributedLock>>, epoch| {
+            lock.map(|lock| Leg { role, lock, epoch })
+        };
+        let legacy = leg("legacy", legacy, 0);
+        let target = leg("target", target, 1);
+        let missing = |which: &str| {
+            Error::InvalidConfig(format!("migration: phase {phase} needs the {which} lock"))
+        };
+        let (first, second) = match phase {
+            MigrationPhase::Legacy => (legacy.ok_or_else(|| missing("legacy"))?, None),
+            MigrationPhase::LegacyFirst => (
+                legacy.ok_or_else(|| missing("legacy"))?,
+                Some(target.ok_or_else(|| missing("target"))?),
+            ),
+            MigrationPhase::TargetFirst => (
+                target.ok_or_else(|| missing("target"))?,
+                Some(legacy.ok_or_else(|| missing("legacy"))?),
+            ),
+            MigrationPhase::Target => (target.ok_or_else(|| missing("target"))?, None),
+        };
+        Ok(MigrationLock {
+            phase,
+            first,
+            second,
+            second_leg_wait: Self::DEFAULT_SECOND_LEG_WAIT,
+        })
+    }
+
+    /// Sets the epochs of legacy-era and target-era tokens.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `target` is not larger than `legacy`, or either is
+    /// larger than [`MAX_EPOCH`].
+    pub fn with_epochs(mut self, legacy: u8, target: u8) -> Result<Self, Error> {
+        if target > MAX_EPOCH {
+            return Err(Error::InvalidConfig(format!(
+                "migration: epoch {target} is larger than the maximum {MAX_EPOCH}"
+            )));
+        }
+        if target <= legacy {
+            return Err(Error::InvalidConfig(format!(
+                "migration: the target epoch ({target}) must be larger than the legacy \
+                 epoch ({legacy}), or target-era tokens could be lower than legacy-era ones"
+            )));
+        }
+        for leg in std::iter::once(&mut self.first).chain(self.second.as_mut()) {
+            leg.epoch = if leg.role == "legacy" { legacy } else { target };
+        }
+        Ok(self)
+    }
+
+    /// Sets how long `acquire` waits for the second leg before it gives the first back
+    /// and tries again (default [`DEFAULT_SECOND_LEG_WAIT`](Self::DEFAULT_SECOND_LEG_WAIT)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a zero duration.
+    pub fn with_second_leg_wait(mut self, wait: Duration) -> Result<Self, Error> {
+        if wait.is_zero() {
+            return Err(Error::InvalidConfig(
+                "migration: the second-leg wait must be longer than zero".into(),
+            ));
+        }
+        self.second_leg_wait = wait;
+        Ok(self)
+    }
+
+    /// The phase.
+    pub fn phase(&self) -> MigrationPhase {
+        self.phase
+    }
+
+    /// The epoch of the tokens this lock hands out in its phase.
+    pub fn token_epoch(&self) -> u8 {
+        self.first.epoch
+    }
+
+    /// How long the second leg is waited for.
+    pub fn second_leg_wait(&self) -> Duration {
+        self.second_leg_wait
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MigrationLock {
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(self.capabilities().min_lease)?;
+        match &self.second {
+            None => acquire::single(name, &self.first, options).await,
+            Some(second) => {
+                acquire::both(name, &self.first, second, options, self.second_leg_wait).await
+            }
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+        validate_name(name)?;
+        let mut info = self.first.lock.inspect(name).await?;
+        let mut epoch = self.first.epoch;
+        if let Some(second) = &self.second {
+            let other = second.lock.inspect(name).await?;
+            if info.holder.is_none() {
+                info.holder = other.holder;
+                epoch = second.epoch;
+            }
+        }
+        if let Some(holder) = info.holder.as_mut() {
+            holder.token = era_token(epoch, holder.token)?;
+        }
+        Ok(info)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let first = self.first.lock.capabilities();
+        let Some(second) = &self.second else {
+            return first;
+        };
+        let second = second.lock.capabilities();
+        // Services that take only the legacy lock are excluded by it alone, so the pair is
+        // only as strong as its weaker leg; waiting can restart, so no FIFO.
+        Capabilities::new(
+            first.linearizable && second.linearizable,
+            first.fencing,
+            false,
+            first.loss_detection.min(second.loss_detection),
+        )
+        .with_min_lease(first.min_lease.max(second.min_lease))
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+}
+
+impl fmt::Debug for MigrationLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MigrationLock")
+            .field("phase", &self.phase)
+            .field("first", &self.first)
+            .field("second", &self.second)
+            .field("second_leg_wait", &self.second_leg_wait)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,189 @@
+//! Taking the legs of a migration lock: one leg, or two in a fixed order where a second
+//! leg that cannot be had gives the first one back.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::BACKEND;
+use super::held::{MigrationHeld, follow_legs};
+use super::token::era_token;
+use crate::{AcquireOptions, DistributedLock, Error, Liveness, LockGuard, Wait};
+
+/// One leg of a migration: a lock service, its role, and the epoch of its tokens.
+#[derive(Clone, Debug)]
+pub(super) struct Leg {
+    pub(super) role: &'static str,
+    pub(super) lock: Arc<dyn DistributedLock>,
+    pub(super) epoch: u8,
+}
+
+/// Takes the lock on one leg; the guard shares the leg's liveness.
+pub(super) async fn single(
+    name: &str,
+    leg: &Leg,
+    options: AcquireOptions,
+) -> Result<LockGuard, Error> {
+    let guard = leg.lock.acquire(name, options).await?;
+    let token = match era_token(leg.epoch, guard.token()) {
+        Ok(token) => token,
+        Err(error) => {
+            release_quietly(guard).await;
+            return Err(error);
+        }
+    };
+    let liveness = guard.liveness().clone();
+    let held = MigrationHeld::new(name, vec![(leg.role, guard)]);
+    Ok(LockGuard::new(
+        name,
+        token,
+        BACKEND,
+        liveness,
+        Arc::new(held),
+    ))
+}
+
+/// Takes `first`, then `second`, as one lock, within the caller's wait.
+///
+/// The second leg is waited for at most `second_wait` (not at all with
+/// [`Wait::NoWait`]); if it cannot be had, the first is released, and the whole attempt
+/// is repeated after a short random pause while the caller's wait allows. That also
+/// breaks the wait cycle of two clients on different phases taking the legs in opposite
+/// orders during a rolling change.
+pub(super) async fn both(
+    name: &str,
+    first: &Leg,
+    second: &Leg,
+    options: AcquireOptions,
+    second_wait: Duration,
+) -> Result<LockGuard, Error> {
+    match options.wait_kind() {
+        Wait::Timeout(limit) => {
+            tokio::time::timeout(limit, attempts(name, first, second, options, second_wait))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
+                        name: name.to_owned(),
+                        waited: limit,
+                    })
+                })
+        }
+        Wait::NoWait | Wait::Forever => attempts(name, first, second, options, second_wait).await,
+    }
+}
+
+async fn attempts(
+    name: &str,
+    first: &Leg,
+    second: &Leg,
+    options: AcquireOptions,
+    second_wait: Duration,
+) -> Result<LockGuard, Error> {
+    let no_wait = options.wait_kind() == Wait::NoWait;
+    let (first_options, second_options) = if no_wait {
+        (options, options)
+    } else {
+        (options.wait_forever(), options.wait_timeout(second_wait))
+    };
+    let mut attempt = 0;
+    loop {
+        let first_guard = first.lock.acquire(name, first_options).await?;
+        match second.lock.acquire(name, second_options).await {
+            Ok(second_guard) => {
+                return combine(name, first, first_guard, second, second_guard, options).await;
+            }
+            Err(Error::Contended { .. } | Error::Timeout { .. }) => {
+                release_quietly(first_guard).await;
+                if no_wait {
+                    return Err(Error::Contended {
+                        name: name.to_owned(),
+                    });
+                }
+                attempt += 1;
+                tracing::debug!(
+                    lock = name,
+                    attempt,
+                    "migration: the {} leg is held; released the {} leg and trying again",
+                    second.role,
+                    first.role
+                );
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            Err(error) => {
+                release_quietly(first_guard).await;
+                return Err(error);
+            }
+        }
+    }
+}
+
+async fn combine(
+    name: &str,
+    first: &Leg,
+    first_guard: LockGuard,
+    second: &Leg,
+    second_guard: LockGuard,
+    options: AcquireOptions,
+) -> Result<LockGuard, Error> {
+    let token = era_token(first.epoch, first_guard.token());
+    let runtime = tokio::runtime::Handle::try_current();
+    let (token, runtime) = match (token, runtime) {
+        (Ok(token), Ok(runtime)) => (token, runtime),
+        (Err(error), _) => {
+            release_quietly(second_guard).await;
+            release_quietly(first_guard).await;
+            return Err(error);
+        }
+        (Ok(_), Err(_)) => {
+            release_quietly(second_guard).await;
+            release_quietly(first_guard).await;
+            return Err(Error::InvalidConfig(
+                "the migration layer needs a Tokio runtime".into(),
+            ));
+        }
+    };
+    let legs = [
+        (first.role, first_guard.liveness().clone()),
+        (second.role, second_guard.liveness().clone()),
+    ];
+    let outer = Liveness::new(legs[0].1.valid_until().min(legs[1].1.valid_until()));
+    let interval = (options.lease_kind().duration() / 6).max(Duration::from_millis(20));
+    runtime.spawn(follow_legs(outer.clone(), legs, interval));
+    let held = MigrationHeld::new(
+        name,
+        vec![(first.role, first_guard), (second.role, second_guard)],
+    );
+    Ok(LockGuard::new(name, token, BACKEND, outer, Arc::new(held)))
+}
+
+/// Releases a leg that is not needed after all. Errors only mean the leg expires with its
+/// lease; if this future is dropped, the guard is dropped and releases in the background.
+async fn release_quietly(guard: LockGuard) {
+    let backend = guard.backend();
+    if let Err(error) = guard.release().await {
+        tracing::debug!(backend, %error, "migration: releasing an unused leg failed");
+    }
+}
+
+/// A random pause before attempt `attempt + 1`: up to 20 ms × 2^attempt, at most 320 ms.
+fn backoff(attempt: u32) -> Duration {
+    let ceiling_ms = 20u64 << attempt.min(4);
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    Duration::from_millis(5 + random % ceiling_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_bounded() {
+        for attempt in 0..20 {
+            let pause = backoff(attempt);
+            assert!(pause >= Duration::from_millis(5));
+            assert!(pause < Duration::from_millis(5 + 320));
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The migration layer over two in-memory lock services.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::{DistributedLockExt, FencedRegister, Liveness, MemoryLock};
+
+/// A memory lock that keeps the liveness of every guard it hands out, so a test can make
+/// one leg lose its lock.
+#[derive(Debug, Default)]
+struct SpyLock {
+    inner: MemoryLock,
+    handed_out: Mutex<Vec<Liveness>>,
+}
+
+#[async_trait]
+impl DistributedLock for SpyLock {
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let guard = self.inner.acquire(name, options).await?;
+        self.handed_out
+            .lock()
+            .unwrap()
+            .push(guard.liveness().clone());
+        Ok(guard)
+    }
+    async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+        self.inner.inspect(name).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn backend(&self) -> &'static str {
+        "spy"
+    }
+}
+
+fn mem() -> Arc<dyn DistributedLock> {
+    Arc::new(MemoryLock::new())
+}
+
+fn migration(
+    phase: MigrationPhase,
+    legacy: &Arc<dyn DistributedLock>,
+    target: &Arc<dyn DistributedLock>,
+) -> MigrationLock {
+    MigrationLock::new(phase, Some(legacy.clone()), Some(target.clone()))
+        .unwrap()
+        .with_second_leg_wait(Duration::from_millis(100))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn tokens_keep_growing_across_every_phase_change() {
+    let (legacy, target) = (mem(), mem());
+    // The legacy service has been busy: its counter is far ahead of the target's.
+    for _ in 0..50 {
+        legacy.lock("stock").await.unwrap().release().await.unwrap();
+    }
+    let register = FencedRegister::new(0u32);
+    let direct = legacy.lock("stock").await.unwrap();
+    register.write(direct.token(), 1).unwrap();
+    let mut zombies = vec![direct.token()];
+    direct.release().await.unwrap();
+    for phase in MigrationPhase::ALL {
+        let locks = migration(phase, &legacy, &target);
+        let guard = locks.lock("stock").await.unwrap();
+        let token = guard.token();
+        register
+            .write(token, 2)
+            .unwrap_or_else(|e| panic!("{phase}: the first holder was refused: {e}"));
+        for zombie in &zombies {
+            assert!(
+                register.write(*zombie, 3).is_err(),
+                "{phase}: a zombie token {zombie} was accepted after {token}"
+            );
+        }
+        assert_eq!(token.get() >> ERA_SHIFT, u64::from(phase.target_tokens()));
+        zombies.push(token);
+        guard.release().await.unwrap();
+    }
+    assert_eq!(register.read(), 2);
+}
+
+#[tokio::test]
+async fn both_legs_exclude_single_leg_users() {
+    for phase in [MigrationPhase::LegacyFirst, MigrationPhase::TargetFirst] {
+        let (legacy, target) = (mem(), mem());
+        let guard = migration(phase, &legacy, &target).lock("x").await.unwrap();
+        assert!(legacy.try_lock("x").await.unwrap().is_none(), "{phase}");
+        assert!(target.try_lock("x").await.unwrap().is_none(), "{phase}");
+        guard.release().await.unwrap();
+        assert!(legacy.try_lock("x").await.unwrap().is_some(), "{phase}");
+        assert!(target.try_lock("x").await.unwrap().is_some(), "{phase}");
+    }
+}
+
+#[tokio::test]
+async fn a_second_leg_that_cannot_be_had_gives_the_first_back() {
+    for phase in [MigrationPhase::LegacyFirst, MigrationPhase::TargetFirst] {
+        let (legacy, target) = (mem(), mem());
+        let (first, second) = match phase {
+            MigrationPhase::LegacyFirst => (&legacy, &target),
+            _ => (&target, &legacy),
+        };
+        let blocker = second.lock("x").await.unwrap();
+        let locks = migration(phase, &legacy, &target);
+        let err = locks.acquire("x", AcquireOptions::new().no_wait()).await;
+        assert!(
+            matches!(err, Err(Error::Contended { .. })),
+            "{phase}: {err:?}"
+        );
+        assert!(first.try_lock("x").await.unwrap().is_some(), "{phase}");
+        let wait = Duration::from_millis(300);
+        let err = locks
+            .acquire("x", AcquireOptions::new().wait_timeout(wait))
+            .await;
+        assert!(matches!(err, Err(Error::Timeout { waited, .. }) if waited == wait));
+        assert!(first.try_lock("x").await.unwrap().is_some(), "{phase}");
+        // A waiter gets both once the second leg is free.
+        let waiter = locks.acquire(
+            "x",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+        );
+        let free = async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            blocker.release().await.unwrap();
+        };
+        let (guard, ()) = tokio::join!(waiter, free);
+        guard.unwrap().release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_acquire_leaves_no_leg_behind() {
+    let (legacy, target) = (mem(), mem());
+    let blocker = target.lock("x").await.unwrap();
+    let locks = migration(MigrationPhase::LegacyFirst, &legacy, &target);
+    let attempt = tokio::time::timeout(Duration::from_millis(60), locks.lock("x")).await;
+    assert!(attempt.is_err());
+    assert!(legacy.try_lock("x").await.unwrap().is_some());
+    blocker.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn losing_either_leg_loses_the_guard() {
+    for (phase, lose) in [
+        (MigrationPhase::LegacyFirst, "legacy"),
+        (MigrationPhase::LegacyFirst, "target"),
+        (MigrationPhase::TargetFirst, "legacy"),
+        (MigrationPhase::TargetFirst, "target"),
+    ] {
+        let (legacy, target) = (Arc::new(SpyLock::default()), Arc::new(SpyLock::default()));
+        let (l, t): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) =
+            (legacy.clone(), target.clone());
+        let guard = migration(phase, &l, &t).lock("x").await.unwrap();
+        assert!(!guard.is_lost());
+        let victim = if lose == "legacy" { &legacy } else { &target };
+        victim.handed_out.lock().unwrap()[0].mark_lost("key deleted");
+        tokio::time::timeout(Duration::from_secs(1), guard.lost())
+            .await
+            .expect("loss of a leg reaches the guard");
+        let reason = guard.lost_reason().unwrap();
+        assert_eq!(reason, format!("the {lose} leg was lost: key deleted"));
+        assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
+        assert!(l.try_lock("x").await.unwrap().is_some(), "{phase}/{lose}");
+        assert!(t.try_lock("x").await.unwrap().is_some(), "{phase}/{lose}");
+    }
+}
+
+/// During a rolling change from legacy-first to target-first, instances take the legs in
+/// opposite orders: they still exclude each other, and the bounded second-leg wait keeps
+/// them from waiting on each other forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_exclude_each_other_without_deadlock() {
+    let (legacy, target) = (mem(), mem());
+    let inside = AtomicUsize::new(0);
+    let locks = [
+        migration(MigrationPhase::LegacyFirst, &legacy, &target),
+        migration(MigrationPhase::TargetFirst, &legacy, &target),
+    ];
+    let worker = |i: usize| {
+        let (locks, inside) = (&locks, &inside);
+        async move {
+            for _ in 0..25 {
+                let guard = locks[i % 2].lock("rolling").await.unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }
+    };
+    let all = async { tokio::join!(worker(0), worker(1), worker(2), worker(3)) };
+    tokio::time::timeout(Duration::from_secs(30), all)
+        .await
+        .expect("no deadlock");
+}
+
+#[test]
+fn configuration_is_checked() {
+    let (legacy, target) = (mem(), mem());
+    for phase in MigrationPhase::ALL {
+        assert_eq!(phase.as_str().parse::<MigrationPhase>().unwrap(), phase);
+        let needs_both = MigrationLock::new(phase, Some(legacy.clone()), Some(target.clone()));
+        assert!(needs_both.is_ok());
+        assert_eq!(
+            MigrationLock::new(phase, None, Some(target.clone())).is_ok(),
+            !phase.uses_legacy()
+        );
+        assert_eq!(
+            MigrationLock::new(phase, Some(legacy.clone()), None).is_ok(),
+            !phase.uses_target()
+        );
+    }
+    assert_eq!(
+        "Target_First".parse::<MigrationPhase>().unwrap(),
+        MigrationPhase::TargetFirst
+    );
+    assert!("sideways".parse::<MigrationPhase>().is_err());
+    let locks = migration(MigrationPhase::TargetFirst, &legacy, &target);
+    assert!(locks.clone().with_epochs(1, 1).is_err());
+    assert!(locks.clone().with_epochs(0, MAX_EPOCH + 1).is_err());
+    assert_eq!(locks.clone().with_epochs(1, 2).unwrap().token_epoch(), 2);
+    let legacy_first = migration(MigrationPhase::LegacyFirst, &legacy, &target);
+    assert_eq!(legacy_first.with_epochs(1, 2).unwrap().token_epoch(), 1);
+    assert!(locks.with_second_leg_wait(Duration::ZERO).is_err());
+}
+
+#[test]
+fn two_legs_are_as_strong_as_the_weaker_one_and_not_fifo() {
+    let (legacy, target) = (mem(), mem());
+    let caps = migration(MigrationPhase::LegacyFirst, &legacy, &target).capabilities();
+    assert!(caps.linearizable);
+    assert!(!caps.fifo);
+    assert_eq!(
+        migration(MigrationPhase::Target, &legacy, &target).capabilities(),
+        target.capabilities()
+    );
+}
+
+#[cfg(feature = "conformance")]
+mod conformance {
+    use super::*;
+
+    fn over_memory(phase: MigrationPhase) -> Arc<dyn DistributedLock> {
+        Arc::new(migration(phase, &mem(), &mem()))
+    }
+
+    mod legacy {
+        crate::conformance_suite!(super::over_memory(super::MigrationPhase::Legacy));
+    }
+    mod legacy_first {
+        crate::conformance_suite!(super::over_memory(super::MigrationPhase::LegacyFirst));
+    }
+    mod target_first {
+        crate::conformance_suite!(super::over_memory(super::MigrationPhase::TargetFirst));
+    }
+    mod target {
+        crate::conformance_suite!(super::over_memory(super::MigrationPhase::Target));
+    }
+}

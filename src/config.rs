@@ -1,0 +1,334 @@
+//! [`Config`]: what to connect to, from a URL or a TOML config file.
+
+use std::fmt;
+use std::path::Path;
+
+use fencelock_core::{Error, RetryPolicy};
+
+use crate::redact::redact_url;
+use crate::requirement::{self, Requirement};
+use crate::{file, migrate};
+
+/// Query options that the facade reads itself, for every scheme; the rest of the query
+/// goes to the backend.
+const FACADE_OPTIONS: &[&str] = &[
+    "require",
+    "retry",
+    "retry_min_delay",
+    "retry_max_delay",
+    "metrics",
+];
+
+/// Which lock service to use and what it must guarantee: the one thing both a URL and a
+/// config file load into, and what [`connect_config`](crate::connect_config) takes.
+///
+/// - From a URL: [`Config::from_url`] (the forms are listed at [`connect`](crate::connect)).
+///   On any scheme, `?require=linearizable,fencing=strong` adds
+///   [requirements](Requirement); `retry=N` wraps the lock in a [`Retry`](crate::Retry)
+///   layer with N retries (`retry_min_delay=200ms` and `retry_max_delay=1s` adjust its
+///   default policy, 3 retries after 200 ms, 500 ms, 1 s, and also turn it on);
+///   `metrics=true` wraps it in the metrics layer (cargo feature `metrics`). Layers
+///   compose as metrics → retry → migration → backend.
+/// - From a TOML file: [`Config::from_file`] / [`Config::from_toml_str`]. A config file
+///   is a structured way to write the same URL: it is turned into one, so both forms
+///   accept exactly the same settings and are checked by the same code. See the
+///   README's "Config file" section for every key.
+///
+/// Neither `Debug` nor `Display` shows a password: both print the URL with secrets
+/// replaced by `***`, also inside the leg URLs of a `migrate://` URL.
+///
+/// # Examples
+///
+/// ```
+/// use fencelock::{Config, Requirement};
+///
+/// let from_url = Config::from_url("etcd://app:s3cret@10.0.0.1:2379/locks?require=linearizable")?;
+/// let from_file = Config::from_toml_str(r#"
+///     backend = "etcd"
+///     endpoints = ["10.0.0.1:2379"]
+///     prefix = "locks"
+///     require = ["linearizable"]
+///     [auth]
+///     user = "app"
+///     password = "s3cret"
+/// "#)?;
+/// assert_eq!(from_url.requirements(), [Requirement::Linearizable]);
+/// assert_eq!(from_url.to_string(), from_file.to_string());
+/// assert!(!format!("{from_file:?}").contains("s3cret"));
+/// # Ok::<(), fencelock::Error>(())
+/// ```
+#[derive(Clone, PartialEq)]
+pub struct Config {
+    /// The backend URL without the facade's options. May hold a password: never printed.
+    url: String,
+    requirements: Vec<Requirement>,
+    retry: Option<RetryPolicy>,
+    metrics: bool,
+}
+
+impl Config {
+    /// Reads a URL: `SCHEME://...`, with the facade's options (`require=`) taken out of
+    /// its query.
+    ///
+    /// Checks the syntax the facade needs, and for `migrate://` the whole migration
+    /// (phase, epochs, both leg URLs). Whether the scheme is known and compiled in, and
+    /// the backend's own settings, are checked by [`connect_config`](crate::connect_config).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (password redacted) for a URL without a scheme or with a
+    /// malformed option; [`Error::InvalidConfig`] for an unknown requirement or a bad
+    /// migration setting.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let url = url.trim();
+        let invalid = |reason: &str| Error::InvalidUrl {
+            url: redact_url(url),
+            reason: reason.to_owned(),
+        };
+        let Some((scheme, _)) = url.split_once("://") else {
+            return Err(invalid(
+                "expected SCHEME://..., for example mem:// or etcd://host:2379/locks",
+            ));
+        };
+        if scheme.is_empty() {
+            return Err(invalid("the scheme is empty"));
+        }
+        let (head, query) = match url.split_once('?') {
+            Some((head, query)) => (head, Some(query)),
+            None => (url, None),
+        };
+        let mut config = Config {
+            url: String::new(),
+            requirements: Vec::new(),
+            retry: None,
+            metrics: false,
+        };
+        let mut rest = Vec::new();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !FACADE_OPTIONS.contains(&key) {
+                rest.push(pair);
+                continue;
+            }
+            let value = percent_encoding::percent_decode_str(value)
+                .decode_utf8()
+                .map_err(|_| invalid(&format!("`{key}` is not valid percent-encoded UTF-8")))?;
+            if key == "require" {
+                config.requirements.extend(requirement::parse_list(&value)?);
+            } else {
+                config
+                    .facade_option(key, &value)
+                    .map_err(|reason| invalid(&reason))?;
+            }
+        }
+        config.url = if rest.is_empty() {
+            head.to_owned()
+        } else {
+            format!("{head}?{}", rest.join("&"))
+        };
+        if scheme.eq_ignore_ascii_case(migrate::SCHEME) {
+            migrate::MigrationSpec::parse(&config.url)?;
+        }
+        Ok(config)
+    }
+
+    /// Applies one of the facade's own URL options other than `require`.
+    fn facade_option(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let delay = |value: &str| {
+            migrate::parse_duration(value).map_err(|reason| format!("{key}: {reason}"))
+        };
+        match key {
+            "retry" => {
+                let retries: usize = value
+                    .parse()
+                    .map_err(|_| format!("retry must be a number of retries, not {value:?}"))?;
+                let policy = self.retry.unwrap_or_default();
+                self.retry = Some(policy.max_retries(retries));
+            }
+            "retry_min_delay" => {
+                self.retry = Some(self.retry.unwrap_or_default().min_delay(delay(value)?))
+            }
+            "retry_max_delay" => {
+                self.retry = Some(self.retry.unwrap_or_default().max_delay(delay(value)?))
+            }
+            _ => {
+                self.metrics = match value {
+                    "true" | "1" | "on" => true,
+                    "false" | "0" | "off" => false,
+                    _ => return Err(format!("metrics must be true or false, not {value:?}")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses a TOML config file's text.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the line and the problem (never the value of a
+    /// password), or as [`Config::from_url`] for the URL it describes.
+    pub fn from_toml_str(text: &str) -> Result<Self, Error> {
+        Config::from_url(&file::to_url(text)?)
+    }
+
+    /// Reads and parses a TOML config file.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when the file cannot be read; otherwise as
+    /// [`Config::from_toml_str`].
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::InvalidConfig(format!("cannot read config file {}: {e}", path.display()))
+        })?;
+        Config::from_toml_str(&text)
+    }
+
+    /// Adds a requirement.
+    pub fn require(mut self, requirement: Requirement) -> Self {
+        if !self.requirements.contains(&requirement) {
+            self.requirements.push(requirement);
+        }
+        self
+    }
+
+    /// The requirements checked when connecting.
+    pub fn requirements(&self) -> &[Requirement] {
+        &self.requirements
+    }
+
+    /// Wraps the lock in a [`Retry`](crate::Retry) layer with `policy`.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+
+    /// The retry policy, if the lock is wrapped in a [`Retry`](crate::Retry) layer.
+    pub fn retry_policy(&self) -> Option<&RetryPolicy> {
+        self.retry.as_ref()
+    }
+
+    /// Wraps the lock in the metrics layer (needs the cargo feature `metrics`).
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.metrics = on;
+        self
+    }
+
+    /// Whether the lock is wrapped in the metrics layer.
+    pub fn has_metrics(&self) -> bool {
+        self.metrics
+    }
+
+    /// The URL scheme, which names the backend (`etcd`, `redis`, `migrate`, ...).
+    pub fn scheme(&self) -> &str {
+        self.url.split_once("://").map_or("", |(scheme, _)| scheme)
+    }
+
+    /// The backend URL without the facade's options. Holds the password, if any: do not
+    /// log it (use `Display`).
+    pub(crate) fn backend_url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl fmt::Display for Config {
+    /// The equivalent URL, with secrets replaced by `***`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(&self.url))?;
+        let mut options = Vec::new();
+        if !self.requirements.is_empty() {
+            let list: Vec<String> = self.requirements.iter().map(|r| r.to_string()).collect();
+            options.push(format!("require={}", list.join(",")));
+        }
+        if let Some(policy) = &self.retry {
+            options.push(format!("retry={}", policy.retries()));
+        }
+        if self.metrics {
+            options.push("metrics=true".into());
+        }
+        for (i, option) in options.iter().enumerate() {
+            let separator = if i == 0 && !self.url.contains('?') {
+                '?'
+            } else {
+                '&'
+            };
+            write!(f, "{separator}{option}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &redact_url(&self.url))
+            .field("requirements", &self.requirements)
+            .field("retry", &self.retry)
+            .field("metrics", &self.metrics)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencelock_core::FencingStrength;
+
+    #[test]
+    fn require_is_taken_out_of_the_query_for_any_scheme() {
+        let c =
+            Config::from_url("redis://h:1?prefix=x&require=linearizable,fencing%3Dstrong").unwrap();
+        assert_eq!(c.backend_url(), "redis://h:1?prefix=x");
+        assert_eq!(
+            c.requirements(),
+            [
+                Requirement::Linearizable,
+                Requirement::Fencing(FencingStrength::Strong)
+            ]
+        );
+        assert_eq!(
+            c.to_string(),
+            "redis://h:1?prefix=x&require=linearizable,fencing=strong"
+        );
+        let c = Config::from_url("mem://?require=fifo&require=fencing=strong").unwrap();
+        assert_eq!(c.backend_url(), "mem://");
+        assert_eq!(c.requirements().len(), 2);
+        assert_eq!(c.scheme(), "mem");
+        let c = Config::from_url("etcd://h/p?retry=5&retry_min_delay=50ms&metrics=true").unwrap();
+        assert_eq!(c.backend_url(), "etcd://h/p");
+        assert_eq!(c.retry_policy().map(RetryPolicy::retries), Some(5));
+        assert!(c.has_metrics());
+        assert_eq!(c.to_string(), "etcd://h/p?retry=5&metrics=true");
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error() {
+        for (url, invalid_url) in [
+            ("localhost:2379", true),
+            ("://x", true),
+            ("mem://?require=fast", false),
+            ("mem://?require=%FF", true),
+            ("mem://?retry=many", true),
+            ("mem://?retry=2&retry_max_delay=soon", true),
+            ("mem://?metrics=maybe", true),
+        ] {
+            match Config::from_url(url) {
+                Err(Error::InvalidUrl { .. }) => assert!(invalid_url, "{url}"),
+                Err(Error::InvalidConfig(_)) => assert!(!invalid_url, "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn secrets_never_show() {
+        let c = Config::from_url("redis://:hunter2@h:1?require=fifo").unwrap();
+        for shown in [c.to_string(), format!("{c:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+        let err = Config::from_url("redis://:hunter2@h:1?require=nope").unwrap_err();
+        assert!(!format!("{err} {err:?}").contains("hunter2"));
+    }
+}
