@@ -11,19 +11,15 @@
 //! background (by path when known, by uuid otherwise).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::error::{BACKEND, map, session_ended};
+use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
 use crate::held::{Node, ZkHeld};
 use crate::names;
 use crate::session::ZkSession;
-
-/// Pause before repeating a request that failed with connection loss.
-const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// Acquires `name` on `session`. Waits (without timeout) unless `no_wait`.
 pub(crate) async fn acquire(
@@ -80,7 +76,7 @@ pub(crate) async fn acquire(
                 }
             }
             Err(zk::Error::NoNode) => {}
-            Err(zk::Error::ConnectionLoss) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(err) if connection_broke(&err) => tokio::time::sleep(RETRY_PAUSE).await,
             Err(err) => return Err(waiting_error(name, err)),
         }
     }
@@ -146,7 +142,8 @@ async fn create_node(
                 return Ok((path, stat));
             }
             Err(zk::Error::NoNode) => ensure_dir(session, dir).await?,
-            Err(zk::Error::ConnectionLoss) => {
+            // The create may have been applied: look for the node by its uuid.
+            Err(err) if connection_broke(&err) => {
                 if let Some(found) = find_own(session, dir, prefix_name).await? {
                     return Ok(found);
                 }
@@ -166,14 +163,15 @@ async fn ensure_dir(session: &ZkSession, dir: &str) -> Result<(), Error> {
             Err(zk::Error::NoNode) if !session.root().is_empty() => {
                 let root_options = zk::CreateMode::Persistent.with_acls(acls);
                 match session.client.mkdir(session.root(), &root_options).await {
-                    Ok(()) | Err(zk::Error::NodeExists) | Err(zk::Error::ConnectionLoss) => {}
+                    Ok(()) | Err(zk::Error::NodeExists) => {}
+                    Err(err) if connection_broke(&err) => {}
                     Err(err) => return Err(map(err)),
                 }
             }
             Err(zk::Error::Unimplemented) if mode == zk::CreateMode::Container => {
                 mode = zk::CreateMode::Persistent;
             }
-            Err(zk::Error::ConnectionLoss) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(err) if connection_broke(&err) => tokio::time::sleep(RETRY_PAUSE).await,
             Err(err) => return Err(map(err)),
         }
     }
@@ -211,27 +209,19 @@ fn delete_own_orphans(session: &ZkSession, pending: &Pending, own: &str, childre
         let client = session.client.clone();
         let path = format!("{}/{orphan}", pending.dir);
         session.runtime().spawn(async move {
-            let _ = client.delete(&path, None).await;
+            // Repeated like every clean-up: a duplicate left in a live session would
+            // block later waiters once this acquire is done.
+            let _ = retry(|| client.delete(&path, None)).await;
         });
-    }
-}
-
-/// Repeats `request` while it fails with connection loss.
-async fn retry<T, F, Fut>(request: F) -> Result<T, zk::Error>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<T, zk::Error>>,
-{
-    loop {
-        match request().await {
-            Err(zk::Error::ConnectionLoss) => tokio::time::sleep(RETRY_PAUSE).await,
-            other => return other,
-        }
     }
 }
 
 /// The node an unfinished acquire may own; deleted in the background if the acquire is
 /// dropped or gives up.
+///
+/// The background delete is repeated until it gets an answer or the session ends: a
+/// node left behind in a live session would block every later waiter for as long as
+/// the session lives (which, for a healthy client, is forever).
 struct Pending {
     session: Arc<ZkSession>,
     dir: String,
@@ -263,25 +253,23 @@ impl Drop for Pending {
         let dir = std::mem::take(&mut self.dir);
         let prefix_name = std::mem::take(&mut self.prefix_name);
         let path = self.path.take();
-        let limit = session.timeout();
         self.session.runtime().spawn(async move {
-            let clean = async {
-                let paths = match path {
-                    Some(path) => vec![path],
-                    None => match retry(|| session.client.list_children(&dir)).await {
-                        Ok(children) => children
-                            .into_iter()
-                            .filter(|c| c.starts_with(&prefix_name))
-                            .map(|c| format!("{dir}/{c}"))
-                            .collect(),
-                        Err(_) => Vec::new(),
-                    },
-                };
-                for path in paths {
-                    let _ = retry(|| session.client.delete(&path, None)).await;
-                }
+            let paths = match path {
+                Some(path) => vec![path],
+                None => match retry(|| session.client.list_children(&dir)).await {
+                    Ok(children) => children
+                        .into_iter()
+                        .filter(|c| c.starts_with(&prefix_name))
+                        .map(|c| format!("{dir}/{c}"))
+                        .collect(),
+                    Err(_) => Vec::new(),
+                },
             };
-            let _ = tokio::time::timeout(limit, clean).await;
+            for path in paths {
+                if let Err(error) = retry(|| session.client.delete(&path, None)).await {
+                    tracing::debug!(%path, %error, "could not delete the node of an abandoned acquire");
+                }
+            }
         });
     }
 }

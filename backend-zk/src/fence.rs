@@ -3,7 +3,7 @@
 use fencelock_core::{Error, FencingToken};
 use zookeeper_client as zk;
 
-use crate::error::{map, session_ended};
+use crate::error::{connection_broke, map, session_ended};
 
 /// Writes to ZooKeeper that are applied only while a lock is still held.
 ///
@@ -90,8 +90,16 @@ impl ZkFence {
     ///
     /// # Errors
     ///
-    /// [`Error::Lost`] when the lock is no longer held (nothing written); backend
-    /// errors for the write itself (no node, bad version, no auth) or the connection.
+    /// [`Error::Lost`] when the lock is no longer held: the holder check failed or the
+    /// lock's session has ended. [`Error::Unavailable`] when the connection broke while
+    /// the write was in flight and the session lives on: the write may or may not have
+    /// been applied. Backend errors for the write itself (no node, bad version, no auth).
+    ///
+    /// Whatever the error, a write that was applied was applied while the lock was
+    /// held: the holder check and the write are one transaction. (After a broken
+    /// connection the client waits, up to the session timeout, to learn whether the
+    /// session survived; if it did not, the answer is `Lost` even in the rare case where
+    /// the write reached the server before the session expired.)
     pub async fn set_data(
         &self,
         path: &str,
@@ -163,9 +171,41 @@ impl ZkFence {
                     format!("fenced write refused: the lock's session ended ({source})"),
                 ))
             }
+            Err(zk::CheckWriteError::RequestFailed { source }) if connection_broke(&source) => {
+                // The outcome is unknown. A paused ("zombie") holder typically gets here:
+                // its first request after resuming goes out on the connection the server
+                // dropped when it expired the session. Learn whether the session survived.
+                match self.session_after_break().await {
+                    Some(state) if state.is_terminated() => Err(Error::lost(
+                        &self.name,
+                        format!(
+                            "fenced write not confirmed: the connection broke ({source}) and \
+                             the lock's session ended ({state})"
+                        ),
+                    )),
+                    _ => Err(map(source)),
+                }
+            }
             Err(zk::CheckWriteError::RequestFailed { source })
             | Err(zk::CheckWriteError::OperationFailed { source, .. }) => Err(map(source)),
         }
+    }
+
+    /// After a broken connection: waits until the client has reconnected or its session
+    /// has ended, at most the session timeout twice (the client itself gives up
+    /// reconnecting after 1.4 session timeouts). The state then, or `None` on timeout.
+    async fn session_after_break(&self) -> Option<zk::SessionState> {
+        let mut states = self.client.state_watcher();
+        let settled = async {
+            let mut state = self.client.state();
+            while state == zk::SessionState::Disconnected {
+                state = states.changed().await;
+            }
+            state
+        };
+        tokio::time::timeout(self.client.session_timeout() * 2, settled)
+            .await
+            .ok()
     }
 }
 

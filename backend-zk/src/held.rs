@@ -9,7 +9,7 @@ use fencelock_core::{Error, HeldLock, Liveness};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-use crate::error::{map, session_ended};
+use crate::error::{RETRY_PAUSE, connection_broke, map, session_ended};
 use crate::session::ZkSession;
 
 /// How long after the grant the watch on the own node is armed.
@@ -60,10 +60,11 @@ impl Node {
         }
     }
 
-    /// Deletes the node with a version check (one round trip), retrying on connection
-    /// loss within `limit`. A version mismatch (someone wrote data to our node, as
-    /// Curator's revocation does) still deletes: the path alone identifies this grant.
-    async fn delete(&self, limit: Duration) -> Result<Deleted, Error> {
+    /// Deletes the node with a version check (one round trip), repeating it while the
+    /// connection breaks, for at most `limit` (`None`: until the session ends). A version
+    /// mismatch (someone wrote data to our node, as Curator's revocation does) still
+    /// deletes: the path alone identifies this grant.
+    async fn delete(&self, limit: Option<Duration>) -> Result<Deleted, Error> {
         if self.deleted.load(Ordering::Acquire) {
             return Ok(Deleted::Now);
         }
@@ -79,17 +80,20 @@ impl Node {
                     // An ended session took its ephemeral nodes with it.
                     Err(err) if session_ended(&err) => return Ok(Deleted::AlreadyGone),
                     Err(zk::Error::BadVersion) => version = None,
-                    Err(zk::Error::ConnectionLoss) => {
+                    // The delete may or may not have been applied: ask again.
+                    Err(err) if connection_broke(&err) => {
                         retried = true;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        tokio::time::sleep(RETRY_PAUSE).await;
                     }
                     Err(err) => return Err(err),
                 }
             }
         };
-        let outcome = match tokio::time::timeout(limit, attempt).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(zk::Error::Timeout),
+        let outcome = match limit {
+            Some(limit) => tokio::time::timeout(limit, attempt)
+                .await
+                .unwrap_or(Err(zk::Error::Timeout)),
+            None => attempt.await,
         };
         match outcome {
             Ok(Deleted::Now) => {
@@ -101,15 +105,20 @@ impl Node {
         }
     }
 
-    /// Deletes in the background, bounded by the session timeout.
+    /// Deletes in the background, repeating the delete while the connection breaks
+    /// until the session ends.
+    ///
+    /// Not bounded by a timeout: the node lives as long as the session, and a healthy
+    /// session lives forever, so giving up would block every later waiter for good.
+    /// The task ends when the node is deleted or the session ends (requests wait in the
+    /// client's queue while it reconnects, and fail for good once the session expired).
     pub(crate) fn delete_in_background(self: &Arc<Self>) {
         if self.deleted.load(Ordering::Acquire) {
             return;
         }
         let node = self.clone();
-        let limit = node.session.timeout();
         self.session.runtime().spawn(async move {
-            if let Err(error) = node.delete(limit).await {
+            if let Err(error) = node.delete(None).await {
                 tracing::debug!(path = %node.path, %error, "background delete of a lock node failed; it expires with the session");
             }
         });
@@ -218,7 +227,16 @@ impl HeldLock for ZkHeld {
             return Ok(());
         }
         let lost_before = self.liveness.is_lost();
-        match self.node.delete(self.node.session.timeout()).await? {
+        let deleted = match self.node.delete(Some(self.node.session.timeout())).await {
+            Ok(deleted) => deleted,
+            Err(error) => {
+                // The caller learns that the release is unconfirmed, but the node must
+                // not outlive it: the session (the lease) is shared and lives on.
+                self.node.delete_in_background();
+                return Err(error);
+            }
+        };
+        match deleted {
             Deleted::Now if !lost_before => {
                 self.released.store(true, Ordering::Release);
                 Ok(())

@@ -12,7 +12,7 @@ use zookeeper_client as zk;
 
 use crate::acquire;
 use crate::config::ZkConfig;
-use crate::error::{BACKEND, map};
+use crate::error::{BACKEND, map, retry};
 use crate::fence::ZkFence;
 use crate::names;
 use crate::session::{SessionPool, ZkSession};
@@ -141,7 +141,7 @@ async fn holder(
     dir: &str,
 ) -> Result<Option<(String, zk::Stat, usize)>, Error> {
     for _ in 0..16 {
-        let mut children = match session.client.list_children(dir).await {
+        let mut children = match retry(|| session.client.list_children(dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => return Ok(None),
             Err(err) => return Err(map(err)),
@@ -151,7 +151,7 @@ async fn holder(
         }
         names::sort_children(&mut children);
         let path = format!("{dir}/{}", children[0]);
-        match session.client.get_data(&path).await {
+        match retry(|| session.client.get_data(&path)).await {
             Ok((_, stat)) => return Ok(Some((path, stat, children.len() - 1))),
             Err(zk::Error::NoNode) => continue,
             Err(err) => return Err(map(err)),
