@@ -135,7 +135,7 @@ impl Config {
     /// Applies one of the facade's own URL options other than `require`.
     fn facade_option(&mut self, key: &str, value: &str) -> Result<(), String> {
         let delay = |value: &str| {
-            migrate::parse_duration(value).map_err(|reason| format!("{key}: {reason}"))
+            fencelock_core::parse_duration(value).map_err(|reason| format!("{key}: {reason}"))
         };
         match key {
             "retry" => {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock_core::layer::migration::MAX_EPOCH;
+use fencelock_core::parse_duration;
 use fencelock_core::{DistributedLock, Error, MigrationLock, MigrationPhase};
 use percent_encoding::percent_decode_str;
 
@@ -149,23 +150,6 @@ pub(crate) async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error
         lock = lock.with_second_leg_wait(wait)?;
     }
     Ok(Arc::new(lock))
-}
-
-/// Parses `250ms`, `2s`, `1m`, or plain milliseconds.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 250ms or 2s"))?;
-    match unit {
-        "" | "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
-        _ => Err(format!("{text:?} is not a duration like 250ms or 2s")),
-    }
 }
 
 #[cfg(test)]

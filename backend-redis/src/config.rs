@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use fencelock_core::Error;
+use fencelock_core::parse_duration;
 
 use crate::keys::KeyLayout;
 
@@ -283,22 +284,6 @@ fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
         host: host.to_owned(),
         port,
     })
-}
-
-/// Parses `250ms`, `2s`, `5m` or plain milliseconds.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("`{text}` is not a duration (e.g. 250ms, 2s)");
-    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => text.split_at(i),
-        None => (text, "ms"),
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
-        _ => Err(bad()),
-    }
 }
 
 /// The URL with any password replaced by `***`.

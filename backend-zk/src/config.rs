@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use fencelock_core::Error;
+use fencelock_core::parse_duration;
 
 /// The ZooKeeper client port used when a host names none.
 pub const DEFAULT_PORT: u16 = 2181;
@@ -377,24 +378,6 @@ fn percent_decode(s: &str) -> Result<String, String> {
         }
     }
     String::from_utf8(out).map_err(|_| "a percent escape is not UTF-8".into())
-}
-
-/// Parses `30s`, `1500ms`, `2m`, or a bare number of milliseconds.
-pub(crate) fn parse_duration(value: &str) -> Result<Duration, String> {
-    let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => value.split_at(i),
-        None => (value, "ms"),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{value:?} is not a duration such as 30s or 1500ms"))?;
-    let duration = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(format!("unknown unit in {value:?} (use ms, s or m)")),
-    };
-    Ok(duration)
 }
 
 #[cfg(test)]
