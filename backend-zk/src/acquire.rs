@@ -27,6 +27,7 @@ pub(crate) async fn acquire(
     name: &str,
     lease: Lease,
     no_wait: bool,
+    deadline: Option<Instant>,
 ) -> Result<LockGuard, Error> {
     let dir = names::lock_dir(session.root(), name);
     let mut pending = Pending {
@@ -65,6 +66,15 @@ pub(crate) async fn acquire(
                 name: name.to_owned(),
             });
         }
+        let give_up = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(give_up_waiting(&mut pending, name).await);
+        }
         let predecessor = format!("{}/{}", pending.dir, children[index - 1]);
         match session.client.get_and_watch_data(&predecessor).await {
             Ok((_, _, watcher)) => {
@@ -73,6 +83,7 @@ pub(crate) async fn acquire(
                     _ = session.ended() => {
                         return Err(Error::lost(name, "the ZooKeeper session ended while waiting"));
                     }
+                    _ = give_up => return Err(give_up_waiting(&mut pending, name).await),
                 }
             }
             Err(zk::Error::NoNode) => {}
@@ -228,6 +239,21 @@ struct Pending {
     prefix_name: String,
     path: Option<String>,
     armed: bool,
+}
+
+/// Upper bound on deleting a waiter's node before returning a timeout; past it the
+/// deletion continues in the background.
+pub(crate) const GIVE_UP_DELETE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A waiter whose time ran out deletes its node before returning, so a process that exits
+/// right after the timeout leaves nothing that would block the name until its session
+/// expires. Bounded by [`GIVE_UP_DELETE`]; past it the background clean-up takes over.
+async fn give_up_waiting(pending: &mut Pending, name: &str) -> Error {
+    let _ = tokio::time::timeout(GIVE_UP_DELETE, pending.delete_now()).await;
+    Error::Timeout {
+        name: name.to_owned(),
+        waited: std::time::Duration::ZERO,
+    }
 }
 
 impl Pending {

@@ -190,20 +190,26 @@ impl DistributedLock for ZkLock {
             Lease::Fixed(_) => self.config().session_timeout(),
         };
         let wait = options.wait_kind();
+        let deadline = match wait {
+            Wait::Timeout(limit) => Some(tokio::time::Instant::now() + limit),
+            Wait::NoWait | Wait::Forever => None,
+        };
         let attempt = async {
             let session = self.pool.get(session_timeout).await?;
-            acquire::acquire(session, name, lease, wait == Wait::NoWait).await
+            acquire::acquire(session, name, lease, wait == Wait::NoWait, deadline).await
+        };
+        let timed_out = |limit| Error::Timeout {
+            name: name.to_owned(),
+            waited: limit,
         };
         match wait {
+            // The waiter gives up by itself at the deadline (deleting its node first); this
+            // outer bound only covers a connect or create that hangs.
             Wait::Timeout(limit) => {
-                tokio::time::timeout(limit, attempt)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Error::Timeout {
-                            name: name.to_owned(),
-                            waited: limit,
-                        })
-                    })
+                match tokio::time::timeout(limit + acquire::GIVE_UP_DELETE, attempt).await {
+                    Ok(Err(Error::Timeout { .. })) | Err(_) => Err(timed_out(limit)),
+                    Ok(result) => result,
+                }
             }
             Wait::NoWait | Wait::Forever => attempt.await,
         }
