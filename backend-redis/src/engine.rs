@@ -96,7 +96,7 @@ impl Engine {
         }
     }
 
-    fn lease_timeout(&self, lease: Duration) -> Duration {
+    pub(crate) fn lease_timeout(&self, lease: Duration) -> Duration {
         if self.nodes.len() > 1 {
             // Redlock: a node that does not answer quickly is skipped, not waited for.
             self.config.timeout.min(lease / 2)

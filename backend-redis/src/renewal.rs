@@ -194,10 +194,17 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
             .arg(&d.owner)
             .arg(u64::try_from(d.lease.as_millis()).unwrap_or(u64::MAX));
     }
+    // Redlock: a dead or slow instance must not hold the answer past the leases'
+    // deadlines, so it gets at most half of the shortest lease (as on acquire).
+    let timeout = chunk
+        .iter()
+        .map(|d| engine.lease_timeout(d.lease))
+        .min()
+        .unwrap_or(engine.config.timeout);
     let replies = join_all(engine.nodes.iter().map(|node| {
         let invocation = &invocation;
         async move {
-            tokio::time::timeout(engine.config.timeout, node.invoke::<Vec<i64>>(invocation))
+            tokio::time::timeout(timeout, node.invoke::<Vec<i64>>(invocation))
                 .await
                 .ok()
                 .and_then(Result::ok)
