@@ -96,7 +96,7 @@ impl EtcdConfig {
     /// [`Error::InvalidConfig`] for values out of range (see [`EtcdConfig::validate`]).
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let bad = |reason: &str| Error::InvalidUrl {
-            url: redact(url),
+            url: fencelock_core::redact_url(url),
             reason: reason.to_owned(),
         };
         let (scheme, rest) = url
@@ -246,20 +246,6 @@ fn decode(s: &str) -> Result<String, std::str::Utf8Error> {
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
         .map(|s| s.into_owned())
-}
-
-/// The URL with any password replaced, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(start), Some(at)) if at > start => {
-            let userinfo = &url[start + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..start + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ impl RedisConfig {
     /// options or out-of-range values.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let bad = |reason: String| Error::InvalidUrl {
-            url: redact(url),
+            url: fencelock_core::redact_url(url),
             reason,
         };
         let (scheme, rest) = url
@@ -284,26 +284,6 @@ fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
         host: host.to_owned(),
         port,
     })
-}
-
-/// The URL with any password replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..end].rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            let tail = &rest[end..];
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{hosts}{tail}")
-            } else {
-                format!("{scheme}://***@{hosts}{tail}")
-            }
-        }
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

@@ -110,7 +110,7 @@ impl ZkConfig {
     /// query key or a bad value; [`Error::InvalidConfig`] for inconsistent settings.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let bad = |reason: String| Error::InvalidUrl {
-            url: redact(url),
+            url: fencelock_core::redact_url(url),
             reason,
         };
         let (scheme, rest) = url
@@ -287,22 +287,6 @@ impl fmt::Debug for ZkConfig {
             .field("auth", &self.auth)
             .field("acl", &self.acl)
             .finish()
-    }
-}
-
-/// `url` with the password of its user info replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            format!("{scheme}://{user}:***@{hosts}{tail}")
-        }
-        None => url.to_owned(),
     }
 }
 

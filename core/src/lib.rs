@@ -32,6 +32,7 @@ mod lock;
 mod memory;
 mod name;
 mod options;
+pub mod redact;
 mod token;
 
 pub use capabilities::{Capabilities, FencingStrength, LossDetection};
@@ -49,6 +50,7 @@ pub use lock::{DistributedLock, HolderInfo, LockInfo};
 pub use memory::MemoryLock;
 pub use name::{MAX_NAME_LEN, validate_name};
 pub use options::{AcquireOptions, DEFAULT_LEASE, Lease, Wait};
+pub use redact::redact_url;
 pub use token::FencingToken;
 
 /// Re-exports for the macros of this crate. Not public API.
