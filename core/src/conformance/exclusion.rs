@@ -103,7 +103,11 @@ pub async fn wait_timeout_is_honoured(lock: &dyn DistributedLock) {
     // right after a timeout.
     if lock.capabilities().counts_waiters {
         let info = lock.inspect(&name).await.expect("inspect");
-        assert_eq!(info.waiters, Some(0), "a timed-out waiter is still queued: {info:?}");
+        assert_eq!(
+            info.waiters,
+            Some(0),
+            "a timed-out waiter is still queued: {info:?}"
+        );
     }
     assert!(lock.try_lock(&name).await.expect("try_lock").is_none());
     holder.release().await.expect("release");
