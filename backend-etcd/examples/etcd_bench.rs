@@ -204,31 +204,48 @@ async fn main() {
     for _ in 0..CONTENDED_CLIENTS {
         contenders.push(Arc::new(Contender::new(&endpoint).await));
     }
-    let kinds = [Kind::Raw, Kind::Fencelock, Kind::EtcdLock];
-    println!("uncontended ({UNCONTENDED_OPS} ops, interleaved rounds)");
-    for round in 0..2 {
-        for kind in kinds {
-            let (p50, p99, ops) = uncontended(&contenders[0], kind).await;
+    // ETCD_BENCH_KINDS=fencelock,raw and ETCD_BENCH_WORKLOADS=distinct narrow the run
+    // (for profiling one case).
+    let wanted = |var: &str, item: &str| {
+        std::env::var(var).map_or(true, |v| v.split(',').any(|w| w == item))
+    };
+    let kinds: Vec<Kind> = [Kind::Raw, Kind::Fencelock, Kind::EtcdLock]
+        .into_iter()
+        .filter(|k| wanted("ETCD_BENCH_KINDS", k.label()))
+        .collect();
+    let kinds = &kinds[..];
+    if wanted("ETCD_BENCH_WORKLOADS", "uncontended") {
+        println!("uncontended ({UNCONTENDED_OPS} ops, interleaved rounds)");
+        for round in 0..2 {
+            for &kind in kinds {
+                let (p50, p99, ops) = uncontended(&contenders[0], kind).await;
+                println!(
+                    "  round {round} {:<10} p50 {p50:>9.1?}  p99 {p99:>9.1?}  {ops:>7.0} ops/s",
+                    kind.label()
+                );
+            }
+        }
+    }
+    if wanted("ETCD_BENCH_WORKLOADS", "contended") {
+        println!("contended ({CONTENDED_CLIENTS} clients x {CONTENDED_OPS} ops on one name)");
+        for &kind in kinds {
             println!(
-                "  round {round} {:<10} p50 {p50:>9.1?}  p99 {p99:>9.1?}  {ops:>7.0} ops/s",
-                kind.label()
+                "  {:<10} {:>7.0} handoffs/s",
+                kind.label(),
+                contended(&contenders, kind).await
             );
         }
     }
-    println!("contended ({CONTENDED_CLIENTS} clients x {CONTENDED_OPS} ops on one name)");
-    for kind in kinds {
+    if wanted("ETCD_BENCH_WORKLOADS", "distinct") {
         println!(
-            "  {:<10} {:>7.0} handoffs/s",
-            kind.label(),
-            contended(&contenders, kind).await
+            "distinct ({DISTINCT_WORKERS} workers x {DISTINCT_OPS} ops, own names, one client)"
         );
-    }
-    println!("distinct ({DISTINCT_WORKERS} workers x {DISTINCT_OPS} ops, own names, one client)");
-    for kind in kinds {
-        println!(
-            "  {:<10} {:>7.0} locks/s",
-            kind.label(),
-            distinct(&contenders[0], kind).await
-        );
+        for &kind in kinds {
+            println!(
+                "  {:<10} {:>7.0} locks/s",
+                kind.label(),
+                distinct(&contenders[0], kind).await
+            );
+        }
     }
 }
