@@ -14,12 +14,14 @@
 //! ```
 
 mod cancellation;
+mod clients;
 mod exclusion;
 mod expiry;
 mod names;
 mod support;
 
 pub use cancellation::{cancelled_acquires_leave_nothing, dropped_guard_frees_promptly};
+pub use clients::{exclusion_is_visible_across_clients, mutual_exclusion_across_clients};
 pub use exclusion::{
     fifo_order, mutual_exclusion, release_is_idempotent, try_lock_under_contention,
     wait_timeout_is_honoured, with_lock_runs_and_releases,
@@ -34,7 +36,7 @@ pub use support::unique_name;
 /// Generates one `#[tokio::test]` per conformance case, each calling `$setup` (an
 /// expression that may `.await`, evaluating to something that dereferences to a
 /// [`DistributedLock`](crate::DistributedLock), such as `Arc<dyn DistributedLock>`) to get
-/// a fresh client.
+/// a fresh client; the two-client cases call it twice, for two independent clients.
 ///
 /// The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features as a
 /// dev-dependency.
@@ -56,6 +58,19 @@ macro_rules! conformance_suite {
             odd_names_are_independent,
             invalid_input_is_rejected,
         );
+        $crate::conformance_suite!(@pairs $setup;
+            mutual_exclusion_across_clients,
+            exclusion_is_visible_across_clients,
+        );
+    };
+    (@pairs $setup:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (a, b) = ($setup, $setup);
+                $crate::conformance::$case(&*a, &*b).await;
+            }
+        )+
     };
     (@cases $setup:expr; $($case:ident),+ $(,)?) => {
         $(
