@@ -246,8 +246,14 @@ fn two_legs_are_as_strong_as_the_weaker_one_and_not_fifo() {
 mod conformance {
     use super::*;
 
+    /// Each call is a new client of the same two in-memory deployments (process-wide
+    /// named instances), as the two-client cases require; case names never collide.
     fn over_memory(phase: MigrationPhase) -> Arc<dyn DistributedLock> {
-        Arc::new(migration(phase, &mem(), &mem()))
+        let legacy: Arc<dyn DistributedLock> =
+            Arc::new(MemoryLock::named("migration-conformance-legacy"));
+        let target: Arc<dyn DistributedLock> =
+            Arc::new(MemoryLock::named("migration-conformance-target"));
+        Arc::new(migration(phase, &legacy, &target))
     }
 
     mod legacy {
