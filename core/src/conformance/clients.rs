@@ -1,55 +1,15 @@
 //! Cases with two independent clients of the same deployment (two connections, two
 //! sessions), as two service instances would have.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures_util::future::join_all;
-
-use super::support::unique_name;
-use crate::{AcquireOptions, DistributedLock, DistributedLockExt, FencedRegister};
+use super::support::{fenced_counter, unique_name};
+use crate::{AcquireOptions, DistributedLock, DistributedLockExt};
 
 /// Four tasks on each of two clients, 25 rounds each, read-sleep-write on a fenced
 /// register: no overlap, no rejected write, 200 strictly increasing tokens.
 pub async fn mutual_exclusion_across_clients(a: &dyn DistributedLock, b: &dyn DistributedLock) {
-    const TASKS_PER_CLIENT: usize = 4;
-    const ROUNDS: usize = 25;
-    let name = unique_name("exclusion-across-clients");
-    let register = FencedRegister::new(0u64);
-    let inside = AtomicUsize::new(0);
-    let tokens = Mutex::new(Vec::new());
-    let clients = [a, b];
-    join_all((0..2 * TASKS_PER_CLIENT).map(|i| {
-        let (lock, name, register, inside, tokens) =
-            (clients[i % 2], &name, &register, &inside, &tokens);
-        async move {
-            for _ in 0..ROUNDS {
-                let guard = lock.lock(name).await.expect("acquire");
-                assert_eq!(
-                    inside.fetch_add(1, Ordering::SeqCst),
-                    0,
-                    "two holders at once"
-                );
-                let count = register.read();
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                register
-                    .write(guard.token(), count + 1)
-                    .expect("a valid holder's write was rejected");
-                tokens.lock().unwrap().push(guard.token());
-                inside.fetch_sub(1, Ordering::SeqCst);
-                guard.release().await.expect("release");
-            }
-        }
-    }))
-    .await;
-    assert_eq!(register.read(), (2 * TASKS_PER_CLIENT * ROUNDS) as u64);
-    assert_eq!(register.rejections(), 0);
-    let tokens = tokens.into_inner().unwrap();
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens are not strictly increasing in grant order"
-    );
+    fenced_counter(&[a, b], &unique_name("exclusion-across-clients"), 8, 25).await;
 }
 
 /// A lock held through one client is held for the other: `try_lock` is `Ok(None)`,

@@ -7,48 +7,14 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use super::support::{SLACK, unique_name, until_waiters};
-use crate::{
-    AcquireOptions, DistributedLock, DistributedLockExt, Error, FencedRegister, FencingToken,
-};
+use super::support::{SLACK, fenced_counter, unique_name, until_waiters};
+use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error, FencingToken};
 
 /// 8 tasks × 50 acquisitions doing read-sleep-write on a fenced register: the final count
 /// is 400, no write is rejected, no two holders overlap, and the 400 tokens are unique and
 /// strictly increasing in the order the writes happened.
 pub async fn mutual_exclusion(lock: &dyn DistributedLock) {
-    const TASKS: usize = 8;
-    const ROUNDS: usize = 50;
-    let name = unique_name("mutual-exclusion");
-    let register = FencedRegister::new(0u64);
-    let inside = AtomicUsize::new(0);
-    let tokens = Mutex::new(Vec::with_capacity(TASKS * ROUNDS));
-    join_all((0..TASKS).map(|_| async {
-        for _ in 0..ROUNDS {
-            let guard = lock.lock(&name).await.expect("acquire");
-            assert_eq!(
-                inside.fetch_add(1, Ordering::SeqCst),
-                0,
-                "two holders at once"
-            );
-            let count = register.read();
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            register
-                .write(guard.token(), count + 1)
-                .expect("a valid holder's write was rejected");
-            tokens.lock().unwrap().push(guard.token());
-            inside.fetch_sub(1, Ordering::SeqCst);
-            guard.release().await.expect("release");
-        }
-    }))
-    .await;
-    let tokens = tokens.into_inner().unwrap();
-    assert_eq!(register.read(), (TASKS * ROUNDS) as u64);
-    assert_eq!(register.rejections(), 0);
-    assert_eq!(tokens.len(), TASKS * ROUNDS);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens are not strictly increasing in grant order"
-    );
+    fenced_counter(&[lock], &unique_name("mutual-exclusion"), 8, 50).await;
 }
 
 /// `try_lock` on a held lock is `Ok(None)`; `acquire` with no wait is `Contended`; both

@@ -1,12 +1,14 @@
 //! Shared pieces of the conformance cases.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
+
+use futures_util::future::join_all;
 
 use tokio::time::Instant;
 
-use crate::DistributedLock;
+use crate::{DistributedLock, DistributedLockExt, FencedRegister};
 
 /// A lock name unique to this process run and call: `fl-conformance-<random>/<case>-<n>`.
 pub fn unique_name(case: &str) -> String {
@@ -48,4 +50,50 @@ pub(super) async fn until_waiters(lock: &dyn DistributedLock, name: &str, n: usi
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Runs `rounds` read-sleep-write critical sections on one fenced register from each of
+/// `tasks` tasks, task `i` using `clients[i % clients.len()]`, and checks the outcome: no
+/// two holders at once, no rejected write, the final count, and tokens unique and strictly
+/// increasing in the order the writes happened.
+pub(super) async fn fenced_counter(
+    clients: &[&dyn DistributedLock],
+    name: &str,
+    tasks: usize,
+    rounds: usize,
+) {
+    let register = FencedRegister::new(0u64);
+    let inside = AtomicUsize::new(0);
+    let tokens = Mutex::new(Vec::with_capacity(tasks * rounds));
+    join_all((0..tasks).map(|i| {
+        let (lock, register, inside, tokens) =
+            (clients[i % clients.len()], &register, &inside, &tokens);
+        async move {
+            for _ in 0..rounds {
+                let guard = lock.lock(name).await.expect("acquire");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
+                let count = register.read();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                register
+                    .write(guard.token(), count + 1)
+                    .expect("a valid holder's write was rejected");
+                tokens.lock().unwrap().push(guard.token());
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.expect("release");
+            }
+        }
+    }))
+    .await;
+    let tokens = tokens.into_inner().unwrap();
+    assert_eq!(register.read(), (tasks * rounds) as u64);
+    assert_eq!(register.rejections(), 0);
+    assert_eq!(tokens.len(), tasks * rounds);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens are not strictly increasing in grant order"
+    );
 }
