@@ -13,6 +13,10 @@ use crate::exit::{Failure, code};
 /// # Errors
 ///
 /// A [`Failure`] when the URL or name is bad or the backend cannot be reached.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads.
 pub async fn inspect(args: InspectArgs) -> Result<u8, Failure> {
     let locks = fencelock::connect(&args.url.resolve()).await?;
     let locks: Arc<dyn DistributedLock> = Arc::new(Retry::new(locks, RetryPolicy::default()));

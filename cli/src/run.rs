@@ -35,6 +35,11 @@ enum Outcome {
 ///
 /// A [`Failure`] with the documented exit code when the lock cannot be taken, the
 /// command cannot be started, or the lock is lost.
+///
+/// # Cancel safety
+///
+/// Not meant to be cancelled: it owns the child process; the binary's signal handling
+/// stops the child and releases the lock instead.
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let mut signals = Signals::listen()?;
     let url = args.url.resolve();

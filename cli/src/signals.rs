@@ -36,6 +36,10 @@ impl Signals {
     /// # Cancel safety
     ///
     /// Cancel safe: a signal not yet returned stays pending.
+    ///
+    /// # Errors
+    ///
+    /// None: it waits until a signal arrives.
     pub async fn recv(&mut self) -> Signal {
         tokio::select! {
             _ = self.interrupt.recv() => Signal::SIGINT,

@@ -144,6 +144,10 @@ impl LockGuard {
     /// guard.release().await?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// None: it only waits.
     pub async fn lost(&self) {
         self.liveness.lost().await
     }

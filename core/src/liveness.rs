@@ -108,6 +108,10 @@ impl Liveness {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping it has no effect.
+    ///
+    /// # Errors
+    ///
+    /// None: it only waits.
     pub async fn lost(&self) {
         loop {
             if self.is_lost() {
@@ -173,6 +177,10 @@ impl Liveness {
     /// # Cancel safety
     ///
     /// Cancel safe.
+    ///
+    /// # Errors
+    ///
+    /// None: it only waits.
     pub async fn ended(&self) {
         self.inner.ended.cancelled().await
     }

@@ -35,6 +35,10 @@ const SPIN: Duration = Duration::from_millis(1);
 ///
 /// [`code::USAGE`] when the URL's backend has no floor here; backend errors as
 /// unavailable.
+///
+/// # Cancel safety
+///
+/// Cancel safe: a dropped connect leaves no client behind.
 pub async fn connect(url: &str) -> Result<(Arc<dyn Cycle>, &'static str), Failure> {
     let scheme = url
         .split_once("://")

@@ -102,6 +102,10 @@ pub fn lock_name(workload: Workload, prefix: &str, i: usize) -> String {
 /// # Errors
 ///
 /// The first error of any client.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the clients' guards (released in the background).
 pub async fn drive(
     label: &'static str,
     description: String,

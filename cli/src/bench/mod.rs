@@ -16,6 +16,10 @@ use crate::exit::{Failure, code};
 /// # Errors
 ///
 /// A [`Failure`] for a bad URL or when the backend fails during the run.
+///
+/// # Cancel safety
+///
+/// Dropping it ends the run; guards still held are released in the background.
 pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
     let url = args.url.resolve();
     let clients = match args.workload {

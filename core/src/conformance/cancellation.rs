@@ -11,6 +11,15 @@ use crate::{AcquireOptions, DistributedLock, DistributedLockExt};
 /// 200 acquires dropped at random points (before the first poll, after one poll, after a
 /// random short wait) while another task holds the lock: afterwards no waiter is left,
 /// the lock is free the moment the holder releases, and nothing remains.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn cancelled_acquires_leave_nothing(lock: &dyn DistributedLock) {
     const CANCELLED: usize = 200;
     const BATCH: usize = 20;
@@ -54,6 +63,15 @@ pub async fn cancelled_acquires_leave_nothing(lock: &dyn DistributedLock) {
 }
 
 /// Dropping a guard frees the lock promptly for a waiter already queued.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn dropped_guard_frees_promptly(lock: &dyn DistributedLock) {
     let name = unique_name("dropped-guard");
     let guard = lock.lock(&name).await.expect("acquire");

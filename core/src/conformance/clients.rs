@@ -8,6 +8,15 @@ use crate::{AcquireOptions, DistributedLock, DistributedLockExt};
 
 /// Four tasks on each of two clients, 25 rounds each, read-sleep-write on a fenced
 /// register: no overlap, no rejected write, 200 strictly increasing tokens.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn mutual_exclusion_across_clients(a: &dyn DistributedLock, b: &dyn DistributedLock) {
     fenced_counter(&[a, b], &unique_name("exclusion-across-clients"), 8, 25).await;
 }
@@ -15,6 +24,15 @@ pub async fn mutual_exclusion_across_clients(a: &dyn DistributedLock, b: &dyn Di
 /// A lock held through one client is held for the other: `try_lock` is `Ok(None)`,
 /// `inspect` shows the holder's token, and a waiter on the other client gets the lock
 /// with a larger token once it is released.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn exclusion_is_visible_across_clients(a: &dyn DistributedLock, b: &dyn DistributedLock) {
     let name = unique_name("visible-across-clients");
     let holder = a.lock(&name).await.expect("acquire");

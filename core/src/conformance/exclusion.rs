@@ -13,12 +13,30 @@ use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error, FencingT
 /// 8 tasks × 50 acquisitions doing read-sleep-write on a fenced register: the final count
 /// is 400, no write is rejected, no two holders overlap, and the 400 tokens are unique and
 /// strictly increasing in the order the writes happened.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn mutual_exclusion(lock: &dyn DistributedLock) {
     fenced_counter(&[lock], &unique_name("mutual-exclusion"), 8, 50).await;
 }
 
 /// `try_lock` on a held lock is `Ok(None)`; `acquire` with no wait is `Contended`; both
 /// succeed once it is released.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn try_lock_under_contention(lock: &dyn DistributedLock) {
     let name = unique_name("try-lock");
     let first = lock
@@ -45,6 +63,15 @@ pub async fn try_lock_under_contention(lock: &dyn DistributedLock) {
 
 /// Waiting with a timeout on a held lock fails with `Timeout` after the timeout, not much
 /// later, has left the queue by the time it returns, and leaves the holder undisturbed.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn wait_timeout_is_honoured(lock: &dyn DistributedLock) {
     let name = unique_name("wait-timeout");
     let holder = lock.lock(&name).await.expect("acquire");
@@ -81,6 +108,15 @@ pub async fn wait_timeout_is_honoured(lock: &dyn DistributedLock) {
 
 /// Where the backend claims FIFO: five waiters that queued one after another get the lock
 /// in that order.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn fifo_order(lock: &dyn DistributedLock) {
     if !lock.capabilities().fifo {
         return;
@@ -126,6 +162,15 @@ pub async fn fifo_order(lock: &dyn DistributedLock) {
 
 /// Releasing is safe to repeat: a second release of the same grant is `Ok` and a late one
 /// never frees a newer holder's lock.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn release_is_idempotent(lock: &dyn DistributedLock) {
     let name = unique_name("idempotent-release");
     let first = lock.lock(&name).await.expect("acquire");
@@ -160,6 +205,15 @@ pub async fn release_is_idempotent(lock: &dyn DistributedLock) {
 }
 
 /// `with_lock` runs the closure with the guard's token, returns its value, and releases.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn with_lock_runs_and_releases(lock: &dyn DistributedLock) {
     let name = unique_name("with-lock");
     let seen = Mutex::new(None::<FencingToken>);

@@ -12,6 +12,15 @@ use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error};
 /// the old guard's `valid_until()`; the old guard reports loss no later than that deadline
 /// (through `lost()`, `is_lost()` and its cancellation token); its late `release()` is
 /// `Err(Lost)` and does not disturb the new holder.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn fixed_lease_expires_and_reports_loss(lock: &dyn DistributedLock) {
     let name = unique_name("fixed-lease");
     let lease = short_lease(lock);
@@ -68,6 +77,15 @@ pub async fn fixed_lease_expires_and_reports_loss(lock: &dyn DistributedLock) {
 }
 
 /// A renewing lease is held well past its duration, and its deadline moves forward.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn renewing_lease_outlives_its_duration(lock: &dyn DistributedLock) {
     let name = unique_name("renewing-lease");
     let lease = short_lease(lock);
@@ -88,6 +106,15 @@ pub async fn renewing_lease_outlives_its_duration(lock: &dyn DistributedLock) {
 }
 
 /// `with_lock` stops the work and returns `Lost` when the lock is lost mid-way.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn with_lock_cancels_work_on_loss(lock: &dyn DistributedLock) {
     let name = unique_name("with-lock-loss");
     let lease = short_lease(lock);

@@ -1,11 +1,12 @@
-//! The conformance suite: the contract of [`DistributedLock`], as plain async functions.
+//! The conformance suite: the contract of [`DistributedLock`](crate::DistributedLock), as
+//! plain async functions.
 //!
 //! Every backend runs every case against real servers, one generated test per
 //! (backend, case), through [`conformance_suite!`](crate::conformance_suite). Each case
 //! takes `&dyn DistributedLock`, uses lock names under a random prefix per process run
 //! (so runs never see each other's state), and panics with a message on violation. Cases
 //! that depend on an optional property (FIFO order, waiter counts) check
-//! [`capabilities`](DistributedLock::capabilities) and test what is claimed.
+//! [`capabilities`](crate::DistributedLock::capabilities) and test what is claimed.
 //!
 //! ```text
 //! mod mem {

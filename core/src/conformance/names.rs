@@ -9,6 +9,15 @@ use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error, MAX_NAME
 
 /// Odd but valid names (unicode, `/`, `..`, `{}`, spaces, a prefix of another name,
 /// 1 KiB, the maximum length) all work and are independent: all are held at once.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn odd_names_are_independent(lock: &dyn DistributedLock) {
     let base = unique_name("odd-names");
     let mut names: Vec<String> = [
@@ -60,6 +69,15 @@ pub async fn odd_names_are_independent(lock: &dyn DistributedLock) {
 }
 
 /// Invalid names and options fail with typed errors, before any I/O.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
 pub async fn invalid_input_is_rejected(lock: &dyn DistributedLock) {
     let too_long = "x".repeat(MAX_NAME_LEN + 1);
     for name in ["", "nul\0byte", "new\nline", "\u{7f}", &too_long] {
