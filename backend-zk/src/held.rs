@@ -254,6 +254,10 @@ impl HeldLock for ZkHeld {
         self.stop_tracking();
         self.node.delete_in_background();
     }
+
+    fn backend_key(&self) -> Option<&str> {
+        Some(&self.node.path)
+    }
 }
 
 impl Drop for ZkHeld {
