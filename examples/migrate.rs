@@ -37,6 +37,8 @@ use fencelock::{DistributedLock, DistributedLockExt, FencedRegister, MigrationPh
 
 /// The lock every worker takes, and its key under the raw layout.
 const NAME: &str = "order:SKU-8842";
+/// The pause of every worker between two orders.
+const THINK_TIME: Duration = Duration::from_millis(5);
 const PREFIX: &str = "lock:";
 
 /// What one run counted, per phase.
@@ -147,6 +149,9 @@ async fn run(redis: &str, etcd: &str, phase_time: Duration) -> Result<Report, fe
                 let guard = lock.lock(NAME).await?;
                 shared.critical(0, Some(guard.token())).await;
                 guard.release().await?;
+                // Other work between orders: Redis locks are not FIFO, and a service that
+                // re-locks at once could starve the others.
+                tokio::time::sleep(THINK_TIME).await;
             }
             Ok::<(), fencelock::Error>(())
         }));
@@ -164,6 +169,7 @@ async fn run(redis: &str, etcd: &str, phase_time: Duration) -> Result<Report, fe
                 let guard = locks[shared.phase()].lock(NAME).await?;
                 shared.critical(2, Some(guard.token())).await;
                 guard.release().await?;
+                tokio::time::sleep(THINK_TIME).await;
             }
             Ok::<(), fencelock::Error>(())
         }));
@@ -228,11 +234,16 @@ async fn hand_written(
             .arg(300)
             .query_async(&mut redis)
             .await;
-        if let Ok(Some(_)) = set {
+        // Like most hand-written locks: spin on SET NX with a short sleep while the lock
+        // is taken, pause longer after a turn of its own.
+        let pause = if let Ok(Some(_)) = set {
             shared.critical(1, None).await;
             let _: Result<i64, _> = release.key(&key).arg(&value).invoke_async(&mut redis).await;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+            Duration::from_millis(50)
+        } else {
+            Duration::from_millis(5)
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 
