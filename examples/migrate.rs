@@ -93,27 +93,14 @@ impl Shared {
     }
 }
 
-/// Percent-encodes a URL for use as a query value.
-fn enc(url: &str) -> String {
-    url.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// Runs the rollout against a Redis server (`redis://host:port`) and an etcd URL, each
 /// phase for `phase_time`.
 async fn run(redis: &str, etcd: &str, phase_time: Duration) -> Result<Report, fencelock::Error> {
     let legacy = format!("{redis}?layout=raw&prefix={PREFIX}");
     let phase_url = |phase: MigrationPhase| {
         format!(
-            "migrate://?phase={phase}&legacy={}&target={}&second_leg_wait=100ms",
-            enc(&legacy),
-            enc(etcd)
+            "{}&second_leg_wait=100ms",
+            fencelock::migration_url(phase, &legacy, etcd)
         )
     };
     let old_fleet = fencelock::connect(&legacy).await?;

@@ -75,5 +75,6 @@ pub use fencelock_core::{
 #[cfg(feature = "metrics")]
 pub use fencelock_core::{Metrics, MetricsOptions};
 pub use fencelock_core::{MigrationLock, MigrationPhase, Retry, RetryPolicy};
+pub use migrate::migration_url;
 pub use redact::redact_url;
 pub use requirement::Requirement;

@@ -133,6 +133,38 @@ fn leg(which: &str, url: &str) -> Result<Config, Error> {
     Config::from_url(url)
 }
 
+/// Builds a `migrate://` URL for `phase` from the legacy and target backends' URLs,
+/// percent-encoding them as query values. Further settings (`epoch`, `legacy_epoch`,
+/// `second_leg_wait`, `require`, ...) can be appended as `&key=value`.
+///
+/// # Examples
+///
+/// ```
+/// use fencelock::{MigrationPhase, migration_url};
+///
+/// let url = migration_url(
+///     MigrationPhase::LegacyFirst,
+///     "redis://10.0.0.5:6379?layout=raw&prefix=lock:",
+///     "etcd://10.0.0.9:2379/locks",
+/// );
+/// assert_eq!(
+///     url,
+///     "migrate://?phase=legacy-first\
+///      &legacy=redis%3A%2F%2F10.0.0.5%3A6379%3Flayout%3Draw%26prefix%3Dlock%3A\
+///      &target=etcd%3A%2F%2F10.0.0.9%3A2379%2Flocks"
+/// );
+/// ```
+pub fn migration_url(phase: MigrationPhase, legacy: &str, target: &str) -> String {
+    let enc = |url: &str| {
+        percent_encoding::utf8_percent_encode(url, crate::redact::COMPONENT).to_string()
+    };
+    format!(
+        "migrate://?phase={phase}&legacy={}&target={}",
+        enc(legacy),
+        enc(target)
+    )
+}
+
 /// Connects the legs the phase takes and builds the migration lock.
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
     let spec = MigrationSpec::parse(url)?;

@@ -6,33 +6,18 @@
 
 use fencelock_testkit::{EtcdServer, RedisServer};
 
-fn enc(url: &str) -> String {
-    url.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn url(phase: &str) -> String {
+fn url(phase: fencelock::MigrationPhase) -> String {
     let legacy = format!("{}?layout=raw&prefix=lock:", RedisServer::shared().url());
     let target = format!(
         "etcd://{}/fencelock-migration",
         EtcdServer::shared().endpoint()
     );
-    format!(
-        "migrate://?phase={phase}&legacy={}&target={}",
-        enc(&legacy),
-        enc(&target)
-    )
+    fencelock::migration_url(phase, &legacy, &target)
 }
 
 mod legacy {
     fencelock_core::conformance_suite!(
-        fencelock::connect(&super::url("legacy"))
+        fencelock::connect(&super::url(fencelock::MigrationPhase::Legacy))
             .await
             .expect("connect migrate://?phase=legacy")
     );
@@ -40,7 +25,7 @@ mod legacy {
 
 mod legacy_first {
     fencelock_core::conformance_suite!(
-        fencelock::connect(&super::url("legacy-first"))
+        fencelock::connect(&super::url(fencelock::MigrationPhase::LegacyFirst))
             .await
             .expect("connect migrate://?phase=legacy-first")
     );
@@ -48,7 +33,7 @@ mod legacy_first {
 
 mod target_first {
     fencelock_core::conformance_suite!(
-        fencelock::connect(&super::url("target-first"))
+        fencelock::connect(&super::url(fencelock::MigrationPhase::TargetFirst))
             .await
             .expect("connect migrate://?phase=target-first")
     );
@@ -56,7 +41,7 @@ mod target_first {
 
 mod target {
     fencelock_core::conformance_suite!(
-        fencelock::connect(&super::url("target"))
+        fencelock::connect(&super::url(fencelock::MigrationPhase::Target))
             .await
             .expect("connect migrate://?phase=target")
     );

@@ -13,17 +13,6 @@ use fencelock_testkit::{EtcdServer, RedisServer};
 
 const PREFIX: &str = "lock:";
 
-fn enc(url: &str) -> String {
-    url.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 fn legacy_url() -> String {
     format!("{}?layout=raw&prefix={PREFIX}", RedisServer::shared().url())
 }
@@ -37,9 +26,8 @@ fn target_url() -> String {
 
 async fn migration(phase: MigrationPhase) -> Arc<dyn DistributedLock> {
     fencelock::connect(&format!(
-        "migrate://?phase={phase}&legacy={}&target={}&second_leg_wait=200ms",
-        enc(&legacy_url()),
-        enc(&target_url())
+        "{}&second_leg_wait=200ms",
+        fencelock::migration_url(phase, &legacy_url(), &target_url())
     ))
     .await
     .expect("connect migrate://")
