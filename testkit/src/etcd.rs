@@ -61,23 +61,7 @@ impl EtcdServer {
     /// a repeated flag takes its last value, so e.g. `&["--heartbeat-interval", "100",
     /// "--election-timeout", "1000"]` overrides the fast defaults.
     pub fn start_with(args: &[&str]) -> Self {
-        with_retries("etcd", || {
-            let ports = free_ports(2);
-            let (client_port, peer_port) = (ports[0], ports[1]);
-            let initial_cluster = format!("n0=http://127.0.0.1:{peer_port}");
-            let token = format!("fencelock-{client_port}");
-            let server = EtcdServer::spawn_member(&MemberSpec {
-                name: "n0",
-                client_port,
-                peer_port,
-                initial_cluster: &initial_cluster,
-                token: &token,
-                clustered: false,
-                extra: args,
-            })?;
-            server.wait_up(true)?;
-            Ok(server)
-        })
+        Self::start_single("etcd", |_| args.iter().map(|a| a.to_string()).collect())
     }
 
     /// Starts a one-node etcd that also serves clients over TLS with the given PEM
@@ -85,23 +69,32 @@ impl EtcdServer {
     /// ([`EtcdServer::client_port`]) stays open for the readiness probe and for tests.
     pub fn start_tls(cert: &Path, key: &Path) -> (Self, u16) {
         let tls_port = free_ports(1)[0];
-        let server = with_retries("etcd (TLS)", || {
+        let server = Self::start_single("etcd (TLS)", |client_port| {
+            let urls = format!("http://127.0.0.1:{client_port},https://127.0.0.1:{tls_port}");
+            vec![
+                "--listen-client-urls".into(),
+                urls.clone(),
+                "--advertise-client-urls".into(),
+                urls,
+                "--cert-file".into(),
+                cert.display().to_string(),
+                "--key-file".into(),
+                key.display().to_string(),
+            ]
+        });
+        (server, tls_port)
+    }
+
+    /// Starts a one-node cluster on fresh ports with the extra flags `extra(client_port)`
+    /// and waits until it is healthy, retrying on new ports.
+    fn start_single(what: &str, extra: impl Fn(u16) -> Vec<String>) -> Self {
+        with_retries(what, || {
             let ports = free_ports(2);
             let (client_port, peer_port) = (ports[0], ports[1]);
-            let urls = format!("http://127.0.0.1:{client_port},https://127.0.0.1:{tls_port}");
             let initial_cluster = format!("n0=http://127.0.0.1:{peer_port}");
             let token = format!("fencelock-{client_port}");
-            let (cert, key) = (cert.display().to_string(), key.display().to_string());
-            let extra = [
-                "--listen-client-urls",
-                urls.as_str(),
-                "--advertise-client-urls",
-                urls.as_str(),
-                "--cert-file",
-                cert.as_str(),
-                "--key-file",
-                key.as_str(),
-            ];
+            let extra = extra(client_port);
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
             let server = EtcdServer::spawn_member(&MemberSpec {
                 name: "n0",
                 client_port,
@@ -113,8 +106,7 @@ impl EtcdServer {
             })?;
             server.wait_up(true)?;
             Ok(server)
-        });
-        (server, tls_port)
+        })
     }
 
     /// One server per test process, started on first use and shared by every test in
