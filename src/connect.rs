@@ -46,9 +46,9 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | scheme | backend | cargo feature |
 /// |---|---|---|
 /// | `mem://` / `mem://NAMESPACE` | in-process memory; one shared set of locks per namespace | always |
-/// | `etcd://host:port[,host:port...]/prefix[?lease=30s]`, `etcds://` | etcd v3 (see `fencelock_etcd::EtcdConfig`) | `etcd` |
+/// | `etcd://host:port[,host:port...]/prefix[?lease=30s]`, `etcds://` | etcd v3 (see `fencelock_etcd::EtcdConfig`) | `etcd` (`etcds://`: `etcd-tls`) |
 /// | `zk://host:port[,...][/chroot][?session_timeout=30s]`, `zookeeper://` | ZooKeeper (see `fencelock_zk::ZkConfig`) | `zookeeper` |
-/// | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | Redis (see `fencelock_redis::RedisConfig`) | `redis` |
+/// | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | Redis (see `fencelock_redis::RedisConfig`) | `redis` (`rediss://`: `redis-tls`) |
 /// | `migrate://?legacy=URL&target=URL&phase=...` | the migration layer over two of the above | always (plus the legs' features) |
 ///
 /// On every scheme the query may also carry the facade's options: `require=...`

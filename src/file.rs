@@ -11,7 +11,7 @@
 //! user = "app"
 //! password_env = "ETCD_PASSWORD"      # or: password = "..."
 //!
-//! [tls]                               # etcds:// or rediss://
+//! [tls]                               # etcds:// (ca, cert, key, domain) or rediss:// (ca, cert, key)
 //! ca = "/etc/fencelock/ca.pem"
 //!
 //! [options]                           # any other URL option of the backend, as is
@@ -381,10 +381,10 @@ impl FileConfig {
                             .into(),
                     ));
                 }
-                if tls.is_some_and(tls_files) || tls.is_some_and(|t| t.domain.is_some()) {
+                if tls.is_some_and(|t| t.domain.is_some()) {
                     return Err(invalid(
-                        "the Redis backend uses the system's trust store; [tls] takes only \
-                         `enabled`"
+                        "the Redis backend checks the endpoint's own name; [tls] takes \
+                         `enabled`, `ca`, `cert` and `key`"
                             .into(),
                     ));
                 }
@@ -397,6 +397,13 @@ impl FileConfig {
                 };
                 if let Some(prefix) = &self.prefix {
                     query.push(("prefix".into(), prefix.clone()));
+                }
+                if let Some(tls) = tls.filter(|t| tls_files(t)) {
+                    for (key, value) in [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)] {
+                        if let Some(value) = value {
+                            query.push((key.into(), value.clone()));
+                        }
+                    }
                 }
                 let path = match (scheme, &self.service, self.db) {
                     ("redis+sentinel", Some(service), db) => {

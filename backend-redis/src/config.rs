@@ -57,6 +57,34 @@ pub enum Topology {
     },
 }
 
+/// TLS settings of a `rediss://` connection: which certificate authorities to trust and,
+/// for mutual TLS, the client certificate.
+///
+/// The URL options `ca=PATH`, `cert=PATH` and `key=PATH` (the names and meaning of
+/// `etcds://`'s). The files are read when connecting; a missing or unreadable file, a file
+/// without the expected PEM item, or `cert` without `key` (or the reverse) is an
+/// [`Error::InvalidConfig`]. All empty (the default): the system's root certificates, no
+/// client certificate. TLS is supported for a single server (`rediss://`) only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisTls {
+    /// PEM file with the CA certificate(s) to trust *instead of* the system's root
+    /// certificates (`ca=PATH`).
+    pub ca: Option<String>,
+    /// PEM file with the client certificate (chain) for mutual TLS (`cert=PATH`); needs
+    /// [`RedisTls::key`].
+    pub cert: Option<String>,
+    /// PEM file with the private key of [`RedisTls::cert`] (`key=PATH`).
+    pub key: Option<String>,
+}
+
+impl RedisTls {
+    /// Whether no setting is made (system roots, no client certificate).
+    pub fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+}
+
 /// The configuration of a [`RedisLock`](crate::RedisLock).
 ///
 /// Built from a URL with [`RedisConfig::from_url`] or by hand. `Debug` never shows the
@@ -75,7 +103,8 @@ pub enum Topology {
 /// `wait_replicas=N` and `wait_timeout=DUR` (replica check after acquiring),
 /// `timeout=DUR` (connect and response timeout, default 2 s),
 /// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h),
-/// `db=N` (Sentinel only). Durations are `250ms`, `2s`, `5m` or plain milliseconds.
+/// `db=N` (Sentinel only), and for `rediss://` only `ca=PATH`, `cert=PATH`, `key=PATH`
+/// (see [`RedisTls`]). Durations are `250ms`, `2s`, `5m` or plain milliseconds.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
@@ -95,6 +124,9 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// Lifetime of a name's token counter after its last grant.
     pub token_ttl: Duration,
+    /// TLS settings; only for a single server with `tls: true` (`rediss://`), empty
+    /// otherwise.
+    pub tls: RedisTls,
 }
 
 impl RedisConfig {
@@ -109,7 +141,52 @@ impl RedisConfig {
             wait_timeout: Duration::from_secs(1),
             timeout: Duration::from_secs(2),
             token_ttl: Duration::from_secs(24 * 3600),
+            tls: RedisTls::default(),
         }
+    }
+
+    /// Checks the TLS settings against the topology: none without TLS (`rediss://`),
+    /// and `cert` and `key` both or neither. Does not touch the files.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the offending setting.
+    pub fn check_tls(&self) -> Result<(), Error> {
+        let setting = [
+            ("ca", &self.tls.ca),
+            ("cert", &self.tls.cert),
+            ("key", &self.tls.key),
+        ]
+        .into_iter()
+        .find_map(|(name, value)| value.is_some().then_some(name));
+        let Some(setting) = setting else {
+            return Ok(());
+        };
+        match &self.topology {
+            Topology::Single { tls: true, .. } => {}
+            Topology::Single { tls: false, .. } => {
+                return Err(Error::InvalidConfig(format!(
+                    "redis: `{setting}` is a TLS setting: use rediss://"
+                )));
+            }
+            other => {
+                let scheme = match other {
+                    Topology::Sentinel { .. } => "redis+sentinel://",
+                    Topology::Cluster { .. } => "redis+cluster://",
+                    _ => "redlock://",
+                };
+                return Err(Error::InvalidConfig(format!(
+                    "redis: `{setting}` is a TLS setting, and TLS is supported for a single \
+                     server only (rediss://), not for {scheme}"
+                )));
+            }
+        }
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            return Err(Error::InvalidConfig(
+                "redis: TLS `cert` and `key` go together".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Parses one of the URL forms in the type's documentation.
@@ -117,7 +194,8 @@ impl RedisConfig {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] (with the password redacted) for malformed URLs, unknown
-    /// options or out-of-range values.
+    /// options or out-of-range values; [`Error::InvalidConfig`] for TLS settings the URL
+    /// cannot use (see [`RedisConfig::check_tls`]).
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let bad = |reason: String| Error::InvalidUrl {
             url: fencelock_core::redact_url(url),
@@ -164,6 +242,16 @@ impl RedisConfig {
                 "wait_timeout" => config.wait_timeout = parse_duration(&value).map_err(&bad)?,
                 "timeout" => config.timeout = parse_duration(&value).map_err(&bad)?,
                 "token_ttl" => config.token_ttl = parse_duration(&value).map_err(&bad)?,
+                "ca" => config.tls.ca = Some(value.into_owned()),
+                "cert" => config.tls.cert = Some(value.into_owned()),
+                "key" => config.tls.key = Some(value.into_owned()),
+                "domain" => {
+                    return Err(bad(
+                        "`domain` is not supported for Redis: connect by a name or address \
+                         the server certificate lists"
+                            .into(),
+                    ));
+                }
                 "db" => {
                     query_db = Some(
                         value
@@ -249,6 +337,7 @@ impl RedisConfig {
             }
             other => return Err(bad(format!("`{other}` is not a Redis scheme"))),
         };
+        config.check_tls()?;
         Ok(config)
     }
 }
@@ -264,6 +353,7 @@ impl fmt::Debug for RedisConfig {
             .field("wait_timeout", &self.wait_timeout)
             .field("timeout", &self.timeout)
             .field("token_ttl", &self.token_ttl)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -394,6 +484,108 @@ mod tests {
     }
 
     #[test]
+    fn tls_options_are_parsed() {
+        let cases: Vec<(&str, RedisTls)> = vec![
+            ("rediss://h:1", RedisTls::default()),
+            (
+                "rediss://h:1?ca=/etc/redis/ca.pem",
+                RedisTls {
+                    ca: Some("/etc/redis/ca.pem".into()),
+                    ..RedisTls::default()
+                },
+            ),
+            (
+                "rediss://u:p@h:1/2?ca=ca.pem&cert=%2Ftmp%2Fc%20d.pem&key=k.pem&timeout=1s",
+                RedisTls {
+                    ca: Some("ca.pem".into()),
+                    cert: Some("/tmp/c d.pem".into()),
+                    key: Some("k.pem".into()),
+                },
+            ),
+            (
+                "rediss://h:1?cert=c.pem&key=k.pem",
+                RedisTls {
+                    ca: None,
+                    cert: Some("c.pem".into()),
+                    key: Some("k.pem".into()),
+                },
+            ),
+        ];
+        for (url, tls) in cases {
+            let config = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(config.tls, tls, "{url}");
+            assert!(matches!(
+                config.topology,
+                Topology::Single { tls: true, .. }
+            ));
+        }
+        assert!(RedisConfig::from_url("redis://h:1").unwrap().tls.is_empty());
+    }
+
+    #[test]
+    fn misplaced_tls_options_are_typed_errors() {
+        // `Some(text)`: an InvalidConfig whose message contains `text`; `None`: InvalidUrl.
+        for (url, expected) in [
+            (
+                "redis://h:1?ca=/ca.pem",
+                Some("`ca` is a TLS setting: use rediss://"),
+            ),
+            (
+                "redis://h:1?cert=c&key=k",
+                Some("`cert` is a TLS setting: use rediss://"),
+            ),
+            (
+                "redis+sentinel://a:1/m?ca=x",
+                Some("not for redis+sentinel://"),
+            ),
+            (
+                "redis+cluster://a:1?key=k&cert=c",
+                Some("not for redis+cluster://"),
+            ),
+            ("redlock://a:1,b:2,c:3?ca=x", Some("not for redlock://")),
+            (
+                "rediss://h:1?cert=c.pem",
+                Some("`cert` and `key` go together"),
+            ),
+            (
+                "rediss://h:1?ca=x&key=k.pem",
+                Some("`cert` and `key` go together"),
+            ),
+            ("rediss://h:1?domain=redis.local", None),
+        ] {
+            match (RedisConfig::from_url(url), expected) {
+                (Err(Error::InvalidConfig(message)), Some(text)) => {
+                    assert!(message.contains(text), "{url}: {message}")
+                }
+                (Err(Error::InvalidUrl { .. }), None) => {}
+                (other, _) => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn hand_built_tls_settings_are_checked() {
+        let mut config = RedisConfig::new(Topology::Single {
+            endpoint: ep("h", 1),
+            tls: false,
+            db: 0,
+        });
+        assert!(config.check_tls().is_ok());
+        config.tls.ca = Some("ca.pem".into());
+        assert!(matches!(config.check_tls(), Err(Error::InvalidConfig(_))));
+        config.topology = Topology::Single {
+            endpoint: ep("h", 1),
+            tls: true,
+            db: 0,
+        };
+        assert!(config.check_tls().is_ok());
+        config.tls.key = Some("k.pem".into());
+        assert!(matches!(config.check_tls(), Err(Error::InvalidConfig(_))));
+        config.tls.cert = Some("c.pem".into());
+        assert!(config.check_tls().is_ok());
+    }
+
+    #[test]
     fn passwords_never_show() {
         let c = RedisConfig::from_url("redis://alice:s3cr%40t@h:1").unwrap();
         assert_eq!(c.password.as_deref(), Some("s3cr@t"));
@@ -402,6 +594,11 @@ mod tests {
         let err = RedisConfig::from_url("redis://alice:hunter2@h:1?bad=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(!format!("{err:?}").contains("hunter2"));
+        let err = RedisConfig::from_url("redis://alice:hunter2@h:1?ca=/ca.pem").unwrap_err();
+        assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
+        let c = RedisConfig::from_url("rediss://alice:hunter2@h:1?ca=/ca.pem").unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert!(format!("{c:?}").contains("/ca.pem"));
         let c = RedisConfig::from_url("redis://:only@h:1").unwrap();
         assert_eq!(c.password.as_deref(), Some("only"));
         assert_eq!(c.username, None);

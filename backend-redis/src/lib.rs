@@ -4,6 +4,10 @@
 //! `redis+sentinel://`, `redis+cluster://` and `redlock://` URLs) or build a
 //! [`RedisConfig`] and call [`RedisLock::connect`].
 //!
+//! `rediss://` (TLS, cargo feature `tls`, through rustls) trusts the system's root
+//! certificates, or only the CA file of `ca=PATH`, and presents a client certificate with
+//! `cert=PATH&key=PATH` (see [`RedisTls`]).
+//!
 //! # What it guarantees, and what it does not
 //!
 //! - Acquire and release are one script call each (`EVALSHA`, loaded on `NOSCRIPT`). The
@@ -37,7 +41,7 @@ mod subscriber;
 
 use std::sync::Arc;
 
-pub use config::{Endpoint, RedisConfig, Topology};
+pub use config::{Endpoint, RedisConfig, RedisTls, Topology};
 use fencelock_core::{DistributedLock, Error};
 pub use keys::KeyLayout;
 pub use lock::{MIN_LEASE, RedisLock};

@@ -62,7 +62,7 @@ impl RedisLock {
         }
         if matches!(config.topology, Topology::Single { tls: true, .. }) && !cfg!(feature = "tls") {
             return Err(Error::InvalidConfig(
-                "rediss:// needs the `tls` cargo feature of fencelock-redis".into(),
+                "rediss:// needs TLS support: cargo feature `redis-tls` of fencelock (`tls` of fencelock-redis)".into(),
             ));
         }
         let nodes = node::open(&config).await?;

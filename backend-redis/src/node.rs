@@ -14,17 +14,18 @@ use redis::{
     RedisConnectionInfo, RedisError, ScriptInvocation, ServerErrorKind,
 };
 
-use crate::config::{Endpoint, RedisConfig, Topology};
+use crate::config::{Endpoint, RedisConfig, RedisTls, Topology};
 
 pub(crate) const BACKEND: &str = "redis";
 
 /// Commands to one deployment. Cheap to clone.
 #[derive(Clone)]
 pub(crate) enum Node {
-    /// A server, reconnected automatically.
+    /// A server, reconnected automatically. The client (for pub/sub) is boxed: with TLS
+    /// settings it is large.
     Single {
         conn: ConnectionManager,
-        client: Client,
+        client: Box<Client>,
     },
     /// A Redis Cluster; pub/sub goes through one of the seed nodes.
     Cluster {
@@ -69,26 +70,34 @@ fn redis_info(config: &RedisConfig, db: i64) -> RedisConnectionInfo {
 /// A failed AUTH (or any other failure of the first connection) is returned here, and
 /// nothing else is sent on a connection whose AUTH failed.
 pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
+    config.check_tls()?;
+    let tls = match config.topology {
+        Topology::Single { tls: true, .. } => Some(Tls::load(&config.tls)?),
+        _ => None,
+    };
     let manager_config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.timeout))
         .set_response_timeout(Some(config.timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
-    let single = |endpoint: &Endpoint, tls: bool, db: i64| {
+    let single = |endpoint: &Endpoint, tls: Option<&Tls>, db: i64| {
         let info = redis_info(config, db);
         let manager_config = manager_config.clone();
-        let endpoint = endpoint.clone();
+        let client = client_with(endpoint, tls, info);
         async move {
-            let client = client_with(&endpoint, tls, info)?;
+            let client = client?;
             let conn = ConnectionManager::new_with_config(client.clone(), manager_config)
                 .await
                 .map_err(map_err)?;
-            Ok::<_, Error>(Node::Single { conn, client })
+            Ok::<_, Error>(Node::Single {
+                conn,
+                client: Box::new(client),
+            })
         }
     };
     match &config.topology {
-        Topology::Single { endpoint, tls, db } => {
-            let node = single(endpoint, *tls, *db).await?;
+        Topology::Single { endpoint, db, .. } => {
+            let node = single(endpoint, tls.as_ref(), *db).await?;
             node.ping().await?;
             Ok(vec![node])
         }
@@ -97,11 +106,14 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             // must answer PING now, and any authentication failure is fatal.
             let mut nodes = Vec::with_capacity(instances.len());
             for endpoint in instances {
-                let client = client_with(endpoint, false, redis_info(config, 0))?;
+                let client = client_with(endpoint, None, redis_info(config, 0))?;
                 let conn =
                     ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
                         .map_err(map_err)?;
-                nodes.push(Node::Single { conn, client });
+                nodes.push(Node::Single {
+                    conn,
+                    client: Box::new(client),
+                });
             }
             let pings = futures_util::future::join_all(nodes.iter().map(|n| n.ping())).await;
             let mut up = 0;
@@ -140,7 +152,7 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             let conn = cluster.get_async_connection().await.map_err(map_err)?;
             let seeds = seeds
                 .iter()
-                .map(|e| client_with(e, false, redis_info(config, 0)))
+                .map(|e| client_with(e, None, redis_info(config, 0)))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(vec![Node::Cluster {
                 conn,
@@ -177,21 +189,109 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
     }
 }
 
-fn client_with(endpoint: &Endpoint, tls: bool, info: RedisConnectionInfo) -> Result<Client, Error> {
-    let addr = if tls {
-        ConnectionAddr::TcpTls {
+/// The TLS material of a `rediss://` server, read from [`RedisTls`]'s files at connect
+/// time.
+struct Tls {
+    /// Trusted roots (`None`: the system's) and the client certificate, as PEM.
+    #[cfg(feature = "tls")]
+    certificates: redis::TlsCertificates,
+}
+
+impl Tls {
+    /// Reads and checks the files of `settings` (see [`RedisTls`]).
+    ///
+    /// Every problem is an [`Error::InvalidConfig`] naming the file: the `redis` crate
+    /// would report an unparsable file as a (retryable) I/O error, or an empty CA file
+    /// as an unknown issuer on every connection.
+    #[cfg(feature = "tls")]
+    fn load(settings: &RedisTls) -> Result<Tls, Error> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        let read = |path: &str| {
+            std::fs::read(path).map_err(|e| {
+                Error::InvalidConfig(format!("redis: cannot read TLS file {path}: {e}"))
+            })
+        };
+        let invalid = |path: &str, what: &str, e: &dyn fmt::Display| {
+            Error::InvalidConfig(format!("redis: TLS file {path}: {what}: {e}"))
+        };
+        let certificates = |path: &str| {
+            let pem = read(path)?;
+            let count = CertificateDer::pem_slice_iter(&pem)
+                .try_fold(0_usize, |n, cert| cert.map(|_| n + 1))
+                .map_err(|e| invalid(path, "not a PEM certificate file", &e))?;
+            if count == 0 {
+                return Err(Error::InvalidConfig(format!(
+                    "redis: TLS file {path} holds no PEM certificate"
+                )));
+            }
+            Ok(pem)
+        };
+        let root_cert = settings.ca.as_deref().map(certificates).transpose()?;
+        let client_tls = match (&settings.cert, &settings.key) {
+            (Some(cert), Some(key)) => {
+                let client_cert = certificates(cert)?;
+                let client_key = read(key)?;
+                PrivateKeyDer::from_pem_slice(&client_key)
+                    .map_err(|e| invalid(key, "no PEM private key", &e))?;
+                Some(redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                })
+            }
+            (None, None) => None,
+            _ => {
+                return Err(Error::InvalidConfig(
+                    "redis: TLS `cert` and `key` go together".into(),
+                ));
+            }
+        };
+        Ok(Tls {
+            certificates: redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            },
+        })
+    }
+
+    /// Without the `tls` feature no TLS file can be used (`RedisLock::connect` refuses
+    /// `rediss://` altogether before this).
+    #[cfg(not(feature = "tls"))]
+    fn load(settings: &RedisTls) -> Result<Tls, Error> {
+        if settings.is_empty() {
+            Ok(Tls {})
+        } else {
+            Err(Error::InvalidConfig(
+                "rediss:// needs the `tls` cargo feature of fencelock-redis".into(),
+            ))
+        }
+    }
+}
+
+/// A client for one server, over TLS when `tls` is given.
+fn client_with(
+    endpoint: &Endpoint,
+    tls: Option<&Tls>,
+    info: RedisConnectionInfo,
+) -> Result<Client, Error> {
+    let addr = match tls {
+        Some(_) => ConnectionAddr::TcpTls {
             host: endpoint.host.clone(),
             port: endpoint.port,
             insecure: false,
             tls_params: None,
-        }
-    } else {
-        ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port)
+        },
+        None => ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port),
     };
     let conn_info = addr
         .into_connection_info()
         .map_err(map_err)?
         .set_redis_settings(info);
+    #[cfg(feature = "tls")]
+    if let Some(tls) = tls {
+        return Client::build_with_tls(conn_info, tls.certificates.clone()).map_err(map_err);
+    }
     Client::open(conn_info).map_err(map_err)
 }
 
@@ -325,6 +425,43 @@ impl Node {
     }
 }
 
+/// Whether `err` is a server certificate this client rejected (unknown issuer, wrong
+/// name, expired, ...): like a wrong password, a configuration problem that retrying
+/// does not fix.
+#[cfg(feature = "tls")]
+fn is_certificate_rejection(err: &RedisError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if matches!(as_rustls(e), Some(rustls::Error::InvalidCertificate(_))) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// `e` as a rustls error, also when wrapped in an `io::Error` (whose `source` skips the
+/// error it wraps) or in the `Arc` the `redis` crate keeps it in.
+#[cfg(feature = "tls")]
+fn as_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+        Some(tls)
+    } else if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        io.get_ref().and_then(|inner| as_rustls(inner))
+    } else if let Some(shared) = e.downcast_ref::<Shared>() {
+        as_rustls(&**shared)
+    } else {
+        None
+    }
+}
+
+/// Without TLS there are no certificates to reject.
+#[cfg(not(feature = "tls"))]
+fn is_certificate_rejection(_err: &RedisError) -> bool {
+    false
+}
+
 /// The one place Redis client errors become fencelock errors.
 pub(crate) fn map_err(err: RedisError) -> Error {
     let retryable = matches!(
@@ -342,7 +479,7 @@ pub(crate) fn map_err(err: RedisError) -> Error {
     );
     let auth = matches!(err.kind(), ErrorKind::AuthenticationFailed)
         || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
-    if auth {
+    if auth || is_certificate_rejection(&err) {
         Error::backend(BACKEND, false, err)
     } else if needs_reconnect(&err) || retryable {
         Error::unavailable(BACKEND, err)

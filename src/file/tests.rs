@@ -80,6 +80,17 @@ fn every_backend_becomes_its_url() {
         ),
         (
             r#"
+            backend = "redis"
+            endpoints = ["cache:6379"]
+            [tls]
+            ca = "/etc/ca.pem"
+            cert = "/etc/c.pem"
+            key = "/etc/c.key"
+            "#,
+            "rediss://cache:6379?ca=%2Fetc%2Fca.pem&cert=%2Fetc%2Fc.pem&key=%2Fetc%2Fc.key",
+        ),
+        (
+            r#"
             backend = "redis+sentinel"
             endpoints = ["s1:26379", "s2:26379"]
             service = "mymaster"
@@ -207,6 +218,14 @@ fn mistakes_name_the_line_and_hide_secrets() {
         (
             "backend = \"zk\"\nendpoints = [\"h:1\"]\ntls = { ca = \"x\" }\n",
             "[tls]",
+        ),
+        (
+            "backend = \"redis\"\nendpoints = [\"h:1\"]\ntls = { domain = \"x\" }\n",
+            "endpoint's own name",
+        ),
+        (
+            "backend = \"redlock\"\nendpoints = [\"h:1\"]\ntls = { ca = \"x\" }\n",
+            "TLS is not supported for redlock",
         ),
         (
             "backend = \"redis\"\nendpoints = [\"h:1\"]\nservice = \"m\"\n",

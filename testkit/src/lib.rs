@@ -8,6 +8,8 @@
 //! skipped test: run `./scripts/test` to install them.
 //!
 //! The library uses only std, `libc` and `tempfile`: no async runtime, no clients.
+//! [`TestCertificates`] makes a private CA and certificates for TLS servers with the
+//! `openssl` command-line tool.
 
 mod binaries;
 mod etcd;
@@ -19,6 +21,7 @@ mod process;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;
+mod tls;
 mod zk_ensemble;
 mod zookeeper;
 
@@ -29,5 +32,6 @@ pub use process::process_alive;
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::{RedisSentinel, RedisSentinelSet, SENTINEL_SERVICE};
+pub use tls::TestCertificates;
 pub use zk_ensemble::ZkEnsemble;
 pub use zookeeper::ZkServer;
