@@ -8,7 +8,8 @@
 //! Workloads (one acquire + release = one op):
 //! - uncontended: one task, one name, sequential ops: p50, p99, ops/s;
 //! - contended: 4 clients (4 connections and sessions) on one name: handoffs/s;
-//! - distinct: 32 workers on one client, each on its own name: locks/s.
+//! - distinct: 32 workers on one client, each on its own name: locks/s (three interleaved
+//!   rounds).
 //!
 //! Implementations:
 //! - `fencelock`: `EtcdLock::acquire` + `LockGuard::release` (one txn; one txn);
@@ -28,7 +29,7 @@ const UNCONTENDED_OPS: usize = 2_000;
 const CONTENDED_CLIENTS: usize = 4;
 const CONTENDED_OPS: usize = 250;
 const DISTINCT_WORKERS: usize = 32;
-const DISTINCT_OPS: usize = 100;
+const DISTINCT_OPS: usize = 150;
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -240,12 +241,14 @@ async fn main() {
         println!(
             "distinct ({DISTINCT_WORKERS} workers x {DISTINCT_OPS} ops, own names, one client)"
         );
-        for &kind in kinds {
-            println!(
-                "  {:<10} {:>7.0} locks/s",
-                kind.label(),
-                distinct(&contenders[0], kind).await
-            );
+        for round in 0..3 {
+            for &kind in kinds {
+                println!(
+                    "  round {round} {:<10} {:>7.0} locks/s",
+                    kind.label(),
+                    distinct(&contenders[0], kind).await
+                );
+            }
         }
     }
 }

@@ -43,7 +43,7 @@ pub(crate) enum KeyState {
 /// What must be undone if a grant is abandoned: our key (at a known revision, or of unknown
 /// revision when the create's answer never came), a dedicated fixed lease, the gate turn.
 pub(crate) struct Cleanup {
-    pub(crate) client: Client,
+    pub(crate) client: Arc<Client>,
     pub(crate) runtime: Handle,
     pub(crate) timeout: Duration,
     pub(crate) key: String,
@@ -185,13 +185,26 @@ impl EtcdHeld {
         };
         let releasing = Arc::new(AtomicBool::new(false));
         let runtime = cleanup.runtime.clone();
-        let watch = watch_key(
+        let (client, key, watch_liveness, watch_releasing) = (
             cleanup.client.clone(),
             cleanup.key.clone(),
-            revision,
             liveness.clone(),
             releasing.clone(),
         );
+        // Short critical sections (most of them) end before the watch would start: until
+        // then the task holds only this small future; the watch's own (large) state is
+        // built, on the heap, after the delay.
+        let watch = async move {
+            tokio::time::sleep(WATCH_DELAY).await;
+            Box::pin(watch_key(
+                client,
+                key,
+                revision,
+                watch_liveness,
+                watch_releasing,
+            ))
+            .await;
+        };
         let key = cleanup.key.clone();
         let cleanup = Arc::new(Mutex::new(Some(cleanup)));
         runtime.spawn(give_up_when_lost(watch, liveness.clone(), cleanup.clone()));
@@ -313,9 +326,9 @@ async fn give_up_when_lost(
 const WATCH_DELAY: Duration = Duration::from_millis(50);
 
 /// Marks the guard lost when its key is deleted by anyone but its own release (an
-/// operator, lease expiry).
+/// operator, lease expiry). Started [`WATCH_DELAY`] after the grant.
 async fn watch_key(
-    client: Client,
+    client: Arc<Client>,
     key: String,
     revision: i64,
     liveness: Liveness,
@@ -325,7 +338,6 @@ async fn watch_key(
         .with_start_revision(revision + 1)
         .with_filters([WatchFilterType::NoPut]);
     let watching = async {
-        tokio::time::sleep(WATCH_DELAY).await;
         let mut events = client
             .watch_client()
             .watch(key.as_str(), Some(options))

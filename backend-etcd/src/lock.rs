@@ -57,7 +57,9 @@ pub struct EtcdLock {
 }
 
 struct Inner {
-    client: Client,
+    /// Shared by reference count: a `Client` clone copies a dozen gRPC handles, too much
+    /// for every acquire.
+    client: Arc<Client>,
     config: EtcdConfig,
     sessions: Sessions,
     gates: Arc<Gates>,
@@ -119,7 +121,7 @@ impl EtcdLock {
             .map_err(|_| timed_out("the connection"))??;
         Ok(EtcdLock {
             inner: Arc::new(Inner {
-                client,
+                client: Arc::new(client),
                 config,
                 sessions,
                 gates: Arc::default(),
@@ -262,8 +264,16 @@ impl EtcdLock {
         ))
     }
 
-    /// The uncontended path, one round trip: create our key if absent and read the first
-    /// key under the name. Returns (our create revision, the holder's create revision).
+    /// Creates our key and learns the first key under the name. Returns (our create
+    /// revision, the holder's create revision).
+    ///
+    /// Uncontended (the name has no key at all) this is one round trip whose transaction
+    /// is just that compare and the put: the same work, and the same bytes in etcd's log,
+    /// as the raw floor, and we are the holder. Otherwise a second transaction queues us:
+    /// it puts our key and reads the first-created key under the name. That put returns
+    /// any earlier value of our key, which can only be a key of ours from an earlier grant
+    /// whose deletion never got through: that one is never reused (its token would not be
+    /// new) but deleted, and we queue again.
     async fn create_and_read_first(
         &self,
         key: &str,
@@ -271,30 +281,39 @@ impl EtcdLock {
         lease_id: i64,
         pending: &mut Pending,
     ) -> Result<(i64, i64), Error> {
-        let first = TxnOp::get(names, Some(first_created()));
+        let put = |options: PutOptions| TxnOp::put(key, "", Some(options.with_lease(lease_id)));
         let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease_id))),
-                first.clone(),
-            ])
-            .or_else([TxnOp::get(key, None), first]);
+            .when([Compare::create_revision(names, CompareOp::Equal, 0).with_prefix()])
+            .and_then([put(PutOptions::new())]);
         let response = self.send_create(txn, pending).await?;
-        let ops = response.op_responses();
-        let mine = if response.succeeded() {
-            response.header().map_or(0, |h| h.revision())
-        } else {
-            // A key of ours from an earlier grant whose deletion never got through: never
-            // reuse it (its token is not new). Delete that incarnation and start over.
-            let stale = get_first(&ops, 0).ok_or_else(|| internal("the existing key vanished"))?;
-            crate::held::delete_incarnation(&self.inner.client, key, stale).await?;
-            pending.get().state = KeyState::Absent;
-            return Box::pin(self.create_and_read_first(key, names, lease_id, pending)).await;
-        };
-        pending.get().state = KeyState::Created(mine);
-        let first = get_first(&ops, 1)
-            .ok_or_else(|| internal("no key under the name after creating one"))?;
-        Ok((mine, first))
+        if response.succeeded() {
+            let revision = response.header().map_or(0, |h| h.revision());
+            pending.get().state = KeyState::Created(revision);
+            return Ok((revision, revision));
+        }
+        pending.get().state = KeyState::Absent;
+        loop {
+            let txn = Txn::new().and_then([
+                put(PutOptions::new().with_prev_key()),
+                TxnOp::get(names, Some(first_created())),
+            ]);
+            let response = self.send_create(txn, pending).await?;
+            let ops = response.op_responses();
+            if let Some(TxnOpResponse::Put(put)) = ops.first() {
+                if let Some(stale) = put.prev_key() {
+                    let stale = stale.create_revision();
+                    pending.get().state = KeyState::Created(stale);
+                    crate::held::delete_incarnation(&self.inner.client, key, stale).await?;
+                    pending.get().state = KeyState::Absent;
+                    continue;
+                }
+            }
+            let revision = response.header().map_or(0, |h| h.revision());
+            pending.get().state = KeyState::Created(revision);
+            let first = get_first(&ops, 1)
+                .ok_or_else(|| internal("no key under the name after creating one"))?;
+            return Ok((revision, first));
+        }
     }
 
     /// Sends a transaction that may create our key: until its answer arrives, whether the

@@ -223,3 +223,57 @@ async fn a_timed_out_waiter_has_deleted_its_key_when_it_returns() {
     }
     holder.release().await.unwrap();
 }
+
+/// A key of ours left over from an earlier grant (its deletion never got through) is
+/// never adopted: its create revision is an old token. The next acquire deletes it and
+/// queues a fresh key, alone and behind another client's holder alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leftover_key_of_ours_is_replaced_never_adopted() {
+    let clients = futures_join(2, "leftover").await;
+    let ours = &clients[0];
+    let first = ours.lock("x").await.unwrap();
+    let key = first.backend_key().unwrap().to_owned();
+    first.release().await.unwrap();
+    let lease = i64::from_str_radix(key.rsplit('/').next().unwrap(), 16).unwrap();
+    let leave_behind = || async {
+        ours.client()
+            .kv_client()
+            .put(
+                key.as_str(),
+                "",
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
+    };
+
+    let stale = leave_behind().await;
+    let guard = ours.lock("x").await.unwrap();
+    assert!(guard.token().get() > u64::try_from(stale).unwrap());
+    assert_eq!(keys_under(ours).await, vec![key.clone()]);
+    guard.release().await.unwrap();
+    assert!(keys_under(ours).await.is_empty());
+
+    let other = clients[1].lock("x").await.unwrap();
+    let stale = leave_behind().await;
+    let waiting = tokio::spawn({
+        let ours = ours.clone();
+        async move { ours.lock("x").await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the leftover key was taken for a turn"
+    );
+    other.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(guard.token().get() > u64::try_from(stale).unwrap());
+    guard.release().await.unwrap();
+    assert!(keys_under(ours).await.is_empty());
+}
