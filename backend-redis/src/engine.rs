@@ -119,13 +119,22 @@ impl Engine {
             owner: owner.clone(),
             armed: true,
         };
-        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        let redlock = self.nodes.len() > 1;
+        let script = if redlock {
+            &scripts::ACQUIRE_PROPOSED
+        } else {
+            &scripts::ACQUIRE
+        };
+        let mut invocation = script.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.token)
             .arg(&owner)
             .arg(millis(lease))
             .arg(millis(self.config.token_ttl));
+        if redlock {
+            invocation.arg(proposal());
+        }
         let per_node = self.lease_timeout(lease);
         let sent = Instant::now();
         let replies = join_all(self.nodes.iter().map(|node| {
@@ -154,9 +163,18 @@ impl Engine {
             .unwrap_or_default();
         if granted.len() >= self.quorum && !validity.is_zero() {
             let token = granted.iter().copied().max().unwrap_or(0);
+            let recorded = granted.iter().filter(|t| **t == token).count();
             let checked = async {
-                if self.nodes.len() > 1 {
+                if recorded < self.quorum {
+                    // The granting majority disagreed: make a majority remember the
+                    // highest token before anyone relies on it.
                     self.raise_token(keys, token, per_node).await?;
+                    if sent.elapsed() + drift(lease) >= lease {
+                        return Err(Error::unavailable(
+                            BACKEND,
+                            "the lease ran out while the token was being recorded",
+                        ));
+                    }
                 }
                 if self.config.wait_replicas > 0 {
                     self.wait_replicas().await?;
@@ -292,6 +310,18 @@ fn parse_acquire(value: Value) -> Result<Reply, Error> {
         [Value::Int(0), Value::Int(pttl)] => Ok(Reply::Held(*pttl)),
         _ => Err(bad()),
     }
+}
+
+/// Redlock's token proposal: this client's wall clock in µs since the Unix epoch, or 0
+/// when the clock is before the epoch or so far ahead that tokens would pass 2^52 (the
+/// counters and the servers' clocks then decide alone).
+fn proposal() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_micros()).ok())
+        .filter(|us| *us < 1 << 52)
+        .unwrap_or(0)
 }
 
 /// How long to sleep (at most, unless woken by an unlock message) before trying again.

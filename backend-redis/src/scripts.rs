@@ -11,6 +11,18 @@
 //! place) does not step back by more than the time that passed between the last grant
 //! before the data loss and the first grant after it. Tokens are below 2^53, so Lua's
 //! doubles represent them exactly.
+//!
+//! Redlock: the token of a guard is the highest token among the granting majority, and
+//! it must be recorded on a majority before the guard is handed out, so that any later
+//! majority (which overlaps this one) issues a larger one. The client proposes one value
+//! to all instances ([`ACQUIRE_PROPOSED`]); when the granting majority all answer the
+//! same token it is already recorded there and the attempt costs one round trip, and
+//! only when they disagree (an instance lagging behind or ahead) does the client write
+//! the highest back ([`RAISE_TOKEN`]) before returning. Tokens never go backwards while
+//! a majority keeps its counters; an instance that lost its counter (restarted without
+//! persistence) answers the proposal, the client's clock, which lies above earlier
+//! tokens unless that client's clock is behind the clocks of earlier clients by more
+//! than the time since their grants.
 
 use std::sync::LazyLock;
 
@@ -29,6 +41,33 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local s = string.format('%.0f', tok)
   redis.call('SET', KEYS[2], s, 'PX', ARGV[3])
   return {1, s}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// Redlock's acquire. KEYS: lock, token. ARGV: owner, lease ms, token ttl ms, the
+/// client's proposal (its wall clock in µs, or 0).
+/// Returns `{1, token}` when granted, `{0, pttl}` when held by someone else.
+///
+/// `token = max(counter + 1, proposal)`. Every instance of one attempt gets the same
+/// proposal, so in the usual case (the proposal lies above every counter) they all
+/// answer the same token, which is then already recorded on the whole granting majority
+/// and needs no second round trip. That usual case costs two commands: the lock's
+/// `SET NX PX` and one `SET ... GET` that records the proposal and returns the old
+/// counter (Redis 6.2 or later); only a counter at or above the proposal needs a third.
+pub(crate) static ACQUIRE_PROPOSED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local tok = tonumber(ARGV[4])
+  local c = tonumber(redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3], 'GET') or '0') or 0
+  if c >= tok then
+    tok = c + 1
+    redis.call('SET', KEYS[2], string.format('%.0f', tok), 'PX', ARGV[3])
+  end
+  return {1, string.format('%.0f', tok)}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ",

@@ -243,3 +243,86 @@ async fn redlock_survives_one_loss_and_fails_cleanly_on_two() {
         "a failed Redlock acquire left its key on the survivor"
     );
 }
+
+async fn counters(servers: &[RedisServer], key: &str) -> Vec<Option<u64>> {
+    let mut out = Vec::new();
+    for server in servers {
+        let value = match redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+        {
+            Ok(mut conn) => conn.get(key).await.unwrap_or(None),
+            Err(_) => None,
+        };
+        out.push(value);
+    }
+    out
+}
+
+/// Redlock tokens: when the instances agree the token is recorded on all of them in the
+/// acquire itself; when one instance's counter is ahead (it granted while the others
+/// were unreachable), the highest token wins and is written back to a majority before
+/// the guard is returned, so killing that instance and wiping another's data (restart
+/// without persistence) never lets a later token fall to or below an earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_tokens_survive_disagreeing_and_lost_counters() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    let locks = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .unwrap();
+    let opts = AcquireOptions::new()
+        .lease(Duration::from_secs(2))
+        .wait_timeout(Duration::from_secs(5));
+    let key = "fencelock:{tokens}:token";
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let g = locks.acquire("tokens", opts).await.unwrap();
+        tokens.push(g.token().get());
+        g.release().await.unwrap();
+    }
+    let last = *tokens.last().unwrap();
+    assert_eq!(
+        counters(&servers, key).await,
+        vec![Some(last); 3],
+        "agreeing instances record the token in the acquire itself"
+    );
+
+    // Instance 0 ran ahead (far beyond any clock): the next token must pass it, and a
+    // majority must know it before the guard is handed out.
+    let ahead = last + 1_000_000_000_000;
+    let mut first = redis::Client::open(servers[0].url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = first.set(key, ahead).await.unwrap();
+    let g = locks.acquire("tokens", opts).await.unwrap();
+    assert_eq!(g.token().get(), ahead + 1);
+    let recorded = counters(&servers, key).await;
+    assert!(
+        recorded.iter().filter(|c| **c == Some(ahead + 1)).count() >= 2,
+        "the highest token is on a majority: {recorded:?}"
+    );
+    g.release().await.unwrap();
+    tokens.push(ahead + 1);
+
+    // Lose the instance that was ahead, and wipe another: the third still remembers.
+    servers[0].kill();
+    servers[1].restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokens.len() < 9 {
+        match locks.acquire("tokens", opts).await {
+            Ok(g) => {
+                tokens.push(g.token().get());
+                g.release().await.unwrap();
+            }
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}

@@ -189,6 +189,23 @@ async fn main() {
         std::thread::available_parallelism().map_or(0, usize::from)
     );
 
+    // BENCH_ONLY=fencelock32|rslock32 runs just that 32-worker case (for profiling).
+    if let Ok(only) = std::env::var("BENCH_ONLY") {
+        let side = if only.starts_with("rslock") {
+            rslock_client(&urls, None)
+        } else {
+            fencelock_client(&hosts).await
+        };
+        workers(&only, vec![side; 32], None).await;
+        for server in &servers {
+            let stats = std::process::Command::new("redis-cli")
+                .args(["-p", &server.port().to_string(), "info", "commandstats"])
+                .output()
+                .expect("redis-cli");
+            println!("{}", String::from_utf8_lossy(&stats.stdout));
+        }
+        return;
+    }
     let fl = fencelock_client(&hosts).await;
     let rs = rslock_client(&urls, None);
     // Warm both up (connections, script cache).
