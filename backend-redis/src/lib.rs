@@ -17,9 +17,10 @@
 //! - **Fencing tokens** come from the acquire script: `max(counter + 1, server TIME in
 //!   µs)`, written back to a counter key in the lock's slot. They never go backwards,
 //!   also after a restart without persistence, as long as the server's wall clock does
-//!   not step back (the assumption is spelled out in the README). Redlock records the
-//!   highest token on a majority before returning, so tokens grow while a majority
-//!   keeps its data. Reported as [`FencingStrength::BestEffort`](fencelock_core::FencingStrength).
+//!   not step back (the assumption is spelled out in the README). Redlock issues
+//!   `max(counter + 1, the client's clock in µs)` on each instance and makes sure the
+//!   highest answer is recorded on a majority before returning (in the same round trip
+//!   when the instances agree), so tokens grow while a majority keeps its data. Reported as [`FencingStrength::BestEffort`](fencelock_core::FencingStrength).
 //! - **Not linearizable**: asynchronous replication can lose a lock on failover (a second
 //!   holder may then appear; the fenced resource must reject the first). The optional
 //!   replica check (`wait_replicas`) narrows, but does not close, that window.
