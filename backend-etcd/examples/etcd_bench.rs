@@ -217,12 +217,14 @@ async fn main() {
     let kinds = &kinds[..];
     if wanted("ETCD_BENCH_WORKLOADS", "uncontended") {
         println!("uncontended ({UNCONTENDED_OPS} ops, interleaved rounds)");
-        for round in 0..2 {
+        for round in 0..3 {
             for &kind in kinds {
                 let (p50, p99, ops) = uncontended(&contenders[0], kind).await;
                 println!(
-                    "  round {round} {:<10} p50 {p50:>9.1?}  p99 {p99:>9.1?}  {ops:>7.0} ops/s",
-                    kind.label()
+                    "  round {round} {:<10} p50 {:>6} µs  p99 {:>6} µs  {ops:>7.0} ops/s",
+                    kind.label(),
+                    p50.as_micros(),
+                    p99.as_micros()
                 );
             }
         }

@@ -44,6 +44,7 @@ pub(crate) enum KeyState {
 /// revision when the create's answer never came), a dedicated fixed lease, the gate turn.
 pub(crate) struct Cleanup {
     pub(crate) client: Arc<Client>,
+    pub(crate) batcher: Arc<crate::batch::Batcher>,
     pub(crate) runtime: Handle,
     pub(crate) timeout: Duration,
     pub(crate) key: String,
@@ -245,7 +246,9 @@ impl HeldLock for EtcdHeld {
         };
         let attempt = tokio::time::timeout(
             cleanup.timeout,
-            delete_incarnation(&cleanup.client, &cleanup.key, self.revision),
+            cleanup
+                .batcher
+                .delete_incarnation(&cleanup.key, self.revision),
         )
         .await;
         let outcome = match attempt {

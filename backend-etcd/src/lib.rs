@@ -5,6 +5,7 @@
 //! [`EtcdLock::connect`]. See [`EtcdConfig`] for the URL form and [`EtcdLock`] for the
 //! algorithm.
 
+mod batch;
 mod config;
 mod error;
 mod fence;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, TxnResponse,
+    Client, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
 };
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
@@ -15,6 +15,7 @@ use fencelock_core::{
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
+use crate::batch::Batcher;
 use crate::config::{EtcdConfig, MIN_LEASE, lease_seconds};
 use crate::error::{BACKEND, map, timed_out};
 use crate::gate::Gates;
@@ -60,6 +61,8 @@ struct Inner {
     /// Shared by reference count: a `Client` clone copies a dozen gRPC handles, too much
     /// for every acquire.
     client: Arc<Client>,
+    /// Group commit of concurrent creates and releases.
+    batcher: Arc<Batcher>,
     config: EtcdConfig,
     sessions: Sessions,
     gates: Arc<Gates>,
@@ -120,12 +123,16 @@ impl EtcdLock {
             .await
             .map_err(|_| timed_out("the connection"))??;
         Ok(EtcdLock {
-            inner: Arc::new(Inner {
-                client: Arc::new(client),
-                config,
-                sessions,
-                gates: Arc::default(),
-                runtime: Handle::current(),
+            inner: Arc::new({
+                let client = Arc::new(client);
+                Inner {
+                    batcher: Arc::new(Batcher::new(client.clone(), Handle::current())),
+                    client,
+                    config,
+                    sessions,
+                    gates: Arc::default(),
+                    runtime: Handle::current(),
+                }
             }),
         })
     }
@@ -198,6 +205,7 @@ impl EtcdLock {
         let key = own_key(&names, session.lease_id());
         let mut cleanup = Cleanup {
             client: inner.client.clone(),
+            batcher: inner.batcher.clone(),
             runtime: inner.runtime.clone(),
             timeout: inner.config.cleanup_timeout,
             key: key.clone(),
@@ -223,8 +231,11 @@ impl EtcdLock {
 
         let sent = Instant::now();
         let revision = if no_wait {
-            self.create_if_free(&key, &names, session.lease_id(), &mut pending, name)
+            self.create_if_free(&key, &names, session.lease_id(), &mut pending)
                 .await?
+                .ok_or_else(|| Error::Contended {
+                    name: name.to_owned(),
+                })?
         } else {
             let (mine, first) = self
                 .create_and_read_first(&key, &names, session.lease_id(), &mut pending)
@@ -281,17 +292,10 @@ impl EtcdLock {
         lease_id: i64,
         pending: &mut Pending,
     ) -> Result<(i64, i64), Error> {
-        let put = |options: PutOptions| TxnOp::put(key, "", Some(options.with_lease(lease_id)));
-        let txn = Txn::new()
-            .when([Compare::create_revision(names, CompareOp::Equal, 0).with_prefix()])
-            .and_then([put(PutOptions::new())]);
-        let response = self.send_create(txn, pending).await?;
-        if response.succeeded() {
-            let revision = response.header().map_or(0, |h| h.revision());
-            pending.get().state = KeyState::Created(revision);
+        if let Some(revision) = self.create_if_free(key, names, lease_id, pending).await? {
             return Ok((revision, revision));
         }
-        pending.get().state = KeyState::Absent;
+        let put = |options: PutOptions| TxnOp::put(key, "", Some(options.with_lease(lease_id)));
         loop {
             let txn = Txn::new().and_then([
                 put(PutOptions::new().with_prev_key()),
@@ -328,33 +332,25 @@ impl EtcdLock {
             .map_err(|e| stale(e, pending))
     }
 
-    /// The no-wait path, one round trip: create our key only if no key exists under the
-    /// name, so a contended try leaves nothing behind.
+    /// One round trip: create our key only if no key exists under the name (through the
+    /// client's group commit), so a try on a taken name leaves nothing behind. Returns our
+    /// create revision, or `None` if the name is taken.
     async fn create_if_free(
         &self,
         key: &str,
         names: &str,
         lease_id: i64,
         pending: &mut Pending,
-        name: &str,
-    ) -> Result<i64, Error> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(names, CompareOp::Equal, 0).with_prefix()])
-            .and_then([TxnOp::put(
-                key,
-                "",
-                Some(PutOptions::new().with_lease(lease_id)),
-            )]);
-        let response = self.send_create(txn, pending).await?;
-        if !response.succeeded() {
-            pending.get().state = KeyState::Absent;
-            return Err(Error::Contended {
-                name: name.to_owned(),
-            });
-        }
-        let mine = response.header().map_or(0, |h| h.revision());
-        pending.get().state = KeyState::Created(mine);
-        Ok(mine)
+    ) -> Result<Option<i64>, Error> {
+        pending.get().state = KeyState::Unknown;
+        let created = self
+            .inner
+            .batcher
+            .create_if_free(names, key, lease_id)
+            .await
+            .map_err(|e| stale(e, pending))?;
+        pending.get().state = created.map_or(KeyState::Absent, KeyState::Created);
+        Ok(created)
     }
 
     /// After waiting: our key must still be the one we queued with. If the session expired

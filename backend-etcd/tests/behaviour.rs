@@ -277,3 +277,75 @@ async fn a_leftover_key_of_ours_is_replaced_never_adopted() {
     guard.release().await.unwrap();
     assert!(keys_under(ours).await.is_empty());
 }
+
+/// Group commit: tasks of one client locking and releasing distinct names at the same
+/// time share transactions (guards granted together carry the same create revision), and
+/// every request still gets the answer a transaction of its own would give: a taken name
+/// in the batch is refused, the others granted; a guard whose key was deleted is told it
+/// was lost at release while the others release normally; nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_answers_each_request_as_if_alone() {
+    let clients = futures_join(2, "group").await;
+    let ours = clients[0].clone();
+    let taken = clients[1].lock("taken").await.unwrap();
+    let mut shared_a_transaction = false;
+    for round in 0..6 {
+        let tries = (0..17).map(|i| {
+            let ours = ours.clone();
+            // Odd rounds have a taken name among them, which fails their batches.
+            let name = if i == 8 && round % 2 == 1 {
+                "taken".to_owned()
+            } else {
+                format!("g-{round}-{i}")
+            };
+            tokio::spawn(async move { (name.clone(), ours.try_lock(&name).await.unwrap()) })
+        });
+        let mut guards = Vec::new();
+        for task in tries.collect::<Vec<_>>() {
+            let (name, guard) = task.await.unwrap();
+            if name == "taken" {
+                assert!(guard.is_none(), "a taken name was granted in a batch");
+            } else {
+                guards.push(guard.expect("a free name was refused"));
+            }
+        }
+        let mut tokens: Vec<u64> = guards.iter().map(|g| g.token().get()).collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        if round % 2 == 0 {
+            shared_a_transaction |= tokens.len() < guards.len();
+        }
+
+        // Delete one key behind its guard's back: its release must say Lost.
+        let victim = guards[3].backend_key().unwrap().to_owned();
+        ours.client()
+            .kv_client()
+            .delete(victim.as_str(), None)
+            .await
+            .unwrap();
+        let releases = guards.into_iter().map(|g| {
+            tokio::spawn(async move {
+                let key = g.backend_key().unwrap().to_owned();
+                (key, g.release().await)
+            })
+        });
+        for task in releases.collect::<Vec<_>>() {
+            let (key, outcome) = task.await.unwrap();
+            if key == victim {
+                assert!(matches!(outcome, Err(Error::Lost { .. })), "{outcome:?}");
+            } else {
+                outcome.unwrap();
+            }
+        }
+    }
+    assert!(
+        shared_a_transaction,
+        "17 simultaneous acquires never shared a transaction"
+    );
+    taken.release().await.unwrap();
+    assert!(
+        keys_under(&ours).await.is_empty(),
+        "{:?}",
+        keys_under(&ours).await
+    );
+}

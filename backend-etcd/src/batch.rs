@@ -1,0 +1,277 @@
+//! Group commit: the uncontended creates and the releases that tasks of one client issue
+//! at the same time, on distinct names, share one transaction.
+//!
+//! Every transaction is a raft proposal, a WAL entry and an apply in etcd; with many
+//! tasks locking distinct names, that per-request work, not the keys, is what the server
+//! spends its time on. Each lane sends at most one transaction at a time; requests that
+//! arrive meanwhile go out together in the next one. A lone request goes out at once as
+//! the same single-lock transaction it would be without batching, so sequential use pays
+//! only the hand-off to the lane's task.
+//!
+//! A combined transaction is all or nothing: its compares are joined by AND. If it fails
+//! (one name was taken, one key was gone) or errs, every request in it is sent again on
+//! its own, so each caller gets exactly the answer a transaction of its own would have
+//! given. Creates are grouped by lease, so that one lease etcd no longer knows cannot fail
+//! the creates on another.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use fencelock_core::Error;
+use futures_util::future::join_all;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+/// The most requests one combined transaction carries (etcd's default `--max-txn-ops` is
+/// 128 operations per branch).
+const MAX_BATCH: usize = 32;
+
+/// A create of our key if the name has no key at all.
+struct Create {
+    names: String,
+    key: String,
+    lease: i64,
+    reply: oneshot::Sender<Result<Option<i64>, etcd_client::Error>>,
+}
+
+/// A delete of our key if it is still the incarnation created at `revision`.
+struct Delete {
+    key: String,
+    revision: i64,
+    reply: oneshot::Sender<Result<bool, Error>>,
+}
+
+/// Requests waiting for a lane, and whether its task is running.
+struct Lane<T> {
+    pending: Vec<T>,
+    running: bool,
+}
+
+impl<T> Default for Lane<T> {
+    fn default() -> Self {
+        Lane {
+            pending: Vec::new(),
+            running: false,
+        }
+    }
+}
+
+/// The two lanes of one client.
+pub(crate) struct Batcher {
+    client: Arc<Client>,
+    runtime: Handle,
+    creates: Mutex<Lane<Create>>,
+    deletes: Mutex<Lane<Delete>>,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(lane: &Mutex<Lane<T>>) -> std::sync::MutexGuard<'_, Lane<T>> {
+    lane.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Queues `request`; returns whether the caller must start the lane's task.
+fn enqueue<T>(lane: &Mutex<Lane<T>>, request: T) -> bool {
+    let mut lane = lock(lane);
+    lane.pending.push(request);
+    !std::mem::replace(&mut lane.running, true)
+}
+
+fn gone() -> Error {
+    Error::backend(
+        crate::error::BACKEND,
+        true,
+        "the request was dropped before etcd answered",
+    )
+}
+
+impl Batcher {
+    pub(crate) fn new(client: Arc<Client>, runtime: Handle) -> Self {
+        Batcher {
+            client,
+            runtime,
+            creates: Mutex::default(),
+            deletes: Mutex::default(),
+        }
+    }
+
+    /// Creates `key` on `lease` if no key exists under `names`: `Some(revision)` if it
+    /// did, `None` if the name is taken.
+    ///
+    /// Cancel safety: once queued, the request is sent unless it is still waiting when
+    /// the caller goes away; either way the caller must treat the key as possibly
+    /// created.
+    pub(crate) async fn create_if_free(
+        self: &Arc<Self>,
+        names: &str,
+        key: &str,
+        lease: i64,
+    ) -> Result<Option<i64>, etcd_client::Error> {
+        let (reply, answer) = oneshot::channel();
+        let request = Create {
+            names: names.to_owned(),
+            key: key.to_owned(),
+            lease,
+            reply,
+        };
+        if enqueue(&self.creates, request) {
+            let this = self.clone();
+            self.runtime.spawn(async move { this.run_creates().await });
+        }
+        answer.await.unwrap_or_else(|_| {
+            Err(etcd_client::Error::InvalidArgs(
+                "the create was dropped before etcd answered".into(),
+            ))
+        })
+    }
+
+    /// Deletes `key` if it is still the incarnation created at `revision` (etcd #22082: a
+    /// late delete must never remove a newer key). Returns whether it deleted it.
+    ///
+    /// Cancel safety: once called, the delete is carried out even if the caller goes
+    /// away.
+    pub(crate) async fn delete_incarnation(
+        self: &Arc<Self>,
+        key: &str,
+        revision: i64,
+    ) -> Result<bool, Error> {
+        let (reply, answer) = oneshot::channel();
+        let request = Delete {
+            key: key.to_owned(),
+            revision,
+            reply,
+        };
+        if enqueue(&self.deletes, request) {
+            let this = self.clone();
+            self.runtime.spawn(async move { this.run_deletes().await });
+        }
+        answer.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    async fn run_creates(&self) {
+        loop {
+            let batch = {
+                let mut lane = lock(&self.creates);
+                // Callers that went away before their turn need nothing sent.
+                lane.pending.retain(|c| !c.reply.is_closed());
+                let Some(lease) = lane.pending.first().map(|c| c.lease) else {
+                    lane.running = false;
+                    return;
+                };
+                let mut batch = Vec::new();
+                let mut rest = Vec::new();
+                for create in lane.pending.drain(..) {
+                    if create.lease == lease && batch.len() < MAX_BATCH {
+                        batch.push(create);
+                    } else {
+                        rest.push(create);
+                    }
+                }
+                lane.pending = rest;
+                batch
+            };
+            if batch.len() > 1 {
+                let txn = Txn::new()
+                    .when(
+                        batch
+                            .iter()
+                            .map(|c| {
+                                Compare::create_revision(c.names.as_str(), CompareOp::Equal, 0)
+                                    .with_prefix()
+                            })
+                            .collect::<Vec<_>>(),
+                    )
+                    .and_then(
+                        batch
+                            .iter()
+                            .map(|c| put(c.key.as_str(), c.lease))
+                            .collect::<Vec<_>>(),
+                    );
+                if let Ok(response) = self.client.kv_client().txn(txn).await {
+                    if response.succeeded() {
+                        let revision = response.header().map_or(0, |h| h.revision());
+                        for create in batch {
+                            let _ = create.reply.send(Ok(Some(revision)));
+                        }
+                        continue;
+                    }
+                }
+            }
+            join_all(batch.into_iter().map(|create| async move {
+                let answer = self.create_one(&create).await;
+                let _ = create.reply.send(answer);
+            }))
+            .await;
+        }
+    }
+
+    async fn create_one(&self, create: &Create) -> Result<Option<i64>, etcd_client::Error> {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(create.names.as_str(), CompareOp::Equal, 0).with_prefix(),
+            ])
+            .and_then([put(create.key.as_str(), create.lease)]);
+        let response = self.client.kv_client().txn(txn).await?;
+        Ok(response
+            .succeeded()
+            .then(|| response.header().map_or(0, |h| h.revision())))
+    }
+
+    async fn run_deletes(&self) {
+        loop {
+            let batch: Vec<Delete> = {
+                let mut lane = lock(&self.deletes);
+                if lane.pending.is_empty() {
+                    lane.running = false;
+                    return;
+                }
+                let take = lane.pending.len().min(MAX_BATCH);
+                lane.pending.drain(..take).collect()
+            };
+            if batch.len() > 1 {
+                let txn = Txn::new()
+                    .when(
+                        batch
+                            .iter()
+                            .map(|d| {
+                                Compare::create_revision(
+                                    d.key.as_str(),
+                                    CompareOp::Equal,
+                                    d.revision,
+                                )
+                            })
+                            .collect::<Vec<_>>(),
+                    )
+                    .and_then(
+                        batch
+                            .iter()
+                            .map(|d| TxnOp::delete(d.key.as_str(), None))
+                            .collect::<Vec<_>>(),
+                    );
+                if let Ok(response) = self.client.kv_client().txn(txn).await {
+                    if response.succeeded() {
+                        for delete in batch {
+                            let _ = delete.reply.send(Ok(true));
+                        }
+                        continue;
+                    }
+                }
+            }
+            join_all(batch.into_iter().map(|delete| async move {
+                let answer =
+                    crate::held::delete_incarnation(&self.client, &delete.key, delete.revision)
+                        .await;
+                let _ = delete.reply.send(answer);
+            }))
+            .await;
+        }
+    }
+}
+
+fn put(key: &str, lease: i64) -> TxnOp {
+    TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease)))
+}
