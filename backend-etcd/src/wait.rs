@@ -10,9 +10,9 @@ use crate::session::Session;
 
 /// Waits until no key under `name_prefix` has a create revision below `my_rev`.
 ///
-/// Each round reads the *last* key created before ours and watches it for deletion from
-/// the revision of that read, so a deletion in between is never missed and only one
-/// waiter wakes per release (no herd). Fails with [`Error::Lost`] as soon as `session` is
+/// Each round reads the *last* key created before ours, watches it for deletion and, once
+/// the watch exists, checks that the key is still that incarnation, so a deletion in
+/// between is never missed and only one waiter wakes per release (no herd). Fails with [`Error::Lost`] as soon as `session` is
 /// lost: a waiter whose lease expired must never be handed the lock (etcd #11456).
 ///
 /// Cancel safe: dropping it closes the watch.
@@ -34,14 +34,30 @@ pub(crate) async fn for_turn(
                 .with_limit(1)
                 .with_keys_only();
             let read = kv.get(name_prefix, Some(predecessor)).await.map_err(map)?;
-            let Some(key) = read.kvs().first().map(|kv| kv.key().to_vec()) else {
+            let Some((key, created)) = read
+                .kvs()
+                .first()
+                .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+            else {
                 return Ok(());
             };
-            let from = read.header().map_or(0, |h| h.revision()) + 1;
-            let options = WatchOptions::new()
-                .with_start_revision(from)
-                .with_filters([WatchFilterType::NoPut]);
-            let mut events = watch.watch(key, Some(options)).await.map_err(map)?;
+            // Watch from now, not from the read's revision: a watch starting in the past
+            // is caught up by etcd's background sync, every 100 ms, which would add up to
+            // that much to every hand-over. A deletion between the read and the watch is
+            // caught by checking, once the watch exists, that the key is still there.
+            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+            let mut events = watch.watch(key.clone(), Some(options)).await.map_err(map)?;
+            match events.message().await.map_err(map)? {
+                Some(created) if created.created() && created.events().is_empty() => {}
+                _ => continue,
+            }
+            let now = kv
+                .get(key, Some(GetOptions::new().with_keys_only()))
+                .await
+                .map_err(map)?;
+            if now.kvs().first().map(|kv| kv.create_revision()) != Some(created) {
+                continue;
+            }
             while let Some(response) = events.message().await.map_err(map)? {
                 let deleted = response
                     .events()
