@@ -81,6 +81,59 @@ fn enqueue<T>(lane: &Mutex<Lane<T>>, request: T) -> bool {
     !std::mem::replace(&mut lane.running, true)
 }
 
+/// Claims an idle lane for a request the caller sends itself; `false` if the lane is
+/// busy (the request must queue).
+fn claim<T>(lane: &Mutex<Lane<T>>) -> bool {
+    let mut lane = lock(lane);
+    !lane.running && !std::mem::replace(&mut lane.running, true)
+}
+
+/// Which lane a [`Claimed`] lane is.
+#[derive(Clone, Copy)]
+enum Which {
+    Creates,
+    Deletes,
+}
+
+/// A lane claimed by a caller sending its own request. When the caller is done (or
+/// dropped mid-flight), requests that queued meanwhile go to the lane's task; otherwise
+/// the lane is idle again.
+struct Claimed<'a> {
+    batcher: &'a Arc<Batcher>,
+    which: Which,
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        let queued = match self.which {
+            Which::Creates => release_claim(&self.batcher.creates),
+            Which::Deletes => release_claim(&self.batcher.deletes),
+        };
+        if queued {
+            let this = self.batcher.clone();
+            let which = self.which;
+            self.batcher.runtime.spawn(async move {
+                match which {
+                    Which::Creates => this.run_creates().await,
+                    Which::Deletes => this.run_deletes().await,
+                }
+            });
+        }
+    }
+}
+
+/// Ends a caller's claim: whether requests queued meanwhile (the lane stays running and
+/// its task must be started).
+fn release_claim<T>(lane: &Mutex<Lane<T>>) -> bool {
+    let mut lane = lock(lane);
+    if lane.pending.is_empty() {
+        lane.running = false;
+        false
+    } else {
+        true
+    }
+}
+
 fn gone() -> Error {
     Error::backend(
         crate::error::BACKEND,
@@ -111,6 +164,13 @@ impl Batcher {
         key: &str,
         lease: i64,
     ) -> Result<Option<i64>, etcd_client::Error> {
+        if claim(&self.creates) {
+            let _claimed = Claimed {
+                batcher: self,
+                which: Which::Creates,
+            };
+            return self.create_one(names, key, lease).await;
+        }
         let (reply, answer) = oneshot::channel();
         let request = Create {
             names: names.to_owned(),
@@ -139,6 +199,13 @@ impl Batcher {
         key: &str,
         revision: i64,
     ) -> Result<bool, Error> {
+        if claim(&self.deletes) {
+            let _claimed = Claimed {
+                batcher: self,
+                which: Which::Deletes,
+            };
+            return crate::held::delete_incarnation(&self.client, key, revision).await;
+        }
         let (reply, answer) = oneshot::channel();
         let request = Delete {
             key: key.to_owned(),
@@ -202,19 +269,24 @@ impl Batcher {
                 }
             }
             join_all(batch.into_iter().map(|create| async move {
-                let answer = self.create_one(&create).await;
+                let answer = self
+                    .create_one(&create.names, &create.key, create.lease)
+                    .await;
                 let _ = create.reply.send(answer);
             }))
             .await;
         }
     }
 
-    async fn create_one(&self, create: &Create) -> Result<Option<i64>, etcd_client::Error> {
+    async fn create_one(
+        &self,
+        names: &str,
+        key: &str,
+        lease: i64,
+    ) -> Result<Option<i64>, etcd_client::Error> {
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(create.names.as_str(), CompareOp::Equal, 0).with_prefix(),
-            ])
-            .and_then([put(create.key.as_str(), create.lease)]);
+            .when([Compare::create_revision(names, CompareOp::Equal, 0).with_prefix()])
+            .and_then([put(key, lease)]);
         let response = self.client.kv_client().txn(txn).await?;
         Ok(response
             .succeeded()

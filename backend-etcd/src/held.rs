@@ -12,6 +12,7 @@ use fencelock_core::{Error, HeldLock, Liveness};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
+use crate::delayed::Delayed;
 use crate::error::{map, timed_out};
 use crate::gate::GatePermit;
 use crate::session::Session;
@@ -179,36 +180,38 @@ impl EtcdHeld {
         registration: Option<u64>,
         liveness: Liveness,
         cleanup: Cleanup,
+        delayed: &Arc<Delayed>,
     ) -> Self {
         let revision = match cleanup.state {
             KeyState::Created(revision) => revision,
             _ => 0,
         };
         let releasing = Arc::new(AtomicBool::new(false));
-        let runtime = cleanup.runtime.clone();
-        let (client, key, watch_liveness, watch_releasing) = (
-            cleanup.client.clone(),
-            cleanup.key.clone(),
-            liveness.clone(),
-            releasing.clone(),
-        );
-        // Short critical sections (most of them) end before the watch would start: until
-        // then the task holds only this small future; the watch's own (large) state is
-        // built, on the heap, after the delay.
-        let watch = async move {
-            tokio::time::sleep(WATCH_DELAY).await;
-            Box::pin(watch_key(
-                client,
-                key,
-                revision,
-                watch_liveness,
-                watch_releasing,
-            ))
-            .await;
-        };
         let key = cleanup.key.clone();
         let cleanup = Arc::new(Mutex::new(Some(cleanup)));
-        runtime.spawn(give_up_when_lost(watch, liveness.clone(), cleanup.clone()));
+        // Short critical sections (most of them) end before this would start, and then
+        // cost no task and no watch at all.
+        let work = {
+            let (key, liveness, releasing, cleanup) = (
+                key.clone(),
+                liveness.clone(),
+                releasing.clone(),
+                cleanup.clone(),
+            );
+            move || -> crate::delayed::Work {
+                let client = cleanup
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+                    .map(|c| c.client.clone());
+                Box::pin(async move {
+                    let Some(client) = client else { return };
+                    let watch = watch_key(client, key, revision, liveness.clone(), releasing);
+                    give_up_when_lost(watch, liveness, cleanup).await;
+                })
+            }
+        };
+        delayed.schedule(liveness.clone(), work);
         EtcdHeld {
             name: name.to_owned(),
             key,
@@ -322,14 +325,9 @@ async fn give_up_when_lost(
     }
 }
 
-/// How long a fresh grant goes without its own watch. Short critical sections (most of
-/// them) then never set one up, which keeps acquire+release at the cost of two
-/// transactions; nothing is missed, because the watch replays history from the grant's
-/// revision, so a deletion in this window is reported when the watch starts.
-const WATCH_DELAY: Duration = Duration::from_millis(50);
-
 /// Marks the guard lost when its key is deleted by anyone but its own release (an
-/// operator, lease expiry). Started [`WATCH_DELAY`] after the grant.
+/// operator, lease expiry). Started [`DELAY`](crate::delayed::DELAY) after the grant;
+/// it replays history from the grant's revision, so nothing in between is missed.
 async fn watch_key(
     client: Arc<Client>,
     key: String,

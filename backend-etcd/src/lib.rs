@@ -7,6 +7,7 @@
 
 mod batch;
 mod config;
+mod delayed;
 mod error;
 mod fence;
 mod gate;

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::batch::Batcher;
 use crate::config::{EtcdConfig, MIN_LEASE, lease_seconds};
+use crate::delayed::Delayed;
 use crate::error::{BACKEND, map, timed_out};
 use crate::gate::Gates;
 use crate::held::{Cleanup, EtcdHeld, KeyState};
@@ -63,6 +64,8 @@ struct Inner {
     client: Arc<Client>,
     /// Group commit of concurrent creates and releases.
     batcher: Arc<Batcher>,
+    /// Per-guard watches, started only for guards that live a while.
+    delayed: Arc<Delayed>,
     config: EtcdConfig,
     sessions: Sessions,
     gates: Arc<Gates>,
@@ -127,6 +130,7 @@ impl EtcdLock {
                 let client = Arc::new(client);
                 Inner {
                     batcher: Arc::new(Batcher::new(client.clone(), Handle::current())),
+                    delayed: Arc::new(Delayed::new(Handle::current())),
                     client,
                     config,
                     sessions,
@@ -264,7 +268,14 @@ impl EtcdLock {
         let liveness = Liveness::new(valid_until);
         let registration = (!fixed).then(|| session.register(liveness.clone()));
         cleanup = pending.disarm();
-        let held = EtcdHeld::start(name, session, registration, liveness.clone(), cleanup);
+        let held = EtcdHeld::start(
+            name,
+            session,
+            registration,
+            liveness.clone(),
+            cleanup,
+            &inner.delayed,
+        );
         let token = FencingToken::new(u64::try_from(revision).unwrap_or_default());
         Ok(LockGuard::new(
             name,
