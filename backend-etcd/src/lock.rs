@@ -39,6 +39,8 @@ use crate::wait;
 ///   incarnation, in one transaction.
 /// - Tasks of one client contending for one name queue inside the client (FIFO) and only
 ///   the first puts a key in etcd.
+/// - Uncontended acquires and releases that tasks of one client issue at the same time, on
+///   distinct names, share transactions (group commit), each still answered exactly.
 ///
 /// # Examples
 ///
