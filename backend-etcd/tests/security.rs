@@ -1,7 +1,5 @@
 //! TLS (`etcds://`) and user/password authentication against real etcd servers.
 
-#[cfg(feature = "tls")]
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -10,88 +8,11 @@ use fencelock_etcd::{EtcdConfig, EtcdLock};
 use fencelock_testkit::EtcdServer;
 
 #[cfg(feature = "tls")]
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .status()
-        .expect("openssl runs");
-    assert!(status.success(), "openssl {args:?} failed");
-}
-
-/// A CA and a server certificate for 127.0.0.1 / localhost, made with the openssl CLI.
-#[cfg(feature = "tls")]
-fn certificates(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca-key.pem",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=fencelock test CA",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server-key.pem",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-        ],
-    );
-}
-
-#[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcds_urls_lock_over_tls_and_verify_the_server() {
-    let dir = tempfile::tempdir().unwrap();
-    certificates(dir.path());
-    let (server, tls_port) = EtcdServer::start_tls(
-        &dir.path().join("server.pem"),
-        &dir.path().join("server-key.pem"),
-    );
-    let ca = dir.path().join("ca.pem");
+    let certs = fencelock_testkit::TestCertificates::generate();
+    let (server, tls_port) = EtcdServer::start_tls(&certs.server_cert(), &certs.server_key());
+    let ca = certs.ca();
     let url = format!(
         "etcds://127.0.0.1:{tls_port}/secure?ca={}&lease=2s",
         ca.display()

@@ -199,15 +199,21 @@ async fn restart_without_persistence_never_reissues_a_token() {
     assert!(after.windows(2).all(|w| w[0] < w[1]), "{after:?}");
 }
 
-/// F17: Redlock over 3 instances keeps working with 1 killed, and with 2 killed fails
-/// cleanly (retryable error, no hang) leaving no lock key on the survivor.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_survives_one_loss_and_fails_cleanly_on_two() {
+/// Three fresh Redis servers and a Redlock client over them.
+async fn redlock_over_three() -> (Vec<RedisServer>, Arc<dyn DistributedLock>) {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
     let locks = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
         .await
         .unwrap();
+    (servers, locks)
+}
+
+/// F17: Redlock over 3 instances keeps working with 1 killed, and with 2 killed fails
+/// cleanly (retryable error, no hang) leaving no lock key on the survivor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_survives_one_loss_and_fails_cleanly_on_two() {
+    let (servers, locks) = redlock_over_three().await;
     let opts = AcquireOptions::new()
         .lease(Duration::from_secs(1))
         .wait_timeout(Duration::from_secs(5));
@@ -267,11 +273,7 @@ async fn counters(servers: &[RedisServer], key: &str) -> Vec<Option<u64>> {
 /// without persistence) never lets a later token fall to or below an earlier one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_tokens_survive_disagreeing_and_lost_counters() {
-    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
-    let locks = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
-        .await
-        .unwrap();
+    let (servers, locks) = redlock_over_three().await;
     let opts = AcquireOptions::new()
         .lease(Duration::from_secs(2))
         .wait_timeout(Duration::from_secs(5));
