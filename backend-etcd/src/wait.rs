@@ -48,6 +48,16 @@ pub(crate) async fn for_turn(
             let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
             let mut events = watch.watch(key.clone(), Some(options)).await.map_err(map)?;
             match events.message().await.map_err(map)? {
+                Some(refused) if refused.canceled() => {
+                    return Err(Error::backend(
+                        crate::error::BACKEND,
+                        false,
+                        format!(
+                            "etcd refused to watch the waiting turn: {}",
+                            refused.cancel_reason()
+                        ),
+                    ));
+                }
                 Some(created) if created.created() && created.events().is_empty() => {}
                 _ => continue,
             }
