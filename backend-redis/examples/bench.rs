@@ -5,9 +5,11 @@
 //! cargo run --release -p fencelock-redis --example bench
 //! ```
 //!
-//! Workloads: uncontended acquire+release (p50/p99, ops/s); 4 clients contending on one
-//! name (handoffs/s); 32 workers on distinct names (locks/s). Single server and Redlock
-//! over 3 instances.
+//! Workloads: uncontended acquire+release, in ten short rounds alternating between raw and
+//! fencelock (pooled p50/p99, ops/s, and the median over rounds of the p50 ratio); 4
+//! clients contending on one name (handoffs/s); 32 workers on distinct names (locks/s).
+//! Single server and Redlock over 3 instances. `BENCH_UNCONTENDED_ONLY=1` runs only the
+//! single server's uncontended case.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,18 +19,24 @@ use fencelock_core::{AcquireOptions, DistributedLock};
 use fencelock_testkit::RedisServer;
 use redis::aio::MultiplexedConnection;
 
-const UNCONTENDED: usize = 3000;
+const UNCONTENDED_ROUNDS: usize = 10;
+const UNCONTENDED_OPS: usize = 500;
 const RUN: Duration = Duration::from_secs(3);
 
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0";
 
+/// Acquire as one script doing only `SET NX PX`: the floor for any acquire that must be a
+/// script (as fencelock's, which issues the token in the same script).
+const SCRIPTED_SET: &str = "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
+
 /// The hand-written lock of the seeds.
 #[derive(Clone)]
 struct Raw {
     conns: Vec<MultiplexedConnection>,
     script: Arc<redis::Script>,
+    scripted_set: Arc<redis::Script>,
 }
 
 impl Raw {
@@ -46,6 +54,7 @@ impl Raw {
         Raw {
             conns,
             script: Arc::new(redis::Script::new(RELEASE)),
+            scripted_set: Arc::new(redis::Script::new(SCRIPTED_SET)),
         }
     }
 
@@ -64,6 +73,19 @@ impl Raw {
             ok += usize::from(r.is_some());
         }
         ok > self.conns.len() / 2
+    }
+
+    /// [`Raw::try_acquire`] on the first server, with the `SET NX PX` inside a script.
+    async fn try_acquire_scripted(&self, key: &str, value: &str) -> bool {
+        let r: Option<String> = self
+            .scripted_set
+            .key(key)
+            .arg(value)
+            .arg(30_000)
+            .invoke_async(&mut self.conns[0].clone())
+            .await
+            .unwrap();
+        r.is_some()
     }
 
     async fn release(&self, key: &str, value: &str) {
@@ -100,10 +122,10 @@ fn report(what: &str, mut samples: Vec<Duration>, total: Duration) {
     );
 }
 
-async fn uncontended_fencelock(what: &str, locks: &Arc<dyn DistributedLock>) {
-    let mut samples = Vec::with_capacity(UNCONTENDED);
-    let start = Instant::now();
-    for _ in 0..UNCONTENDED {
+/// One round of [`UNCONTENDED_OPS`] sequential acquire+release on fencelock.
+async fn round_fencelock(locks: &Arc<dyn DistributedLock>) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(UNCONTENDED_OPS);
+    for _ in 0..UNCONTENDED_OPS {
         let t = Instant::now();
         let g = locks
             .acquire("bench-u", AcquireOptions::new())
@@ -112,20 +134,79 @@ async fn uncontended_fencelock(what: &str, locks: &Arc<dyn DistributedLock>) {
         g.release().await.unwrap();
         samples.push(t.elapsed());
     }
-    report(what, samples, start.elapsed());
+    samples
 }
 
-async fn uncontended_raw(what: &str, raw: &Raw) {
-    let mut samples = Vec::with_capacity(UNCONTENDED);
-    let start = Instant::now();
-    for i in 0..UNCONTENDED {
+/// One round of [`UNCONTENDED_OPS`] sequential acquire+release by hand (with the
+/// acquire inside a script if `scripted`).
+async fn round_raw(raw: &Raw, scripted: bool) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(UNCONTENDED_OPS);
+    for i in 0..UNCONTENDED_OPS {
         let t = Instant::now();
         let value = format!("raw-{i}");
-        assert!(raw.try_acquire("bench-raw-u", &value).await);
+        let granted = if scripted {
+            raw.try_acquire_scripted("bench-raw-u", &value).await
+        } else {
+            raw.try_acquire("bench-raw-u", &value).await
+        };
+        assert!(granted);
         raw.release("bench-raw-u", &value).await;
         samples.push(t.elapsed());
     }
-    report(what, samples, start.elapsed());
+    samples
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// [`UNCONTENDED_ROUNDS`] short rounds, alternating raw, raw with a scripted acquire (a
+/// single server only) and fencelock, so drift on a shared machine hits all alike: pooled
+/// percentiles, and the median over rounds of each one's p50 over raw's in that round.
+async fn uncontended(raw: &Raw, locks: &Arc<dyn DistributedLock>, single: bool) {
+    round_raw(raw, false).await;
+    round_fencelock(locks).await;
+    let labels = [
+        "uncontended raw SET NX + EVALSHA",
+        "uncontended raw, acquire scripted",
+        "uncontended fencelock",
+    ];
+    let mut pooled: [Vec<Duration>; 3] = Default::default();
+    let mut time = [Duration::ZERO; 3];
+    let mut ratios: [Vec<f64>; 3] = Default::default();
+    for _ in 0..UNCONTENDED_ROUNDS {
+        let mut p50 = [0.0; 3];
+        for kind in 0..labels.len() {
+            if kind == 1 && !single {
+                continue;
+            }
+            let start = Instant::now();
+            let mut samples = match kind {
+                0 => round_raw(raw, false).await,
+                1 => round_raw(raw, true).await,
+                _ => round_fencelock(locks).await,
+            };
+            time[kind] += start.elapsed();
+            samples.sort();
+            p50[kind] = pct(&samples, 0.5).as_secs_f64();
+            pooled[kind].extend(samples);
+        }
+        for kind in 0..3 {
+            ratios[kind].push(p50[kind] / p50[0]);
+        }
+    }
+    for (kind, label) in labels.iter().enumerate() {
+        if pooled[kind].is_empty() {
+            continue;
+        }
+        report(label, std::mem::take(&mut pooled[kind]), time[kind]);
+        println!(
+            "{:<34} p50 / raw's, median of {UNCONTENDED_ROUNDS} rounds: {:.3}",
+            "",
+            median(std::mem::take(&mut ratios[kind]))
+        );
+    }
 }
 
 async fn contended(what: &str, workers: usize, same_name: bool, lock: impl Fn(usize) -> Worker) {
@@ -184,10 +265,10 @@ async fn suite(label: &str, urls: Vec<String>, fencelock_url: String) {
     let locks = fencelock_redis::connect(&fencelock_url).await.unwrap();
     let raw = Raw::new(&urls).await;
     println!("== {label}");
-    uncontended_raw("uncontended raw SET NX + EVALSHA", &raw).await;
-    uncontended_fencelock("uncontended fencelock", &locks).await;
-    uncontended_raw("uncontended raw (again)", &raw).await;
-    uncontended_fencelock("uncontended fencelock (again)", &locks).await;
+    uncontended(&raw, &locks, urls.len() == 1).await;
+    if std::env::var_os("BENCH_UNCONTENDED_ONLY").is_some() {
+        return;
+    }
     let mut clients = Vec::new();
     for _ in 0..4 {
         clients.push(fencelock_redis::connect(&fencelock_url).await.unwrap());
@@ -215,6 +296,9 @@ async fn main() {
     let single = RedisServer::start();
     suite("single server", vec![single.url()], single.url()).await;
     drop(single);
+    if std::env::var_os("BENCH_UNCONTENDED_ONLY").is_some() {
+        return;
+    }
     let three: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = three.iter().map(RedisServer::url).collect();
     let hosts: Vec<String> = three.iter().map(RedisServer::addr).collect();

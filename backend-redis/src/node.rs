@@ -392,6 +392,12 @@ impl Node {
         self.query::<String>(&redis::cmd("PING")).await.map(drop)
     }
 
+    /// Whether this is one server behind a connection that bounds every command by the
+    /// configured timeout itself (a single server or a Redlock instance).
+    pub(crate) fn is_single(&self) -> bool {
+        matches!(self, Node::Single { .. })
+    }
+
     /// Whether renewals must be grouped by cluster slot.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Node::Cluster { .. })

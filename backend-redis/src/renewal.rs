@@ -27,7 +27,14 @@ pub(crate) struct Renewals {
 struct State {
     entries: HashMap<u64, Entry>,
     running: bool,
+    /// When the task, asleep, wakes up next: a new lock due earlier must wake it.
+    wake_at: Option<Instant>,
 }
+
+/// How long the task sleeps when nothing is held before it looks again (and notices a
+/// client that is gone). It does not stop in between, so that locking one name after
+/// another costs no task start and no wake-up per lock.
+const IDLE: Duration = Duration::from_secs(1);
 
 struct Entry {
     lock_key: String,
@@ -64,6 +71,7 @@ impl Renewals {
         lease: Duration,
         liveness: Liveness,
     ) {
+        let next_due = Instant::now() + lease / 3;
         let mut state = self.state();
         state.entries.insert(
             id,
@@ -73,15 +81,20 @@ impl Renewals {
                 owner,
                 lease,
                 liveness,
-                next_due: Instant::now() + lease / 3,
+                next_due,
             },
         );
         if !state.running {
             state.running = true;
             tokio::spawn(run(Arc::downgrade(engine)));
+            return;
         }
+        // Wake the task only if it would sleep past this lock's first renewal.
+        let earlier = state.wake_at.is_none_or(|at| next_due < at);
         drop(state);
-        self.wake.notify_one();
+        if earlier {
+            self.wake.notify_one();
+        }
     }
 
     /// Stops renewing lock `id`. Idempotent.
@@ -95,18 +108,20 @@ impl Renewals {
     }
 
     /// Takes the locks due now (or within a quarter interval, to batch them) and the
-    /// instant the next one is due; `None` (and the task stops) when nothing is held.
-    fn take_due(&self) -> Option<(Vec<Due>, Instant)> {
+    /// instant the task must wake next (in [`IDLE`] when nothing is held), which it
+    /// records as the task's wake-up time.
+    fn take_due(&self) -> (Vec<Due>, Instant) {
         let mut state = self.state();
         // A lock already reported lost is never renewed again (no zombie renewals).
         state.entries.retain(|_, e| !e.liveness.is_lost());
-        if state.entries.is_empty() {
-            state.running = false;
-            return None;
-        }
         let now = Instant::now();
         let mut due = Vec::new();
-        let mut next = now + Duration::from_secs(3600);
+        let mut next = now
+            + if state.entries.is_empty() {
+                IDLE
+            } else {
+                Duration::from_secs(3600)
+            };
         for (id, entry) in &mut state.entries {
             let interval = entry.lease / 3;
             if entry.next_due <= now + interval / 4 {
@@ -121,7 +136,8 @@ impl Renewals {
             }
             next = next.min(entry.next_due);
         }
-        Some((due, next))
+        state.wake_at = Some(next);
+        (due, next)
     }
 
     /// Retries a failed renewal soon, well before the deadline.
@@ -141,9 +157,7 @@ async fn run(engine: Weak<Engine>) {
         let Some(strong) = engine.upgrade() else {
             return;
         };
-        let Some((due, next)) = strong.renewals.take_due() else {
-            return;
-        };
+        let (due, next) = strong.renewals.take_due();
         if !due.is_empty() {
             renew(&strong, due).await;
             continue;

@@ -2,11 +2,12 @@
 //!
 //! # Token scheme
 //!
-//! The acquire script issues `token = max(counter + 1, server TIME in µs)` and writes it
-//! back to the counter key (with a TTL of `token_ttl`), in the same script that sets the
-//! lock key. Tokens therefore never go backwards while the counter survives, and after a
-//! restart without persistence (or a failover that lost the counter, or the counter's
-//! expiry) the server clock, which has moved on, still lies above every earlier token.
+//! The acquire script increments the lock's counter key (TTL `token_ttl`, refreshed at
+//! every grant) in the same script that sets the lock key; a counter that does not exist
+//! starts at the server's clock in µs. Tokens therefore never go backwards while the
+//! counter survives, and after a restart without persistence (or a failover that lost
+//! the counter, or the counter's expiry) the server clock, which has moved on, lies above
+//! every earlier token (each was the clock at an earlier start plus one per grant).
 //! The assumption: the wall clock of the server (and of any replica promoted in its
 //! place) does not step back by more than the time that passed between the last grant
 //! before the data loss and the first grant after it. Tokens are below 2^53, so Lua's
@@ -30,17 +31,25 @@ use redis::Script;
 
 /// KEYS: lock, token. ARGV: owner, lease ms, token ttl ms.
 /// Returns `{1, token}` when granted, `{0, pttl}` when held by someone else.
+///
+/// The counter is incremented; a counter that did not exist (first grant, expiry, data
+/// loss) starts at the server's clock in µs instead. Earlier tokens are that clock at an
+/// earlier start plus one per grant since, and grants are more than a µs apart, so the
+/// clock lies above them (the assumption in the module docs). The usual grant is three
+/// commands: `SET NX PX`, `INCR`, `PEXPIRE`.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local tok = math.max(c + 1, now)
-  local s = string.format('%.0f', tok)
-  redis.call('SET', KEYS[2], s, 'PX', ARGV[3])
-  return {1, s}
+  local tok = redis.call('INCR', KEYS[2])
+  if tok == 1 then
+    local t = redis.call('TIME')
+    tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', KEYS[2], string.format('%.0f', tok), 'PX', ARGV[3])
+  else
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  end
+  return {1, tok}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ",
