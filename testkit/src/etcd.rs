@@ -1,17 +1,16 @@
 //! A throwaway single-node `etcd` (and the member type of [`crate::EtcdCluster`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tempfile::TempDir;
-
 use crate::binaries::require_program;
-use crate::launch::{log_tail, wait_ready, with_retries};
+use crate::launch::{wait_ready, with_retries};
 use crate::net::http;
 use crate::port::free_ports;
-use crate::process::{ServerProcess, at_exit};
+use crate::process::at_exit;
+use crate::server::Server;
 
 /// How long a start or restart may take before it counts as failed.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -26,7 +25,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 /// timing (`--heartbeat-interval 50 --election-timeout 500`). [`crate::EtcdCluster`]
 /// hands out its members as `EtcdServer`s too.
 pub struct EtcdServer {
-    process: ServerProcess,
+    core: Server,
     name: String,
     client_port: u16,
     peer_port: u16,
@@ -34,8 +33,6 @@ pub struct EtcdServer {
     /// Member of a multi-node cluster: a restart waits only until it answers, since it
     /// may be unable to find a leader alone.
     clustered: bool,
-    log: PathBuf,
-    dir: TempDir,
 }
 
 /// What a member needs to know to start.
@@ -167,14 +164,12 @@ impl EtcdServer {
         .collect();
         args.extend(spec.extra.iter().map(|s| s.to_string()));
         let server = EtcdServer {
-            process: ServerProcess::new(),
+            core: Server::new(dir, "etcd.log"),
             name: spec.name.to_string(),
             client_port: spec.client_port,
             peer_port: spec.peer_port,
             args,
             clustered: spec.clustered,
-            log: dir.path().join("etcd.log"),
-            dir,
         };
         server.spawn()?;
         Ok(server)
@@ -183,13 +178,14 @@ impl EtcdServer {
     fn spawn(&self) -> Result<(), String> {
         let program = require_program("etcd", "etcd-server");
         let mut command = Command::new(&program);
-        command.args(&self.args).current_dir(self.dir.path());
+        command.args(&self.args).current_dir(self.core.dir.path());
         if cfg!(target_arch = "aarch64") {
             // etcd 3.4 refuses to start on arm64 without this.
             command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
         }
-        self.process
-            .start(command, &self.log)
+        self.core
+            .process
+            .start(command, &self.core.log)
             .map_err(|e| format!("cannot spawn {}: {e}", program.display()))
     }
 
@@ -197,15 +193,21 @@ impl EtcdServer {
     /// on failure.
     pub(crate) fn wait_up(&self, healthy: bool) -> Result<(), String> {
         let what = format!("etcd member {} on port {}", self.name, self.client_port);
-        let result = wait_ready(&self.process, &self.log, &what, READY_TIMEOUT, || {
-            if healthy {
-                self.is_healthy()
-            } else {
-                self.health_body().is_some()
-            }
-        });
+        let result = wait_ready(
+            &self.core.process,
+            &self.core.log,
+            &what,
+            READY_TIMEOUT,
+            || {
+                if healthy {
+                    self.is_healthy()
+                } else {
+                    self.health_body().is_some()
+                }
+            },
+        );
         if result.is_err() {
-            self.process.kill();
+            self.core.process.kill();
         }
         result
     }
@@ -268,54 +270,12 @@ impl EtcdServer {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
-    /// The pid of the server process (of the last one, after [`EtcdServer::kill`]).
-    pub fn pid(&self) -> u32 {
-        self.process.pid()
-    }
-
-    /// The temporary directory; the data directory is `data/` inside it.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The file receiving the server's stdout and stderr.
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-
-    /// The last lines of the server log, for diagnostics.
-    pub fn log_tail(&self) -> String {
-        log_tail(&self.log)
-    }
-
-    /// Whether the server process is running (paused counts as running).
-    pub fn is_running(&self) -> bool {
-        self.process.is_running()
-    }
-
-    /// Freezes the server with SIGSTOP: connections stay open, nothing is answered,
-    /// leases are not expired by it meanwhile.
-    pub fn pause(&self) {
-        self.process.pause();
-    }
-
-    /// Thaws a [`EtcdServer::pause`]d server with SIGCONT.
-    pub fn resume(&self) {
-        self.process.resume();
-    }
-
-    /// Kills the server with SIGKILL and reaps it. Ports and data directory are kept
-    /// for [`EtcdServer::restart`]. Does nothing if it is not running.
-    pub fn kill(&self) {
-        self.process.kill();
-    }
-
     /// Starts the server again on the same ports and data directory (the data
     /// persists), killing it first if it still runs. A single server is waited for
     /// until healthy; a cluster member only until it answers, since it may need other
     /// members to elect a leader.
     pub fn restart(&self) {
-        self.process.kill();
+        self.core.process.kill();
         with_retries(
             &format!(
                 "etcd member {} again on port {}",
@@ -331,7 +291,7 @@ impl EtcdServer {
 
 impl Drop for EtcdServer {
     fn drop(&mut self) {
-        self.process.kill();
+        self.core.process.kill();
     }
 }
 
@@ -342,4 +302,13 @@ fn json_string_field(json: &str, key: &str) -> Option<String> {
     let start = json.find(&pattern)? + pattern.len();
     let len = json[start..].find('"')?;
     Some(json[start..start + len].to_string())
+}
+
+impl std::ops::Deref for EtcdServer {
+    type Target = Server;
+
+    /// The process, directory and log, with the fault controls (`pause`, `kill`, ...).
+    fn deref(&self) -> &Server {
+        &self.core
+    }
 }

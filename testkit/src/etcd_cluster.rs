@@ -64,7 +64,7 @@ impl EtcdCluster {
         self.members.iter().map(EtcdServer::url).collect()
     }
 
-    /// Kills member `i` with SIGKILL (see [`EtcdServer::kill`]).
+    /// Kills member `i` with SIGKILL (see [`Server::kill`](crate::Server::kill)).
     pub fn kill_member(&self, i: usize) {
         self.members[i].kill();
     }

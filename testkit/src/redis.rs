@@ -1,17 +1,16 @@
 //! A throwaway `redis-server`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tempfile::TempDir;
-
 use crate::binaries::require_program;
-use crate::launch::{log_tail, wait_ready, with_retries};
+use crate::launch::{wait_ready, with_retries};
 use crate::net::exchange;
 use crate::port::{free_port, port_open};
-use crate::process::{ServerProcess, at_exit};
+use crate::process::at_exit;
+use crate::server::Server;
 use crate::tls::TestCertificates;
 
 /// How long a start or restart may take before it counts as failed.
@@ -27,13 +26,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// println!("connect to {}", redis.url());
 /// ```
 pub struct RedisServer {
-    process: ServerProcess,
+    core: Server,
     port: u16,
     /// Whether the port speaks TLS only.
     tls: bool,
     args: Vec<String>,
-    log: PathBuf,
-    dir: TempDir,
 }
 
 impl RedisServer {
@@ -121,12 +118,10 @@ impl RedisServer {
             }
             full.extend(args);
             let server = RedisServer {
-                process: ServerProcess::new(),
+                core: Server::new(dir, "redis.log"),
                 port,
                 tls,
                 args: full,
-                log: dir.path().join("redis.log"),
-                dir,
             };
             server.spawn_and_wait(&program)?;
             Ok(server)
@@ -152,26 +147,33 @@ impl RedisServer {
 
     fn spawn_and_wait(&self, program: &Path) -> Result<(), String> {
         let mut command = Command::new(program);
-        command.args(&self.args).current_dir(self.dir.path());
+        command.args(&self.args).current_dir(self.core.dir.path());
         // The log is appended to across restarts: only what this start writes counts.
-        let log_start = std::fs::metadata(&self.log).map_or(0, |m| m.len());
-        self.process
-            .start(command, &self.log)
+        let log_start = std::fs::metadata(&self.core.log).map_or(0, |m| m.len());
+        self.core
+            .process
+            .start(command, &self.core.log)
             .map_err(|e| format!("cannot spawn {}: {e}", program.display()))?;
         let what = format!("redis-server on port {}", self.port);
-        let result = wait_ready(&self.process, &self.log, &what, READY_TIMEOUT, || {
-            if self.tls {
-                // No TLS client here: trust the server's own word, then the port.
-                std::fs::read(&self.log).is_ok_and(|log| {
-                    let new = log.get(log_start as usize..).unwrap_or_default();
-                    String::from_utf8_lossy(new).contains("Ready to accept connections")
-                }) && port_open(self.port)
-            } else {
-                self.ping(Duration::from_millis(500))
-            }
-        });
+        let result = wait_ready(
+            &self.core.process,
+            &self.core.log,
+            &what,
+            READY_TIMEOUT,
+            || {
+                if self.tls {
+                    // No TLS client here: trust the server's own word, then the port.
+                    std::fs::read(&self.core.log).is_ok_and(|log| {
+                        let new = log.get(log_start as usize..).unwrap_or_default();
+                        String::from_utf8_lossy(new).contains("Ready to accept connections")
+                    }) && port_open(self.port)
+                } else {
+                    self.ping(Duration::from_millis(500))
+                }
+            },
+        );
         if result.is_err() {
-            self.process.kill();
+            self.core.process.kill();
         }
         result
     }
@@ -198,31 +200,6 @@ impl RedisServer {
         self.tls
     }
 
-    /// The pid of the server process (of the last one, after [`RedisServer::kill`]).
-    pub fn pid(&self) -> u32 {
-        self.process.pid()
-    }
-
-    /// The server's working directory (it also holds `redis.log`).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The file receiving the server's stdout and stderr.
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-
-    /// The last lines of the server log, for diagnostics.
-    pub fn log_tail(&self) -> String {
-        log_tail(&self.log)
-    }
-
-    /// Whether the server process is running (paused counts as running).
-    pub fn is_running(&self) -> bool {
-        self.process.is_running()
-    }
-
     /// Sends a raw `PING` and reports whether `+PONG` (or `-NOAUTH`, for a server
     /// started with a password) arrives within `timeout`. A TLS server cannot be pinged
     /// without a TLS client: for it, whether the port accepts TCP connections.
@@ -234,28 +211,12 @@ impl RedisServer {
             .is_ok_and(|a| a.starts_with(b"+PONG") || a.starts_with(b"-NOAUTH"))
     }
 
-    /// Freezes the server with SIGSTOP: connections stay open, nothing is answered.
-    pub fn pause(&self) {
-        self.process.pause();
-    }
-
-    /// Thaws a [`RedisServer::pause`]d server with SIGCONT.
-    pub fn resume(&self) {
-        self.process.resume();
-    }
-
-    /// Kills the server with SIGKILL and reaps it. The port and directory are kept for
-    /// [`RedisServer::restart`]. Does nothing if it is not running.
-    pub fn kill(&self) {
-        self.process.kill();
-    }
-
     /// Starts the server again on the same port and directory, with the same
     /// arguments, killing it first if it still runs, and waits until it answers. The
     /// data set is empty afterwards (no persistence).
     pub fn restart(&self) {
         let program = require_program("redis-server", "redis-server");
-        self.process.kill();
+        self.core.process.kill();
         with_retries(&format!("redis-server again on port {}", self.port), || {
             self.spawn_and_wait(&program)
         });
@@ -264,6 +225,15 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        self.process.kill();
+        self.core.process.kill();
+    }
+}
+
+impl std::ops::Deref for RedisServer {
+    type Target = Server;
+
+    /// The process, directory and log, with the fault controls (`pause`, `kill`, ...).
+    fn deref(&self) -> &Server {
+        &self.core
     }
 }

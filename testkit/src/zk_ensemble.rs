@@ -66,7 +66,7 @@ impl ZkEnsemble {
             .join(",")
     }
 
-    /// Kills member `i` with SIGKILL (see [`ZkServer::kill`]).
+    /// Kills member `i` with SIGKILL (see [`Server::kill`](crate::Server::kill)).
     pub fn kill_member(&self, i: usize) {
         self.members[i].kill();
     }

@@ -6,13 +6,12 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tempfile::TempDir;
-
 use crate::binaries::{require_file, require_program};
-use crate::launch::{log_tail, wait_ready, with_retries};
+use crate::launch::{wait_ready, with_retries};
 use crate::net::exchange;
 use crate::port::free_port;
-use crate::process::{ServerProcess, at_exit};
+use crate::process::at_exit;
+use crate::server::Server;
 
 /// How long a start or restart may take before it counts as failed (a JVM is slow).
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -46,15 +45,13 @@ admin.enableServer=false
 /// The transaction log is not fsynced (`zookeeper.forceSync=no`): data survives a
 /// killed server (the page cache outlives the process), not a machine crash.
 pub struct ZkServer {
-    process: ServerProcess,
+    core: Server,
     port: u16,
     main_class: &'static str,
     /// Member of an ensemble: a restart waits only until it answers `ruok`, since it
     /// may need other members to form a quorum.
     ensemble: bool,
     config: PathBuf,
-    log: PathBuf,
-    dir: TempDir,
 }
 
 impl ZkServer {
@@ -118,13 +115,11 @@ impl ZkServer {
         );
         std::fs::write(&config, text).map_err(|e| format!("cannot write {config:?}: {e}"))?;
         let server = ZkServer {
-            process: ServerProcess::new(),
+            core: Server::new(dir, "zookeeper.log"),
             port,
             main_class,
             ensemble: myid.is_some(),
             config,
-            log: dir.path().join("zookeeper.log"),
-            dir,
         };
         server.spawn()?;
         Ok(server)
@@ -160,11 +155,12 @@ impl ZkServer {
                 self.main_class,
             ])
             .arg(&self.config)
-            .current_dir(self.dir.path())
+            .current_dir(self.core.dir.path())
             .env_remove("JAVA_TOOL_OPTIONS")
             .env_remove("JDK_JAVA_OPTIONS");
-        self.process
-            .start(command, &self.log)
+        self.core
+            .process
+            .start(command, &self.core.log)
             .map_err(|e| format!("cannot spawn {}: {e}", java.display()))
     }
 
@@ -172,11 +168,15 @@ impl ZkServer {
     /// failure.
     pub(crate) fn wait_up(&self, mode_ok: impl Fn(&str) -> bool) -> Result<(), String> {
         let what = format!("ZooKeeper on port {}", self.port);
-        let result = wait_ready(&self.process, &self.log, &what, READY_TIMEOUT, || {
-            self.mode().is_some_and(|m| mode_ok(&m))
-        });
+        let result = wait_ready(
+            &self.core.process,
+            &self.core.log,
+            &what,
+            READY_TIMEOUT,
+            || self.mode().is_some_and(|m| mode_ok(&m)),
+        );
         if result.is_err() {
-            self.process.kill();
+            self.core.process.kill();
         }
         result
     }
@@ -214,63 +214,25 @@ impl ZkServer {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// The pid of the JVM (of the last one, after [`ZkServer::kill`]).
-    pub fn pid(&self) -> u32 {
-        self.process.pid()
-    }
-
-    /// The temporary directory: `zoo.cfg`, `zookeeper.log` and `data/`.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The file receiving the server's stdout and stderr.
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-
-    /// The last lines of the server log, for diagnostics.
-    pub fn log_tail(&self) -> String {
-        log_tail(&self.log)
-    }
-
-    /// Whether the server process is running (paused counts as running).
-    pub fn is_running(&self) -> bool {
-        self.process.is_running()
-    }
-
-    /// Freezes the server with SIGSTOP: connections stay open, nothing is answered,
-    /// and it expires no sessions meanwhile.
-    pub fn pause(&self) {
-        self.process.pause();
-    }
-
-    /// Thaws a [`ZkServer::pause`]d server with SIGCONT.
-    pub fn resume(&self) {
-        self.process.resume();
-    }
-
-    /// Kills the JVM with SIGKILL and reaps it. Port and `dataDir` are kept for
-    /// [`ZkServer::restart`]. Does nothing if it is not running.
-    pub fn kill(&self) {
-        self.process.kill();
-    }
-
     /// Starts the server again on the same port and `dataDir` (data and unexpired
     /// sessions persist), killing it first if it still runs. A standalone server is
     /// waited for until it serves; an ensemble member only until it answers `ruok`.
     pub fn restart(&self) {
-        self.process.kill();
+        self.core.process.kill();
         let ensemble = self.ensemble;
         with_retries(&format!("ZooKeeper again on port {}", self.port), || {
             self.spawn()?;
             if ensemble {
                 let what = format!("ZooKeeper on port {}", self.port);
-                let result = wait_ready(&self.process, &self.log, &what, READY_TIMEOUT, || {
-                    self.four_letter_word("ruok").is_ok_and(|a| a == "imok")
-                });
+                let result = wait_ready(
+                    &self.core.process,
+                    &self.core.log,
+                    &what,
+                    READY_TIMEOUT,
+                    || self.four_letter_word("ruok").is_ok_and(|a| a == "imok"),
+                );
                 if result.is_err() {
-                    self.process.kill();
+                    self.core.process.kill();
                 }
                 result
             } else {
@@ -282,6 +244,15 @@ impl ZkServer {
 
 impl Drop for ZkServer {
     fn drop(&mut self) {
-        self.process.kill();
+        self.core.process.kill();
+    }
+}
+
+impl std::ops::Deref for ZkServer {
+    type Target = Server;
+
+    /// The process, directory and log, with the fault controls (`pause`, `kill`, ...).
+    fn deref(&self) -> &Server {
+        &self.core
     }
 }

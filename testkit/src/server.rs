@@ -1,0 +1,72 @@
+//! What the etcd, ZooKeeper and Redis servers of the testkit have in common: the process
+//! (across restarts), its temporary directory and its log, and the fault controls on
+//! them. Each server type dereferences to [`Server`].
+
+use std::path::{Path, PathBuf};
+
+use tempfile::TempDir;
+
+use crate::launch::log_tail;
+use crate::process::ServerProcess;
+
+/// One server's process, directory and log. Reached through `Deref` from
+/// [`EtcdServer`](crate::EtcdServer), [`ZkServer`](crate::ZkServer) and
+/// [`RedisServer`](crate::RedisServer): `server.pause()`, `server.log_tail()`, ...
+pub struct Server {
+    pub(crate) process: ServerProcess,
+    pub(crate) log: PathBuf,
+    pub(crate) dir: TempDir,
+}
+
+impl Server {
+    /// No process yet; the log is the file `log_name` in `dir`.
+    pub(crate) fn new(dir: TempDir, log_name: &str) -> Self {
+        Server {
+            process: ServerProcess::new(),
+            log: dir.path().join(log_name),
+            dir,
+        }
+    }
+
+    /// The pid of the server process (of the last one, after [`Server::kill`]).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The server's temporary directory (data, configuration and log live in it).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The file receiving the server's stdout and stderr.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last lines of the server log, for diagnostics.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log)
+    }
+
+    /// Whether the server process is running (paused counts as running).
+    pub fn is_running(&self) -> bool {
+        self.process.is_running()
+    }
+
+    /// Freezes the server with SIGSTOP: connections stay open, nothing is answered, and
+    /// the server expires no leases or sessions meanwhile. Panics if it is not running.
+    pub fn pause(&self) {
+        self.process.pause();
+    }
+
+    /// Thaws a [`Server::pause`]d server with SIGCONT.
+    pub fn resume(&self) {
+        self.process.resume();
+    }
+
+    /// Kills the server with SIGKILL and reaps it. Ports and directory are kept for the
+    /// server type's `restart`. Does nothing if it is not running.
+    pub fn kill(&self) {
+        self.process.kill();
+    }
+}
