@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::binaries::require_program;
-use crate::launch::{wait_ready, with_retries};
+use crate::launch::with_retries;
 use crate::net::http;
 use crate::port::free_ports;
 use crate::process::at_exit;
@@ -193,23 +193,13 @@ impl EtcdServer {
     /// on failure.
     pub(crate) fn wait_up(&self, healthy: bool) -> Result<(), String> {
         let what = format!("etcd member {} on port {}", self.name, self.client_port);
-        let result = wait_ready(
-            &self.core.process,
-            &self.core.log,
-            &what,
-            READY_TIMEOUT,
-            || {
-                if healthy {
-                    self.is_healthy()
-                } else {
-                    self.health_body().is_some()
-                }
-            },
-        );
-        if result.is_err() {
-            self.core.process.kill();
-        }
-        result
+        self.core.wait_ready(&what, READY_TIMEOUT, || {
+            if healthy {
+                self.is_healthy()
+            } else {
+                self.health_body().is_some()
+            }
+        })
     }
 
     /// The response to `GET /health`, if the member answers.

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::binaries::require_program;
-use crate::launch::{wait_ready, with_retries};
+use crate::launch::with_retries;
 use crate::net::exchange;
 use crate::port::{free_port, port_open};
 use crate::process::at_exit;
@@ -155,27 +155,17 @@ impl RedisServer {
             .start(command, &self.core.log)
             .map_err(|e| format!("cannot spawn {}: {e}", program.display()))?;
         let what = format!("redis-server on port {}", self.port);
-        let result = wait_ready(
-            &self.core.process,
-            &self.core.log,
-            &what,
-            READY_TIMEOUT,
-            || {
-                if self.tls {
-                    // No TLS client here: trust the server's own word, then the port.
-                    std::fs::read(&self.core.log).is_ok_and(|log| {
-                        let new = log.get(log_start as usize..).unwrap_or_default();
-                        String::from_utf8_lossy(new).contains("Ready to accept connections")
-                    }) && port_open(self.port)
-                } else {
-                    self.ping(Duration::from_millis(500))
-                }
-            },
-        );
-        if result.is_err() {
-            self.core.process.kill();
-        }
-        result
+        self.core.wait_ready(&what, READY_TIMEOUT, || {
+            if self.tls {
+                // No TLS client here: trust the server's own word, then the port.
+                std::fs::read(&self.core.log).is_ok_and(|log| {
+                    let new = log.get(log_start as usize..).unwrap_or_default();
+                    String::from_utf8_lossy(new).contains("Ready to accept connections")
+                }) && port_open(self.port)
+            } else {
+                self.ping(Duration::from_millis(500))
+            }
+        })
     }
 
     /// The TCP port (the TLS port of a [`RedisServer::start_tls`] server).

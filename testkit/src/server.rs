@@ -3,10 +3,11 @@
 //! them. Each server type dereferences to [`Server`].
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
-use crate::launch::log_tail;
+use crate::launch::{log_tail, wait_ready};
 use crate::process::ServerProcess;
 
 /// One server's process, directory and log. Reached through `Deref` from
@@ -26,6 +27,21 @@ impl Server {
             log: dir.path().join(log_name),
             dir,
         }
+    }
+
+    /// Waits until `ready()` holds (see [`wait_ready`]); kills the process if it does
+    /// not within `timeout`, or if it exits first.
+    pub(crate) fn wait_ready(
+        &self,
+        what: &str,
+        timeout: Duration,
+        ready: impl FnMut() -> bool,
+    ) -> Result<(), String> {
+        let result = wait_ready(&self.process, &self.log, what, timeout, ready);
+        if result.is_err() {
+            self.process.kill();
+        }
+        result
     }
 
     /// The pid of the server process (of the last one, after [`Server::kill`]).

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::binaries::{require_file, require_program};
-use crate::launch::{wait_ready, with_retries};
+use crate::launch::with_retries;
 use crate::net::exchange;
 use crate::port::free_port;
 use crate::process::at_exit;
@@ -168,17 +168,9 @@ impl ZkServer {
     /// failure.
     pub(crate) fn wait_up(&self, mode_ok: impl Fn(&str) -> bool) -> Result<(), String> {
         let what = format!("ZooKeeper on port {}", self.port);
-        let result = wait_ready(
-            &self.core.process,
-            &self.core.log,
-            &what,
-            READY_TIMEOUT,
-            || self.mode().is_some_and(|m| mode_ok(&m)),
-        );
-        if result.is_err() {
-            self.core.process.kill();
-        }
-        result
+        self.core.wait_ready(&what, READY_TIMEOUT, || {
+            self.mode().is_some_and(|m| mode_ok(&m))
+        })
     }
 
     /// Sends a four-letter-word command (`ruok`, `srvr`, `stat`, `mntr`, `cons`, ...)
@@ -224,17 +216,9 @@ impl ZkServer {
             self.spawn()?;
             if ensemble {
                 let what = format!("ZooKeeper on port {}", self.port);
-                let result = wait_ready(
-                    &self.core.process,
-                    &self.core.log,
-                    &what,
-                    READY_TIMEOUT,
-                    || self.four_letter_word("ruok").is_ok_and(|a| a == "imok"),
-                );
-                if result.is_err() {
-                    self.core.process.kill();
-                }
-                result
+                self.core.wait_ready(&what, READY_TIMEOUT, || {
+                    self.four_letter_word("ruok").is_ok_and(|a| a == "imok")
+                })
             } else {
                 self.wait_up(|mode| mode == "standalone")
             }
