@@ -5,11 +5,13 @@
 //! cargo run --release -p fencelock-redis --example bench
 //! ```
 //!
-//! Workloads: uncontended acquire+release, in ten short rounds alternating between raw and
-//! fencelock (pooled p50/p99, ops/s, and the median over rounds of the p50 ratio); 4
+//! Workloads: uncontended acquire+release, in twenty short rounds alternating between raw
+//! and fencelock (pooled p50/p99, ops/s, and the median over rounds of the p50 ratio); 4
 //! clients contending on one name (handoffs/s); 32 workers on distinct names (locks/s).
 //! Single server and Redlock over 3 instances. `BENCH_UNCONTENDED_ONLY=1` runs only the
-//! single server's uncontended case.
+//! single server's uncontended case; `BENCH_QUANTILES=1` also prints the 5th to 90th
+//! percentiles of each uncontended kind (on a VM the latencies are a mix of round trips
+//! whose threads were still awake and ones that had to be woken).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +21,7 @@ use fencelock_core::{AcquireOptions, DistributedLock};
 use fencelock_testkit::RedisServer;
 use redis::aio::MultiplexedConnection;
 
-const UNCONTENDED_ROUNDS: usize = 10;
+const UNCONTENDED_ROUNDS: usize = 20;
 const UNCONTENDED_OPS: usize = 500;
 const RUN: Duration = Duration::from_secs(3);
 
@@ -114,6 +116,13 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 
 fn report(what: &str, mut samples: Vec<Duration>, total: Duration) {
     samples.sort();
+    if std::env::var_os("BENCH_QUANTILES").is_some() {
+        let q: Vec<String> = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+            .iter()
+            .map(|p| format!("{:.0}", pct(&samples, *p).as_secs_f64() * 1e6))
+            .collect();
+        println!("{what}: {}", q.join(" "));
+    }
     println!(
         "{what:<34} p50 {:>8.1?}  p99 {:>8.1?}  {:>8.0} ops/s",
         pct(&samples, 0.5),

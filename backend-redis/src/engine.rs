@@ -123,11 +123,13 @@ impl Engine {
             .unwrap_or_else(|_| Err(Error::unavailable(BACKEND, "timed out")))
     }
 
-    /// One try to take `keys` for `lease`.
+    /// One try to take `keys` for `lease`. A refused try marks the lock as awaited when
+    /// `will_wait` (the release then publishes an unlock message).
     pub(crate) async fn try_once(
         self: &Arc<Self>,
         keys: &LockKeys,
         lease: Duration,
+        will_wait: bool,
     ) -> Result<Attempt, Error> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let owner = format!("{}:{id}", self.client_id);
@@ -147,9 +149,11 @@ impl Engine {
         invocation
             .key(&keys.lock)
             .key(&keys.token)
+            .key(&keys.waiters)
             .arg(&owner)
             .arg(millis(lease))
-            .arg(millis(self.config.token_ttl));
+            .arg(millis(self.config.token_ttl))
+            .arg(u8::from(will_wait));
         if redlock {
             invocation.arg(proposal());
         }
@@ -278,7 +282,11 @@ impl Engine {
     /// Compare-and-delete on every node; whether a quorum still held it.
     pub(crate) async fn release(&self, keys: &LockKeys, owner: &str) -> Result<bool, Error> {
         let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation.key(&keys.lock).arg(owner).arg(&keys.channel);
+        invocation
+            .key(&keys.lock)
+            .key(&keys.waiters)
+            .arg(owner)
+            .arg(&keys.channel);
         let replies = join_all(self.nodes.iter().map(|node| {
             let invocation = &invocation;
             async move {

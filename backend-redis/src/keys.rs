@@ -4,8 +4,9 @@ use std::fmt;
 
 /// How lock names become Redis keys.
 ///
-/// Every layout puts a lock's auxiliary keys (token counter) and its unlock channel in
-/// the lock key's cluster slot, so one script can touch them all on Redis Cluster.
+/// Every layout puts a lock's auxiliary keys (token counter, waiter marker) and its unlock
+/// channel in the lock key's cluster slot, so one script can touch them all on Redis
+/// Cluster.
 #[derive(Clone, PartialEq, Eq)]
 pub struct KeyLayout {
     prefix: String,
@@ -59,6 +60,7 @@ impl KeyLayout {
             let tag = hash_tag(&lock).unwrap_or(&lock).to_owned();
             LockKeys {
                 token: format!("{{{tag}}}:fencelock-token:{lock}"),
+                waiters: format!("{{{tag}}}:fencelock-waiters:{lock}"),
                 channel: format!("{{{tag}}}:fencelock-unlock:{lock}"),
                 slot: slot(&lock),
                 lock,
@@ -77,6 +79,7 @@ impl KeyLayout {
             lock.push('}');
             LockKeys {
                 token: format!("{lock}:token"),
+                waiters: format!("{lock}:waiters"),
                 channel: format!("{lock}:unlock"),
                 slot: slot(&lock),
                 lock,
@@ -108,6 +111,9 @@ pub(crate) struct LockKeys {
     pub lock: String,
     /// The token counter.
     pub token: String,
+    /// The waiter marker: set (with a TTL) by a failed try of a client that will wait,
+    /// deleted by the release, which publishes an unlock message only when it was there.
+    pub waiters: String,
     /// The unlock channel.
     pub channel: String,
     /// The Redis Cluster slot of all of them.
@@ -162,6 +168,7 @@ mod tests {
             assert!(seen.insert(k.lock.clone()), "{name}");
             assert_eq!(slot(&k.token), k.slot, "{name}");
             assert_eq!(slot(&k.channel), k.slot, "{name}");
+            assert_eq!(slot(&k.waiters), k.slot, "{name}");
             assert!(k.lock.starts_with("fencelock:{"));
         }
         assert_eq!(layout.keys("x").lock, "fencelock:{x}");
@@ -177,6 +184,7 @@ mod tests {
         assert_eq!(k.lock, "{order}:1");
         assert_eq!(slot(&k.token), slot(&k.lock));
         assert_eq!(slot(&k.channel), slot(&k.lock));
+        assert_eq!(slot(&k.waiters), slot(&k.lock));
     }
 
     #[test]

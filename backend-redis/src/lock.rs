@@ -90,8 +90,13 @@ impl RedisLock {
         let lease = options.lease_kind();
         let wake = Arc::new(Notify::new());
         let mut subscriptions = Vec::new();
+        let will_wait = options.wait_kind() != Wait::NoWait;
         loop {
-            match self.engine.try_once(keys, lease.duration()).await? {
+            match self
+                .engine
+                .try_once(keys, lease.duration(), will_wait)
+                .await?
+            {
                 Attempt::Granted {
                     token,
                     owner,

@@ -29,7 +29,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: lock, token. ARGV: owner, lease ms, token ttl ms.
+/// KEYS: lock, token, waiter marker. ARGV: owner, lease ms, token ttl ms, mark (`1`
+/// when the caller will wait if the lock is taken).
 /// Returns `{1, token}` when granted, `{0, pttl}` when held by someone else.
 ///
 /// The counter is incremented; a counter that did not exist (first grant, expiry, data
@@ -37,9 +38,11 @@ use redis::Script;
 /// earlier start plus one per grant since, and grants are more than a µs apart, so the
 /// clock lies above them (the assumption in the module docs). The usual grant is three
 /// commands: `SET NX PX`, `INCR`, `PEXPIRE`.
+///
+/// A refused try of a caller that will wait sets the waiter marker (see [`RELEASE`]).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        (r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local tok = redis.call('INCR', KEYS[2])
   if tok == 1 then
@@ -51,13 +54,29 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   return {1, tok}
 end
-return {0, redis.call('PTTL', KEYS[1])}
-",
+"
+        .to_owned()
+            + REFUSED)
+            .as_str(),
     )
 });
 
-/// Redlock's acquire. KEYS: lock, token. ARGV: owner, lease ms, token ttl ms, the
-/// client's proposal (its wall clock in µs, or 0).
+/// The end of both acquire scripts: the lock is held by someone else. A caller that will
+/// wait marks the lock as awaited until at least a second past the holder's `PTTL` (and
+/// for two seconds at least, for a key without expiry, re-checked every second), so the
+/// marker outlives the waiter's sleep until its next try, which marks again.
+const REFUSED: &str = r"
+local pttl = redis.call('PTTL', KEYS[1])
+if ARGV[4] == '1' then
+  local ms = pttl
+  if ms < 1000 then ms = 1000 end
+  redis.call('SET', KEYS[3], '1', 'PX', ms + 1000)
+end
+return {0, pttl}
+";
+
+/// Redlock's acquire. KEYS: lock, token, waiter marker. ARGV: owner, lease ms, token ttl
+/// ms, mark (as in [`ACQUIRE`]), the client's proposal (its wall clock in µs, or 0).
 /// Returns `{1, token}` when granted, `{0, pttl}` when held by someone else.
 ///
 /// `token = max(counter + 1, proposal)`. Every instance of one attempt gets the same
@@ -65,21 +84,24 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// answer the same token, which is then already recorded on the whole granting majority
 /// and needs no second round trip. That usual case costs two commands: the lock's
 /// `SET NX PX` and one `SET ... GET` that records the proposal and returns the old
-/// counter (Redis 6.2 or later); only a counter at or above the proposal needs a third.
+/// counter (Redis 6.2 or later), and returns the proposal as given; only a counter at or
+/// above the proposal needs a third.
 pub(crate) static ACQUIRE_PROPOSED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        (r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local tok = tonumber(ARGV[4])
-  local c = tonumber(redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3], 'GET') or '0') or 0
-  if c >= tok then
-    tok = c + 1
-    redis.call('SET', KEYS[2], string.format('%.0f', tok), 'PX', ARGV[3])
+  local c = tonumber(redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3], 'GET') or '0') or 0
+  if c < tonumber(ARGV[5]) then
+    return {1, ARGV[5]}
   end
-  return {1, string.format('%.0f', tok)}
+  local tok = string.format('%.0f', c + 1)
+  redis.call('SET', KEYS[2], tok, 'PX', ARGV[3])
+  return {1, tok}
 end
-return {0, redis.call('PTTL', KEYS[1])}
-",
+"
+        .to_owned()
+            + REFUSED)
+            .as_str(),
     )
 });
 
@@ -97,14 +119,22 @@ return 1
     )
 });
 
-/// KEYS: lock. ARGV: owner, unlock channel. Deletes the lock only if the owner matches,
-/// and publishes on the channel. Returns 1 if deleted, 0 if not ours (or gone).
+/// KEYS: lock, waiter marker. ARGV: owner, unlock channel. Deletes the lock only if
+/// the owner matches, together with the waiter marker, and publishes on the channel only
+/// when the marker was there: an uncontended release is `GET` + `DEL`, like a
+/// hand-written compare-and-delete. Returns 1 if deleted, 0 if not ours (or gone).
+///
+/// A waiter cannot miss the message: every refused try of a waiting client marks the
+/// lock, and it subscribes before its second try. A release before that try is seen by
+/// the try itself; a release after it finds the marker the try left (or, if the holder
+/// changed in between, the marker of the waiter's latest try against the new holder).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '0')
+  if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
+    redis.call('PUBLISH', ARGV[2], '0')
+  end
   return 1
 end
 return 0

@@ -1,6 +1,6 @@
 //! Redis-specific behaviour on real servers: the raw key layout against a hand-written
-//! `SET NX PX` lock, authentication, the replica check, loss on a deleted key, and
-//! nothing left behind by dropped guards.
+//! `SET NX PX` lock, authentication, the replica check, loss on a deleted key, nothing
+//! left behind by dropped guards, and unlock messages only for awaited locks.
 
 use std::time::Duration;
 
@@ -199,4 +199,69 @@ async fn dropped_guards_leave_nothing() {
     let mut conn = raw(server).await;
     let exists: bool = conn.exists("drop:{d}").await.unwrap();
     assert!(!exists);
+}
+
+/// An uncontended release publishes no unlock message (it is a plain compare-and-delete);
+/// a release with a client waiting publishes one, the waiter gets the lock at once (long
+/// before the holder's 30 s lease would have run out), and the waiter marker is gone with
+/// the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_awaited_releases_publish() {
+    use futures_util::StreamExt;
+
+    let server = RedisServer::shared();
+    let locks = locks(&format!("{}?prefix=pub:", server.url())).await;
+    let mut pubsub = redis::Client::open(server.url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    pubsub.subscribe("pub:{q}:unlock").await.unwrap();
+    let mut messages = pubsub.into_on_message();
+
+    for _ in 0..3 {
+        locks.lock("q").await.unwrap().release().await.unwrap();
+    }
+    let quiet = tokio::time::timeout(Duration::from_millis(300), messages.next()).await;
+    assert!(quiet.is_err(), "an uncontended release published");
+
+    let lease = AcquireOptions::new().lease(Duration::from_secs(30));
+    let holder = locks.acquire("q", lease).await.unwrap();
+    let other = fencelock_redis::connect(&format!("{}?prefix=pub:", server.url()))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = other
+            .acquire("q", lease.wait_timeout(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        let token = guard.token();
+        guard.release().await.unwrap();
+        token
+    });
+    let mut conn = raw(server).await;
+    let marked = async {
+        while !conn.exists::<_, bool>("pub:{q}:waiters").await.unwrap() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), marked)
+        .await
+        .expect("the waiter never marked the lock");
+    let released = tokio::time::Instant::now();
+    let token = holder.token();
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was not woken by the release")
+        .unwrap();
+    assert!(next > token);
+    assert!(released.elapsed() < Duration::from_secs(5));
+    tokio::time::timeout(Duration::from_secs(1), messages.next())
+        .await
+        .expect("the awaited release published nothing");
+    for key in ["pub:{q}", "pub:{q}:waiters"] {
+        let exists: bool = conn.exists(key).await.unwrap();
+        assert!(!exists, "{key} was left behind");
+    }
 }

@@ -15,9 +15,10 @@
 //! Runs alternate (rslock, fencelock, rslock, fencelock) so warm-up and CPU contention
 //! hit both. What each side does per lock:
 //!
-//! - fencelock: acquire = one script per instance (`SET NX PX` + fencing token), then a
-//!   second round trip that records the token on a majority; release = one script per
-//!   instance (compare, `DEL`, `PUBLISH`). The lease (10 s) is renewing, so renewal is
+//! - fencelock: acquire = one script per instance (`SET NX PX` + fencing token; a second
+//!   round trip that records the token on a majority only when the instances' answers
+//!   disagree); release = one script per instance (compare, `DEL`, and `PUBLISH` only
+//!   when a waiter marked the lock). The lease (10 s) is renewing, so renewal is
 //!   armed and disarmed per lock (also measured with a fixed lease: no renewal). A waiter
 //!   sleeps until an unlock message (pub/sub).
 //! - rslock: acquire = `SET NX PX` per instance; release = `EVAL(SHA)` compare-and-delete
