@@ -2,16 +2,18 @@
 //!
 //! # Token scheme
 //!
-//! The acquire script increments the lock's counter key (TTL `token_ttl`, refreshed at
-//! every grant) in the same script that sets the lock key; a counter that does not exist
-//! starts at the server's clock in µs. Tokens therefore never go backwards while the
-//! counter survives, and after a restart without persistence (or a failover that lost
-//! the counter, or the counter's expiry) the server clock, which has moved on, lies above
-//! every earlier token (each was the clock at an earlier start plus one per grant).
-//! The assumption: the wall clock of the server (and of any replica promoted in its
-//! place) does not step back by more than the time that passed between the last grant
-//! before the data loss and the first grant after it. Tokens are below 2^53, so Lua's
-//! doubles represent them exactly.
+//! The acquire script issues `max(counter + 1, server clock in µs)` and records it in the
+//! lock's counter key (TTL `token_ttl`, refreshed at every grant), in the same script
+//! that sets the lock key. The counter alone is not enough: a failover to a lagging
+//! replica, or a restart from an older snapshot, leaves a counter that is present but
+//! stale, and `counter + 1` would then re-issue a token already handed out. The clock,
+//! which has moved on, lies above every token issued before the data loss (each was at
+//! most the clock at its grant, or one more than a token that was). The counter keeps
+//! tokens increasing when grants come faster than the clock ticks, or when a clock steps
+//! back a little. The assumption: the wall clock of the server (and of any replica
+//! promoted in its place) does not step back by more than the time between the last
+//! grant before the data loss and the first grant after it. Tokens are below 2^53, so
+//! Lua's doubles represent them exactly.
 //!
 //! Redlock: the token of a guard is the highest token among the granting majority, and
 //! it must be recorded on a majority before the guard is handed out, so that any later
@@ -33,25 +35,25 @@ use redis::Script;
 /// when the caller will wait if the lock is taken).
 /// Returns `{1, token}` when granted, `{0, pttl}` when held by someone else.
 ///
-/// The counter is incremented; a counter that did not exist (first grant, expiry, data
-/// loss) starts at the server's clock in µs instead. Earlier tokens are that clock at an
-/// earlier start plus one per grant since, and grants are more than a µs apart, so the
-/// clock lies above them (the assumption in the module docs). The usual grant is three
-/// commands: `SET NX PX`, `INCR`, `PEXPIRE`.
+/// `token = max(counter + 1, server clock in µs)` (the module docs say why both). The
+/// usual grant (the clock above the counter) is `SET NX PX`, `TIME` and one
+/// `SET ... PX ... GET` that records the clock and returns the old counter (Redis 6.2 or
+/// later); the clock's digits are joined as strings, so no number is formatted. Only a
+/// counter at or above the clock needs a fourth command.
 ///
 /// A refused try of a caller that will wait sets the waiter marker (see [`RELEASE`]).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         (r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local tok = redis.call('INCR', KEYS[2])
-  if tok == 1 then
-    local t = redis.call('TIME')
-    tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', KEYS[2], string.format('%.0f', tok), 'PX', ARGV[3])
-  else
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  local t = redis.call('TIME')
+  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  local c = tonumber(redis.call('SET', KEYS[2], now, 'PX', ARGV[3], 'GET') or '0') or 0
+  if c < tonumber(now) then
+    return {1, now}
   end
+  local tok = string.format('%.0f', c + 1)
+  redis.call('SET', KEYS[2], tok, 'PX', ARGV[3])
   return {1, tok}
 end
 "

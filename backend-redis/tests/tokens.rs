@@ -1,0 +1,135 @@
+//! Fencing tokens never repeat when a Redis server's counter is present but stale: the
+//! counter set back (what a failover to a lagging replica does), and a restart that loads
+//! an older `dump.rdb`. On a single server and on one instance of a Redlock of three.
+
+use std::time::Duration;
+
+use fencelock_core::{DistributedLock, DistributedLockExt, FencingToken};
+use fencelock_redis::{RedisConfig, RedisLock};
+use fencelock_testkit::RedisServer;
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn locks(url: &str) -> RedisLock {
+    RedisLock::connect(RedisConfig::from_url(url).unwrap())
+        .await
+        .unwrap()
+}
+
+/// Takes and releases `name` `n` times; returns the tokens.
+async fn grant(locks: &dyn DistributedLock, name: &str, n: usize) -> Vec<FencingToken> {
+    let mut tokens = Vec::new();
+    for _ in 0..n {
+        let guard = locks.lock(name).await.expect("acquire");
+        tokens.push(guard.token());
+        guard.release().await.expect("release");
+    }
+    tokens
+}
+
+/// The first acquire after a restart: the client may need a moment to reconnect.
+async fn grant_after_restart(locks: &dyn DistributedLock, name: &str) -> FencingToken {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match locks.try_lock(name).await {
+            Ok(Some(guard)) => {
+                let token = guard.token();
+                guard.release().await.expect("release");
+                return token;
+            }
+            Ok(None) => panic!("{name} is held by nobody, yet refused"),
+            Err(error) if tokio::time::Instant::now() < deadline => {
+                assert!(error.is_retryable(), "{error:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("no acquire after the restart: {error:?}"),
+        }
+    }
+}
+
+/// The counter key of `name` on `server` (the only `*:token` key there).
+async fn counter_key(server: &RedisServer) -> String {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:token")
+        .query_async(&mut raw(server).await)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    keys.into_iter().next().unwrap()
+}
+
+async fn set_counter(server: &RedisServer, key: &str, token: FencingToken) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(token.get())
+        .query_async(&mut raw(server).await)
+        .await
+        .unwrap();
+}
+
+async fn save(server: &RedisServer) {
+    let _: () = redis::cmd("SAVE")
+        .query_async(&mut raw(server).await)
+        .await
+        .unwrap();
+}
+
+fn assert_new(token: FencingToken, issued: &[FencingToken]) {
+    let highest = issued.iter().max().unwrap();
+    assert!(
+        token > *highest,
+        "token {token} after a stale counter is not above every issued one ({issued:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_set_back_issues_no_old_token() {
+    let server = RedisServer::start();
+    let locks = locks(&server.url()).await;
+    let issued = grant(&locks, "stock", 4).await;
+    set_counter(&server, &counter_key(&server).await, issued[0]).await;
+    let [token] = grant(&locks, "stock", 1).await[..] else {
+        unreachable!()
+    };
+    assert_new(token, &issued);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_from_an_older_snapshot_issues_no_old_token() {
+    let server = RedisServer::start();
+    let locks = locks(&server.url()).await;
+    let mut issued = grant(&locks, "stock", 1).await;
+    save(&server).await;
+    issued.extend(grant(&locks, "stock", 3).await);
+    // SIGKILL, then start on the same directory: it loads the dump of the first grant.
+    server.restart();
+    let token = grant_after_restart(&locks, "stock").await;
+    assert_new(token, &issued);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_with_one_stale_instance_issues_no_old_token() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    let locks = locks(&format!("redlock://{}", hosts.join(","))).await;
+
+    // The counter of one instance set back.
+    let mut issued = grant(&locks, "stock", 4).await;
+    set_counter(&servers[0], &counter_key(&servers[0]).await, issued[0]).await;
+    let token = grant(&locks, "stock", 1).await[0];
+    assert_new(token, &issued);
+    issued.push(token);
+
+    // One instance restarted from an older snapshot.
+    save(&servers[0]).await;
+    issued.extend(grant(&locks, "stock", 3).await);
+    servers[0].restart();
+    let token = grant_after_restart(&locks, "stock").await;
+    assert_new(token, &issued);
+}
