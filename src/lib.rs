@@ -70,7 +70,8 @@ pub use fencelock_core::layer;
 pub use fencelock_core::{
     AcquireOptions, BoxError, Capabilities, DEFAULT_LEASE, DistributedLock, DistributedLockExt,
     Error, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Lease, Liveness,
-    LockGuard, LockInfo, LossDetection, MAX_NAME_LEN, MemoryLock, StaleToken, Wait, validate_name,
+    FOREVER, LockGuard, LockInfo, LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock, SHORTEST_LEASE,
+    StaleToken, Wait, validate_name,
 };
 #[cfg(feature = "metrics")]
 pub use fencelock_core::{Metrics, MetricsOptions};

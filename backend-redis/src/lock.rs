@@ -170,9 +170,6 @@ impl DistributedLock for RedisLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
         options.validate(MIN_LEASE)?;
-        if options.lease_kind().duration() > Duration::from_secs(365 * 24 * 3600) {
-            return Err(Error::InvalidConfig("a lease longer than a year".into()));
-        }
         let keys = self.engine.config.layout.keys(name);
         match options.wait_kind() {
             Wait::Timeout(limit) => {

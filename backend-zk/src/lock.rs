@@ -191,7 +191,7 @@ impl DistributedLock for ZkLock {
         };
         let wait = options.wait_kind();
         let deadline = match wait {
-            Wait::Timeout(limit) => Some(tokio::time::Instant::now() + limit),
+            Wait::Timeout(limit) => tokio::time::Instant::now().checked_add(limit),
             Wait::NoWait | Wait::Forever => None,
         };
         let attempt = async {

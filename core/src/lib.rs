@@ -49,7 +49,7 @@ pub use liveness::Liveness;
 pub use lock::{DistributedLock, HolderInfo, LockInfo};
 pub use memory::MemoryLock;
 pub use name::{MAX_NAME_LEN, validate_name};
-pub use options::{AcquireOptions, DEFAULT_LEASE, Lease, Wait};
+pub use options::{AcquireOptions, DEFAULT_LEASE, FOREVER, Lease, MAX_LEASE, SHORTEST_LEASE, Wait};
 pub use redact::redact_url;
 pub use token::FencingToken;
 

@@ -7,6 +7,19 @@ use crate::Error;
 /// The lease of a renewing lock when none is given: 30 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// The shortest lease any backend accepts: 1 ms (a renewing lease is renewed every
+/// third of it, and timers tick in milliseconds). Backends have higher minimums of their
+/// own ([`Capabilities::min_lease`](crate::Capabilities::min_lease)).
+pub const SHORTEST_LEASE: Duration = Duration::from_millis(1);
+
+/// The longest lease any backend accepts: 365 days. A longer one is an
+/// [`Error::InvalidConfig`], not a lease that overflows a deadline.
+pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A wait timeout at or above this (100 years) waits forever, as [`Wait::Forever`]: no
+/// deadline that far away can be represented on every platform, and none is meant.
+pub const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// How a held lock stays held.
 ///
 /// A lease is the time after which the backend frees a lock whose holder went silent
@@ -55,7 +68,9 @@ impl Default for Lease {
 pub enum Wait {
     /// Do not wait: fail with [`Error::Contended`] if the lock is held.
     NoWait,
-    /// Wait at most this long, then fail with [`Error::Timeout`].
+    /// Wait at most this long, then fail with [`Error::Timeout`]. A timeout of
+    /// [`FOREVER`] or more is taken as [`Wait::Forever`] by
+    /// [`AcquireOptions::wait`].
     Timeout(Duration),
     /// Wait until the lock is granted (or an error occurs). The default.
     #[default]
@@ -114,9 +129,13 @@ impl AcquireOptions {
         self
     }
 
-    /// Sets the wait directly.
+    /// Sets the wait directly. A timeout of [`FOREVER`] or more (such as
+    /// `Duration::MAX`) waits forever.
     pub fn wait(mut self, wait: Wait) -> Self {
-        self.wait = wait;
+        self.wait = match wait {
+            Wait::Timeout(limit) if limit >= FOREVER => Wait::Forever,
+            other => other,
+        };
         self
     }
 
@@ -125,7 +144,8 @@ impl AcquireOptions {
         self.wait(Wait::NoWait)
     }
 
-    /// Wait at most this long.
+    /// Wait at most this long; [`FOREVER`] or more (such as `Duration::MAX`) waits
+    /// forever.
     pub fn wait_timeout(self, timeout: Duration) -> Self {
         self.wait(Wait::Timeout(timeout))
     }
@@ -164,8 +184,8 @@ impl AcquireOptions {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] if the lease is zero or shorter than `min_lease`. The
-    /// lease is never silently raised to the minimum.
+    /// [`Error::InvalidConfig`] if the lease is zero, shorter than `min_lease` or than
+    /// [`SHORTEST_LEASE`], or longer than [`MAX_LEASE`]. The lease is never silently adjusted.
     pub fn validate(&self, min_lease: Duration) -> Result<(), Error> {
         let lease = self.lease_kind().duration();
         if lease.is_zero() {
@@ -173,6 +193,12 @@ impl AcquireOptions {
                 "the lease must be longer than zero".into(),
             ));
         }
+        if lease > MAX_LEASE {
+            return Err(Error::InvalidConfig(format!(
+                "a lease of {lease:?} is longer than the maximum of {MAX_LEASE:?} (365 days)"
+            )));
+        }
+        let min_lease = min_lease.max(SHORTEST_LEASE);
         if lease < min_lease {
             return Err(Error::InvalidConfig(format!(
                 "a lease of {lease:?} is shorter than this backend's minimum of {min_lease:?}"

@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use super::support::unique_name;
-use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error, MAX_NAME_LEN};
+use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error, MAX_LEASE, MAX_NAME_LEN};
 
 /// Odd but valid names (unicode, `/`, `..`, `{}`, spaces, a prefix of another name,
 /// 1 KiB, the maximum length) all work and are independent: all are held at once.
@@ -106,7 +106,30 @@ pub async fn invalid_input_is_rejected(lock: &dyn DistributedLock) {
             .unwrap_err();
         assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
     }
+    // Extreme durations: a typed error before any I/O, never a panic.
+    for options in [
+        AcquireOptions::new().lease(Duration::MAX),
+        AcquireOptions::new().fixed_lease(Duration::MAX),
+        AcquireOptions::new().lease(Duration::from_nanos(2)),
+        AcquireOptions::new().fixed_lease(Duration::from_nanos(2)),
+        AcquireOptions::new().lease(MAX_LEASE + Duration::from_secs(1)),
+        AcquireOptions::new()
+            .fixed_lease(Duration::MAX)
+            .wait_timeout(Duration::MAX),
+    ] {
+        let err = lock.acquire(&name, options).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{options:?}: {err:?}");
+    }
     // Nothing was left behind by the failed calls.
+    let guard = lock.try_lock(&name).await.expect("try_lock").expect("free");
+    guard.release().await.expect("release");
+    // A wait too long to represent waits forever: granted when free, still waiting (not
+    // panicking, not timing out) when held.
+    let forever = AcquireOptions::new().wait_timeout(Duration::MAX);
+    let guard = lock.acquire(&name, forever).await.expect("acquire, free");
+    let waiting = tokio::time::timeout(Duration::from_millis(300), lock.acquire(&name, forever));
+    assert!(waiting.await.is_err(), "a wait of Duration::MAX ended");
+    guard.release().await.expect("release");
     let guard = lock.try_lock(&name).await.expect("try_lock").expect("free");
     guard.release().await.expect("release");
 }

@@ -209,7 +209,11 @@ impl Retry {
             return None;
         }
         let delay = delays.next()?;
-        if deadline.is_some_and(|deadline| Instant::now() + delay >= deadline) {
+        if deadline.is_some_and(|deadline| {
+            Instant::now()
+                .checked_add(delay)
+                .is_none_or(|at| at >= deadline)
+        }) {
             return None;
         }
         tracing::warn!(
@@ -245,7 +249,7 @@ impl DistributedLock for Retry {
     /// misleading timeout).
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         let deadline = match options.wait_kind() {
-            Wait::Timeout(wait) => Some(Instant::now() + wait),
+            Wait::Timeout(wait) => Instant::now().checked_add(wait),
             Wait::NoWait | Wait::Forever => None,
         };
         let mut delays = self.policy.delays();
