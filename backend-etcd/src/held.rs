@@ -77,7 +77,7 @@ impl Cleanup {
     /// failing for three lease periods while the session stays alive, the session is
     /// abandoned so that its lease, and the key with it, expires.
     pub(crate) fn spawn(mut self) {
-        if self.state == KeyState::Absent && self.fixed_lease.is_none() {
+        if self.is_empty() {
             return;
         }
         let permit = self.permit.take();
@@ -111,49 +111,95 @@ impl Cleanup {
         });
     }
 
-    /// One attempt right away, bounded by the clean-up timeout; if it fails, the rest
-    /// continues in the background as with [`spawn`](Self::spawn).
-    pub(crate) async fn run_now(self) {
-        let done = self.state == KeyState::Absent && self.fixed_lease.is_none();
-        if done
+    /// Whether there is nothing to undo.
+    fn is_empty(&self) -> bool {
+        self.state == KeyState::Absent && self.fixed_lease.is_none()
+    }
+
+    /// One attempt right away, bounded by the clean-up timeout. Returns whether everything
+    /// is undone; the caller keeps the clean-up armed otherwise.
+    async fn try_once(&self) -> bool {
+        self.is_empty()
             || matches!(
                 tokio::time::timeout(self.timeout, self.run()).await,
                 Ok(Ok(()))
             )
-        {
-            return;
-        }
-        self.spawn();
     }
 
     async fn run(&self) -> Result<(), Error> {
-        match (self.fixed_lease, self.state) {
+        if let Some(lease) = self.fixed_lease {
             // Revoking a dedicated lease deletes exactly the keys attached to it: ours.
-            (Some(lease), _) => match self.client.lease_client().revoke(lease).await {
-                Ok(_) => Ok(()),
+            match self.client.lease_client().revoke(lease).await {
+                Ok(_) => {}
                 // Already expired: nothing left to delete.
                 Err(etcd_client::Error::GRpcStatus(status))
-                    if status.message().contains("not found") =>
-                {
-                    Ok(())
-                }
-                Err(error) => Err(map(error)),
-            },
-            (None, KeyState::Absent) => Ok(()),
-            (None, KeyState::Created(revision)) => {
-                delete_incarnation(&self.client, &self.key, revision)
-                    .await
-                    .map(drop)
+                    if status.message().contains("not found") => {}
+                Err(error) => return Err(map(error)),
             }
+            if self.session.is_none() {
+                return Ok(());
+            }
+            // A queued key moving to its fixed lease: it may still be on the session lease.
+        }
+        match self.state {
+            KeyState::Absent => Ok(()),
+            KeyState::Created(revision) => delete_incarnation(&self.client, &self.key, revision)
+                .await
+                .map(drop),
             // The create's answer was lost: no newer incarnation can exist while we hold
             // the gate turn, so deleting by key is exact.
-            (None, KeyState::Unknown) => self
+            KeyState::Unknown => self
                 .client
                 .kv_client()
                 .delete(self.key.as_str(), None)
                 .await
                 .map(drop)
                 .map_err(map),
+        }
+    }
+}
+
+/// A clean-up that stays armed until its work is confirmed done: dropping it (an error,
+/// a timeout, a cancelled future at any await point) hands the clean-up to the background.
+/// Everything that can leave a key or lease behind holds its [`Cleanup`] through this,
+/// never as a bare local across an `.await`.
+pub(crate) struct Armed(Option<Cleanup>);
+
+impl Armed {
+    pub(crate) fn new(cleanup: Cleanup) -> Self {
+        Armed(Some(cleanup))
+    }
+
+    /// The clean-up, to record what was done so far.
+    pub(crate) fn get(&mut self) -> &mut Cleanup {
+        self.0
+            .as_mut()
+            .expect("an armed clean-up is present until disarmed")
+    }
+
+    /// Undoes everything now, bounded by the clean-up timeout; if that attempt fails (or
+    /// this future is dropped first), the clean-up goes on in the background.
+    pub(crate) async fn finish_now(mut self) {
+        if let Some(cleanup) = &self.0 {
+            if cleanup.try_once().await {
+                // Done: dropping it now returns the gate turn.
+                self.0 = None;
+            }
+        }
+    }
+
+    /// The clean-up, no longer armed: its work is done or now owned elsewhere.
+    pub(crate) fn disarm(mut self) -> Cleanup {
+        self.0
+            .take()
+            .expect("an armed clean-up is present until disarmed")
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        if let Some(cleanup) = self.0.take() {
+            cleanup.spawn();
         }
     }
 }
@@ -244,19 +290,26 @@ impl HeldLock for EtcdHeld {
             return Ok(());
         }
         self.releasing.store(true, Ordering::SeqCst);
-        let Some(mut cleanup) = self.stop() else {
+        let Some(cleanup) = self.stop() else {
             return Err(Error::lost(&self.name, "the lock was already given up"));
         };
-        let attempt = tokio::time::timeout(
-            cleanup.timeout,
-            cleanup
-                .batcher
-                .delete_incarnation(&cleanup.key, self.revision),
-        )
-        .await;
+        // Armed until the delete is confirmed: a release future dropped at the await
+        // below leaves the delete to the background instead of the key to the session.
+        let mut armed = Armed::new(cleanup);
+        let attempt = {
+            let cleanup = armed.get();
+            tokio::time::timeout(
+                cleanup.timeout,
+                cleanup
+                    .batcher
+                    .delete_incarnation(&cleanup.key, self.revision),
+            )
+            .await
+        };
         let outcome = match attempt {
             Ok(Ok(true)) => {
                 self.released.store(true, Ordering::SeqCst);
+                let cleanup = armed.get();
                 if let Some(lease) = cleanup.fixed_lease.take() {
                     let client = cleanup.client.clone();
                     cleanup
@@ -277,9 +330,11 @@ impl HeldLock for EtcdHeld {
         };
         match outcome {
             // The gate turn can go as soon as the key is known to be gone.
-            Ok(()) | Err(Error::Lost { .. }) => drop(cleanup),
+            Ok(()) => drop(armed.disarm()),
+            // Gone already; only a dedicated lease may be left to revoke.
+            Err(Error::Lost { .. }) => armed.get().state = KeyState::Absent,
             // Unknown: keep trying in the background before anyone reuses the key.
-            Err(_) => cleanup.spawn(),
+            Err(_) => drop(armed),
         }
         outcome
     }

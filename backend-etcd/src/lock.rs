@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, TxnResponse,
 };
 use fencelock_core::{
@@ -20,9 +20,9 @@ use crate::config::{EtcdConfig, MIN_LEASE, lease_seconds};
 use crate::delayed::Delayed;
 use crate::error::{BACKEND, map, timed_out};
 use crate::gate::Gates;
-use crate::held::{Cleanup, EtcdHeld, KeyState};
+use crate::held::{Armed, Cleanup, EtcdHeld, KeyState};
 use crate::keys::{name_prefix, own_key};
-use crate::session::{Session, Sessions, drift_margin};
+use crate::session::{Session, Sessions};
 use crate::wait;
 
 /// Locks in etcd, with the algorithm of etcd's Go `concurrency.Mutex`, done right.
@@ -171,7 +171,8 @@ impl EtcdLock {
     /// gone (revoked or expired before its keepalive noticed).
     async fn take_fresh(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         let deadline = match options.wait_kind() {
-            Wait::Timeout(limit) => Some(Instant::now() + limit),
+            // A wait too long to represent is a wait forever.
+            Wait::Timeout(limit) => Instant::now().checked_add(limit),
             Wait::NoWait | Wait::Forever => None,
         };
         match self.take(name, options, deadline).await {
@@ -204,25 +205,30 @@ impl EtcdLock {
         let inner = &self.inner;
         let names = name_prefix(&inner.config.prefix, name);
         let lease = options.lease_or(inner.config.lease);
-        let (session, fixed) = match lease {
+        let no_wait = options.wait_kind() == Wait::NoWait;
+        // A fixed lease starts when the lock is granted, never while waiting. A try that
+        // does not wait is granted or refused by its create, so its key goes straight onto
+        // a lease granted just before. One that may wait queues on the client's renewing
+        // session and moves its key onto a fresh fixed lease when its turn comes.
+        let (session, fixed_now) = match lease {
+            Lease::Fixed(ttl) if no_wait => (Session::grant(&inner.client, ttl, false).await?, true),
+            Lease::Fixed(_) => (inner.sessions.get(&inner.client, inner.config.lease).await?, false),
             Lease::Renewing(ttl) => (inner.sessions.get(&inner.client, ttl).await?, false),
-            Lease::Fixed(ttl) => (Session::grant(&inner.client, ttl, false).await?, true),
         };
         let key = own_key(&names, session.lease_id());
-        let mut cleanup = Cleanup {
+        let cleanup = Cleanup {
             client: inner.client.clone(),
             batcher: inner.batcher.clone(),
             runtime: inner.runtime.clone(),
             timeout: inner.config.cleanup_timeout,
             key: key.clone(),
             state: KeyState::Absent,
-            session: (!fixed).then(|| session.clone()),
-            fixed_lease: fixed.then(|| session.lease_id()),
+            session: (!fixed_now).then(|| session.clone()),
+            fixed_lease: fixed_now.then(|| session.lease_id()),
             permit: None,
         };
         // Until the guard exists, dropping this (error, timeout, cancellation) undoes it all.
-        let mut pending = Pending(Some(cleanup));
-        let no_wait = options.wait_kind() == Wait::NoWait;
+        let mut pending = Armed::new(cleanup);
         let permit = if no_wait {
             inner
                 .gates
@@ -235,7 +241,6 @@ impl EtcdLock {
         };
         pending.get().permit = Some(permit);
 
-        let sent = Instant::now();
         let revision = if no_wait {
             self.create_if_free(&key, &names, session.lease_id(), &mut pending)
                 .await?
@@ -262,14 +267,21 @@ impl EtcdLock {
             mine
         };
 
-        let valid_until = if fixed {
-            sent + lease.duration() - drift_margin(lease.duration())
-        } else {
-            session.valid_until()
+        // The holder's session: the renewing one, or the fixed lease the key is on.
+        let (session, fixed) = match lease {
+            Lease::Fixed(ttl) if !fixed_now => (
+                self.move_to_fixed_lease(&key, revision, ttl, name, &mut pending)
+                    .await?,
+                true,
+            ),
+            _ => (session, fixed_now),
         };
+        // Anchored at the moment the request that started the lease was sent: the grant
+        // of a fixed lease, the last keepalive of a renewing session.
+        let valid_until = session.valid_until();
         let liveness = Liveness::new(valid_until);
         let registration = (!fixed).then(|| session.register(liveness.clone()));
-        cleanup = pending.disarm();
+        let cleanup = pending.disarm();
         let held = EtcdHeld::start(
             name,
             session,
@@ -288,6 +300,47 @@ impl EtcdLock {
         ))
     }
 
+    /// Our turn came for a fixed-lease lock queued on the renewing session: grants the
+    /// fixed lease now (its TTL starts with this request) and moves our key onto it, if
+    /// the key is still the incarnation we queued with (a put keeps the create revision,
+    /// so the token is unchanged). Returns the fixed lease.
+    async fn move_to_fixed_lease(
+        &self,
+        key: &str,
+        revision: i64,
+        ttl: Duration,
+        name: &str,
+        pending: &mut Armed,
+    ) -> Result<Arc<Session>, Error> {
+        let fixed = Session::grant(&self.inner.client, ttl, false).await?;
+        // From here the clean-up revokes the fixed lease as well as deleting our key.
+        pending.get().fixed_lease = Some(fixed.lease_id());
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+            .and_then([TxnOp::put(
+                key,
+                "",
+                Some(PutOptions::new().with_lease(fixed.lease_id())),
+            )]);
+        let moved = self
+            .inner
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(map)?
+            .succeeded();
+        if !moved {
+            return Err(Error::lost(
+                name,
+                "our key disappeared before its fixed lease started (session expired or key deleted)",
+            ));
+        }
+        // The key now lives and dies with the fixed lease alone.
+        pending.get().session = None;
+        Ok(fixed)
+    }
+
     /// Creates our key and learns the first key under the name. Returns (our create
     /// revision, the holder's create revision).
     ///
@@ -303,7 +356,7 @@ impl EtcdLock {
         key: &str,
         names: &str,
         lease_id: i64,
-        pending: &mut Pending,
+        pending: &mut Armed,
     ) -> Result<(i64, i64), Error> {
         if let Some(revision) = self.create_if_free(key, names, lease_id, pending).await? {
             return Ok((revision, revision));
@@ -335,7 +388,7 @@ impl EtcdLock {
 
     /// Sends a transaction that may create our key: until its answer arrives, whether the
     /// key exists is unknown (and a clean-up must delete by key).
-    async fn send_create(&self, txn: Txn, pending: &mut Pending) -> Result<TxnResponse, Error> {
+    async fn send_create(&self, txn: Txn, pending: &mut Armed) -> Result<TxnResponse, Error> {
         pending.get().state = KeyState::Unknown;
         self.inner
             .client
@@ -353,7 +406,7 @@ impl EtcdLock {
         key: &str,
         names: &str,
         lease_id: i64,
-        pending: &mut Pending,
+        pending: &mut Armed,
     ) -> Result<Option<i64>, Error> {
         pending.get().state = KeyState::Unknown;
         let created = self
@@ -388,7 +441,7 @@ impl EtcdLock {
 
 /// Maps a create's error; a lease etcd no longer knows means the session is gone, and
 /// nothing was created.
-fn stale(error: etcd_client::Error, pending: &mut Pending) -> Error {
+fn stale(error: etcd_client::Error, pending: &mut Armed) -> Error {
     if crate::error::is_lease_not_found(&error) {
         pending.get().state = KeyState::Absent;
         if let Some(session) = &pending.get().session {
@@ -430,39 +483,6 @@ fn get_first(ops: &[TxnOpResponse], index: usize) -> Option<i64> {
 
 fn internal(what: &str) -> Error {
     Error::backend(BACKEND, false, format!("unexpected etcd answer: {what}"))
-}
-
-/// A grant in progress: cleaned up in the background unless disarmed.
-struct Pending(Option<Cleanup>);
-
-impl Pending {
-    fn get(&mut self) -> &mut Cleanup {
-        self.0
-            .as_mut()
-            .expect("pending clean-up is present until disarmed")
-    }
-
-    /// Undoes the grant now, bounded by the clean-up timeout (in the background if that
-    /// attempt fails).
-    async fn finish_now(&mut self) {
-        if let Some(cleanup) = self.0.take() {
-            cleanup.run_now().await;
-        }
-    }
-
-    fn disarm(mut self) -> Cleanup {
-        self.0
-            .take()
-            .expect("pending clean-up is present until disarmed")
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if let Some(cleanup) = self.0.take() {
-            cleanup.spawn();
-        }
-    }
 }
 
 #[async_trait]

@@ -18,6 +18,7 @@ mod cancellation;
 mod clients;
 mod exclusion;
 mod expiry;
+mod handoff;
 mod names;
 mod support;
 
@@ -30,6 +31,10 @@ pub use exclusion::{
 pub use expiry::{
     fixed_lease_expires_and_reports_loss, renewing_lease_outlives_its_duration,
     with_lock_cancels_work_on_loss,
+};
+pub use handoff::{
+    cancelled_give_up_leaves_no_waiter, cancelled_release_frees_the_name,
+    contended_fixed_lease_starts_at_grant, expiry_after_handoff_passes_the_turn_on,
 };
 pub use names::{invalid_input_is_rejected, odd_names_are_independent};
 pub use support::unique_name;
@@ -56,12 +61,16 @@ macro_rules! conformance_suite {
             with_lock_cancels_work_on_loss,
             cancelled_acquires_leave_nothing,
             dropped_guard_frees_promptly,
+            expiry_after_handoff_passes_the_turn_on,
+            contended_fixed_lease_starts_at_grant,
             odd_names_are_independent,
             invalid_input_is_rejected,
         );
         $crate::conformance_suite!(@pairs $setup;
             mutual_exclusion_across_clients,
             exclusion_is_visible_across_clients,
+            cancelled_release_frees_the_name,
+            cancelled_give_up_leaves_no_waiter,
         );
     };
     (@pairs $setup:expr; $($case:ident),+ $(,)?) => {
