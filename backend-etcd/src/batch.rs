@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fencelock_core::Error;
 use futures_util::future::join_all;
 use tokio::runtime::Handle;
@@ -26,12 +26,25 @@ use tokio::sync::oneshot;
 /// 128 operations per branch).
 const MAX_BATCH: usize = 32;
 
+/// The answer to a create of our key if the name has no key at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Created {
+    /// Our key was created at this revision: we hold the lock.
+    Granted(i64),
+    /// The name was taken. `ours` is the create revision of our own key when it exists
+    /// all the same: created by an earlier send of this request whose answer was lost
+    /// (a combined transaction that erred after etcd applied it), or left by an earlier
+    /// grant. It is never taken as a grant (its token may not be new); the caller must
+    /// delete it.
+    Taken { ours: Option<i64> },
+}
+
 /// A create of our key if the name has no key at all.
 struct Create {
     names: String,
     key: String,
     lease: i64,
-    reply: oneshot::Sender<Result<Option<i64>, etcd_client::Error>>,
+    reply: oneshot::Sender<Result<Created, etcd_client::Error>>,
 }
 
 /// A delete of our key if it is still the incarnation created at `revision`.
@@ -152,8 +165,7 @@ impl Batcher {
         }
     }
 
-    /// Creates `key` on `lease` if no key exists under `names`: `Some(revision)` if it
-    /// did, `None` if the name is taken.
+    /// Creates `key` on `lease` if no key exists under `names`; see [`Created`].
     ///
     /// Cancel safety: once queued, the request is sent unless it is still waiting when
     /// the caller goes away; either way the caller must treat the key as possibly
@@ -163,7 +175,7 @@ impl Batcher {
         names: &str,
         key: &str,
         lease: i64,
-    ) -> Result<Option<i64>, etcd_client::Error> {
+    ) -> Result<Created, etcd_client::Error> {
         if claim(&self.creates) {
             let _claimed = Claimed {
                 batcher: self,
@@ -262,12 +274,15 @@ impl Batcher {
                     if response.succeeded() {
                         let revision = response.header().map_or(0, |h| h.revision());
                         for create in batch {
-                            let _ = create.reply.send(Ok(Some(revision)));
+                            let _ = create.reply.send(Ok(Created::Granted(revision)));
                         }
                         continue;
                     }
                 }
             }
+            // Failed or erred: each on its own. A combined create that erred after etcd
+            // applied it left our keys; each single create then finds its own key and
+            // reports it, so the caller deletes it instead of leaving it on the lease.
             join_all(batch.into_iter().map(|create| async move {
                 let answer = self
                     .create_one(&create.names, &create.key, create.lease)
@@ -283,14 +298,22 @@ impl Batcher {
         names: &str,
         key: &str,
         lease: i64,
-    ) -> Result<Option<i64>, etcd_client::Error> {
+    ) -> Result<Created, etcd_client::Error> {
         let txn = Txn::new()
             .when([Compare::create_revision(names, CompareOp::Equal, 0).with_prefix()])
-            .and_then([put(key, lease)]);
+            .and_then([put(key, lease)])
+            .or_else([TxnOp::get(key, None)]);
         let response = self.client.kv_client().txn(txn).await?;
-        Ok(response
-            .succeeded()
-            .then(|| response.header().map_or(0, |h| h.revision())))
+        if response.succeeded() {
+            return Ok(Created::Granted(
+                response.header().map_or(0, |h| h.revision()),
+            ));
+        }
+        let ours = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        };
+        Ok(Created::Taken { ours })
     }
 
     async fn run_deletes(&self) {

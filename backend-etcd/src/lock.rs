@@ -15,7 +15,7 @@ use fencelock_core::{
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::batch::Batcher;
+use crate::batch::{Batcher, Created};
 use crate::config::{EtcdConfig, MIN_LEASE, lease_seconds};
 use crate::delayed::Delayed;
 use crate::error::{BACKEND, map, timed_out};
@@ -400,7 +400,9 @@ impl EtcdLock {
 
     /// One round trip: create our key only if no key exists under the name (through the
     /// client's group commit), so a try on a taken name leaves nothing behind. Returns our
-    /// create revision, or `None` if the name is taken.
+    /// create revision, or `None` if the name is taken. A key of ours found on a taken
+    /// name (an earlier send of this create whose answer was lost) is recorded in the
+    /// clean-up, which deletes it.
     async fn create_if_free(
         &self,
         key: &str,
@@ -415,8 +417,13 @@ impl EtcdLock {
             .create_if_free(names, key, lease_id)
             .await
             .map_err(|e| stale(e, pending))?;
-        pending.get().state = created.map_or(KeyState::Absent, KeyState::Created);
-        Ok(created)
+        let (state, granted) = match created {
+            Created::Granted(revision) => (KeyState::Created(revision), Some(revision)),
+            Created::Taken { ours: Some(stale) } => (KeyState::Created(stale), None),
+            Created::Taken { ours: None } => (KeyState::Absent, None),
+        };
+        pending.get().state = state;
+        Ok(granted)
     }
 
     /// After waiting: our key must still be the one we queued with. If the session expired

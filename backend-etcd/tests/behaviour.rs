@@ -349,3 +349,46 @@ async fn group_commit_answers_each_request_as_if_alone() {
         keys_under(&ours).await
     );
 }
+
+/// A create of ours that etcd applied but whose answer never came (a combined create of
+/// the group commit that erred after it was applied, then sent again on its own) finds
+/// our own key on a taken name. That key is deleted, not left on the session lease where
+/// it would block the name after the holder's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_own_key_found_on_a_taken_name_is_deleted() {
+    let (a, b) = (client("own-key").await, client("own-key").await);
+    let probe = b.try_lock("probe").await.unwrap().unwrap();
+    let lease_hex = probe
+        .backend_key()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    probe.release().await.unwrap();
+    let holder = a.lock("x").await.unwrap();
+    // What the lost first send of b's create left behind.
+    let key = format!("{}/x/{lease_hex}", b.config().prefix);
+    let lease = i64::from_str_radix(&lease_hex, 16).unwrap();
+    b.client()
+        .kv_client()
+        .put(
+            key.as_str(),
+            "",
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+    assert!(b.try_lock("x").await.unwrap().is_none());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while keys_under(&a).await.contains(&key) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's own key was left on its session lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.release().await.unwrap();
+    let next = a.try_lock("x").await.unwrap().expect("free after the release");
+    next.release().await.unwrap();
+}
