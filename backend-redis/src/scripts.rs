@@ -58,10 +58,26 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 "
         .to_owned()
+            + RESENT
             + REFUSED)
             .as_str(),
     )
 });
+
+/// The middle of both acquire scripts: the lock holds our own owner value (unique per
+/// attempt), so this is the same attempt sent again (redis-rs re-sends a request after a
+/// dropped connection) and its first send was applied. It is granted again, with the
+/// token the first send recorded (nobody else was granted since: we hold the lock), and
+/// the lease restarts now, so the caller's deadline, anchored at this send, is within it.
+const RESENT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local c = redis.call('GET', KEYS[2])
+  if c then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, c}
+  end
+end
+";
 
 /// The end of both acquire scripts: the lock is held by someone else. A caller that will
 /// wait marks the lock as awaited until at least a second past the holder's `PTTL` (and
@@ -102,6 +118,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 "
         .to_owned()
+            + RESENT
             + REFUSED)
             .as_str(),
     )

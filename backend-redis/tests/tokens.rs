@@ -133,3 +133,53 @@ async fn redlock_with_one_stale_instance_issues_no_old_token() {
     let token = grant_after_restart(&locks, "stock").await;
     assert_new(token, &issued);
 }
+
+/// An acquire sent again after its first send was applied (redis-rs re-sends a request
+/// after a dropped connection) finds its own owner value on the lock: it is granted, with
+/// the token the first send recorded, instead of being refused by itself and leaving the
+/// key for a full lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_acquire_is_granted_not_refused_by_itself() {
+    let server = RedisServer::start();
+    let locks = locks(&server.url()).await;
+    let mut conn = raw(&server).await;
+    // Owner values are `client id:attempt`; the probe shows this client's and the next.
+    let probe = locks.try_lock("probe").await.unwrap().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    let probe_key = keys
+        .iter()
+        .find(|k| k.ends_with("{probe}"))
+        .unwrap_or_else(|| panic!("{keys:?}"))
+        .clone();
+    let owner: String = redis::cmd("GET").arg(&probe_key).query_async(&mut conn).await.unwrap();
+    probe.release().await.unwrap();
+    let (client, attempt) = owner.rsplit_once(':').unwrap();
+    let next_owner = format!("{client}:{}", attempt.parse::<u64>().unwrap() + 1);
+
+    // What the first send of the next attempt did: the lock with its owner, the token.
+    let lock_key = probe_key.replace("{probe}", "{x}");
+    let _: () = redis::cmd("SET")
+        .arg(&lock_key)
+        .arg(&next_owner)
+        .arg("PX")
+        .arg(300)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("{lock_key}:token"))
+        .arg(4242)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let guard = locks
+        .try_lock("x")
+        .await
+        .unwrap()
+        .expect("the re-sent acquire is refused by its own first send");
+    assert_eq!(guard.token(), FencingToken::new(4242));
+    // The lease restarted with the re-send: the key outlives the first send's 300 ms.
+    let pttl: i64 = redis::cmd("PTTL").arg(&lock_key).query_async(&mut conn).await.unwrap();
+    assert!(pttl > 1000, "pttl {pttl}");
+    guard.release().await.unwrap();
+}
