@@ -17,7 +17,10 @@
 //! half-held lock outlives the call. Dropping the `acquire` future at any point drops
 //! whatever leg guard it holds, which releases in the background. The guard is valid
 //! only while both legs hold: its deadline is the earlier of the legs' deadlines, and the
-//! loss of either leg is the loss of the guard. Release frees the legs in reverse order.
+//! loss of either leg is the loss of the guard. Both follow the legs' own guards, never
+//! the caller's options: a leg may run a lease of its own configuration
+//! (`etcd://...?lease=2s`, `zk://...?session_timeout=4s`) when the options set none.
+//! Release frees the legs in reverse order.
 //!
 //! # Fencing tokens across the switch
 //!

@@ -72,6 +72,8 @@ pub(super) async fn both(
     }
 }
 
+/// The attempts of [`both`], without its overall time limit: first leg, then second leg
+/// for at most `second_wait`, the first given back and a random pause between attempts.
 async fn attempts(
     name: &str,
     first: &Leg,
@@ -90,7 +92,7 @@ async fn attempts(
         let first_guard = first.lock.acquire(name, first_options).await?;
         match second.lock.acquire(name, second_options).await {
             Ok(second_guard) => {
-                return combine(name, first, first_guard, second, second_guard, options).await;
+                return combine(name, first, first_guard, second, second_guard).await;
             }
             Err(Error::Contended { .. } | Error::Timeout { .. }) => {
                 release_quietly(first_guard).await;
@@ -117,13 +119,16 @@ async fn attempts(
     }
 }
 
+/// Makes one guard of two leg guards: the token of the first leg in its epoch, a
+/// liveness that follows both legs' own guards (see [`follow_legs`]), and a handle that
+/// releases both. The caller's options play no part in it: the legs may have run leases
+/// of their own configuration.
 async fn combine(
     name: &str,
     first: &Leg,
     first_guard: LockGuard,
     second: &Leg,
     second_guard: LockGuard,
-    options: AcquireOptions,
 ) -> Result<LockGuard, Error> {
     let token = era_token(first.epoch, first_guard.token());
     let runtime = tokio::runtime::Handle::try_current();
@@ -147,8 +152,7 @@ async fn combine(
         (second.role, second_guard.liveness().clone()),
     ];
     let outer = Liveness::new(legs[0].1.valid_until().min(legs[1].1.valid_until()));
-    let interval = (options.lease_kind().duration() / 6).max(Duration::from_millis(20));
-    runtime.spawn(follow_legs(outer.clone(), legs, interval));
+    runtime.spawn(follow_legs(outer.clone(), legs));
     let held = MigrationHeld::new(
         name,
         vec![(first.role, first_guard), (second.role, second_guard)],

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
 use crate::{Error, HeldLock, Liveness, LockGuard};
 
@@ -116,26 +117,34 @@ impl fmt::Debug for MigrationHeld {
     }
 }
 
+/// The shortest pause between two looks at the legs, so a leg about to expire is not
+/// polled in a busy loop (its own loss signal ends the follower at its deadline anyway).
+const MIN_CHECK: Duration = Duration::from_millis(5);
+
 /// Keeps `outer` in step with two legs until the guard ends: its deadline is the earlier
 /// of theirs (moved forward as they renew), it is at risk when either is, and it is lost
-/// as soon as either is lost. Checks every `interval`, which must be well below the
-/// renewal period of the legs (a sixth of the lease: they renew every third of it).
+/// as soon as either leg reports loss (marked lost, or its own deadline passed).
+///
+/// Everything here comes from the legs' own guards, never from the options of the
+/// caller: the legs may run leases of their own configuration (`etcd://...?lease=2s`,
+/// `zk://...?session_timeout=4s`), far shorter than the caller's default. The legs are
+/// looked at again after a sixth of the time the earlier one is still valid for (see
+/// [`next_check`]), so the outer deadline is refreshed long before it could pass while
+/// the legs renew, and more and more often as a leg that stopped renewing nears its end.
 ///
 /// The outer deadline is never later than either leg's, so between two checks it can
 /// only be too early, never too late.
-pub(super) async fn follow_legs(
-    outer: Liveness,
-    legs: [(&'static str, Liveness); 2],
-    interval: Duration,
-) {
+pub(super) async fn follow_legs(outer: Liveness, legs: [(&'static str, Liveness); 2]) {
     let [(first_role, first), (second_role, second)] = legs;
     let lost = |role: &str, leg: &Liveness| {
         let reason = leg.lost_reason().unwrap_or("lost");
         format!("the {role} leg was lost: {reason}")
     };
     loop {
-        outer.extend(first.valid_until().min(second.valid_until()));
+        let legs_until = first.valid_until().min(second.valid_until());
+        outer.extend(legs_until);
         outer.set_at_risk(first.is_at_risk() || second.is_at_risk());
+        let next = next_check(Instant::now(), legs_until);
         tokio::select! {
             () = outer.ended() => return,
             () = first.lost() => {
@@ -147,15 +156,23 @@ pub(super) async fn follow_legs(
                 return;
             }
             () = outer.lost() => return,
-            () = tokio::time::sleep(interval) => {}
+            () = tokio::time::sleep_until(next) => {}
         }
     }
+}
+
+/// When to look at the legs again, `now`, with the earlier leg valid until
+/// `legs_until`: after a sixth of the time left (the legs renew every third of their
+/// lease, so while they do, a check comes well before the outer deadline), and no
+/// sooner than [`MIN_CHECK`].
+fn next_check(now: Instant, legs_until: Instant) -> Instant {
+    let pause = (legs_until.saturating_duration_since(now) / 6).max(MIN_CHECK);
+    now.checked_add(pause).unwrap_or(legs_until)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::time::Instant;
 
     fn live(secs: u64) -> Liveness {
         Liveness::new(Instant::now() + Duration::from_secs(secs))
@@ -168,7 +185,6 @@ mod tests {
         let task = tokio::spawn(follow_legs(
             outer.clone(),
             [("legacy", a.clone()), ("target", b.clone())],
-            Duration::from_secs(1),
         ));
         tokio::time::sleep(Duration::from_secs(5)).await;
         a.extend(Instant::now() + Duration::from_secs(30));
@@ -187,13 +203,46 @@ mod tests {
         );
     }
 
+    #[test]
+    fn checks_come_after_a_sixth_of_the_time_left() {
+        let now = Instant::now();
+        let at = |ms| now + Duration::from_millis(ms);
+        assert_eq!(next_check(now, at(1_800)), at(300));
+        assert_eq!(next_check(now, at(30_000)), at(5_000));
+        // Near or past the legs' deadline: no busy loop.
+        assert_eq!(next_check(now, at(12)), at(5));
+        assert_eq!(next_check(at(100), now), at(105));
+    }
+
+    /// Legs that renew a 2 s lease every third of it keep the outer guard alive for many
+    /// leases; when one stops renewing, the guard is lost at that leg's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn short_renewing_legs_keep_the_outer_guard_alive() {
+        let lease = Duration::from_secs(2);
+        let (a, b) = (live(2), live(2));
+        let outer = live(2);
+        tokio::spawn(follow_legs(
+            outer.clone(),
+            [("legacy", a.clone()), ("target", b.clone())],
+        ));
+        for _ in 0..30 {
+            tokio::time::sleep(lease / 3).await;
+            a.extend(Instant::now() + lease);
+            b.extend(Instant::now() + lease);
+            assert!(!outer.is_lost(), "{:?}", outer.lost_reason());
+        }
+        let deadline = b.valid_until();
+        a.extend(Instant::now() + lease * 10);
+        outer.lost().await;
+        assert_eq!(Instant::now(), deadline);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_follower_stops_when_the_guard_ends() {
         let outer = live(10);
         let task = tokio::spawn(follow_legs(
             outer.clone(),
             [("legacy", live(10)), ("target", live(10))],
-            Duration::from_secs(1),
         ));
         outer.end();
         task.await.unwrap();

@@ -6,20 +6,45 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use tokio::time::Instant;
+
 use super::*;
-use crate::{DistributedLockExt, FencedRegister, Liveness, MemoryLock};
+use crate::{DistributedLockExt, FencedRegister, Lease, Liveness, MemoryLock};
 
 /// A memory lock that keeps the liveness of every guard it hands out, so a test can make
 /// one leg lose its lock.
+///
+/// With a `default_lease`, it applies its own configured lease to options that set none,
+/// as `etcd://...?lease=2s` and `zk://...?session_timeout=4s` do.
 #[derive(Debug, Default)]
 struct SpyLock {
     inner: MemoryLock,
     handed_out: Mutex<Vec<Liveness>>,
+    default_lease: Option<Lease>,
+}
+
+impl SpyLock {
+    /// A spy whose configuration sets `lease` as the default lease.
+    fn with_default_lease(lease: Lease) -> Arc<Self> {
+        Arc::new(SpyLock {
+            default_lease: Some(lease),
+            ..SpyLock::default()
+        })
+    }
+
+    /// The liveness of the `i`th guard handed out.
+    fn leg(&self, i: usize) -> Liveness {
+        self.handed_out.lock().unwrap()[i].clone()
+    }
 }
 
 #[async_trait]
 impl DistributedLock for SpyLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let options = match self.default_lease {
+            Some(lease) if !options.has_lease() => options.with_lease(lease),
+            _ => options,
+        };
         let guard = self.inner.acquire(name, options).await?;
         self.handed_out
             .lock()
@@ -168,6 +193,91 @@ async fn losing_either_leg_loses_the_guard() {
         assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
         assert!(l.try_lock("x").await.unwrap().is_some(), "{phase}/{lose}");
         assert!(t.try_lock("x").await.unwrap().is_some(), "{phase}/{lose}");
+    }
+}
+
+/// Legs whose own configuration sets short leases (2 s and 4 s renewing, like
+/// `etcd://...?lease=2s` and `zk://...?session_timeout=4s`), acquired with the caller's
+/// default options (a 30 s lease the legs do not use): the guard holds for many leg
+/// leases while the legs renew, and its deadline follows theirs.
+#[tokio::test(start_paused = true)]
+async fn short_leg_leases_do_not_make_the_guard_report_loss() {
+    for phase in [MigrationPhase::LegacyFirst, MigrationPhase::TargetFirst] {
+        let legacy = SpyLock::with_default_lease(Lease::Renewing(Duration::from_secs(2)));
+        let target = SpyLock::with_default_lease(Lease::Renewing(Duration::from_secs(4)));
+        let (l, t): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) =
+            (legacy.clone(), target.clone());
+        let guard = migration(phase, &l, &t).lock("x").await.unwrap();
+        let lost = guard.lost_token();
+        for step in 0..16 {
+            let held = tokio::time::timeout(Duration::from_millis(500), guard.lost()).await;
+            let at = format!("{phase}, after {} ms", (step + 1) * 500);
+            assert!(held.is_err(), "{at}: lost: {:?}", guard.lost_reason());
+            assert!(!guard.is_lost(), "{at}");
+            assert!(!lost.is_cancelled(), "{at}");
+            // The guard's deadline follows the legs': never later than the earlier one,
+            // and moved forward as they renew (more than a third of the shortest lease
+            // ahead).
+            let legs = legacy.leg(0).valid_until().min(target.leg(0).valid_until());
+            assert!(guard.valid_until() <= legs, "{at}");
+            assert!(
+                guard.valid_until() > Instant::now() + Duration::from_secs(2) / 3,
+                "{at}: {:?} left",
+                guard.valid_until() - Instant::now()
+            );
+        }
+        assert!(l.try_lock("x").await.unwrap().is_none(), "{phase}");
+        assert!(t.try_lock("x").await.unwrap().is_none(), "{phase}");
+        guard.release().await.unwrap();
+        assert!(l.try_lock("x").await.unwrap().is_some(), "{phase}");
+        assert!(t.try_lock("x").await.unwrap().is_some(), "{phase}");
+    }
+}
+
+/// Loss comes from the legs and only from them: a leg whose configuration sets a fixed
+/// 2 s lease (never renewed) loses the guard exactly at that leg's deadline, whatever
+/// the caller's options say; a leg taken away after several leases loses it at once.
+#[tokio::test(start_paused = true)]
+async fn the_guard_is_lost_with_a_leg_and_not_before() {
+    for phase in [MigrationPhase::LegacyFirst, MigrationPhase::TargetFirst] {
+        let legacy = SpyLock::with_default_lease(Lease::Fixed(Duration::from_secs(2)));
+        let target = SpyLock::with_default_lease(Lease::Renewing(Duration::from_secs(4)));
+        let (l, t): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) =
+            (legacy.clone(), target.clone());
+        let start = Instant::now();
+        let guard = migration(phase, &l, &t).lock("x").await.unwrap();
+        let deadline = legacy.leg(0).valid_until();
+        assert_eq!(deadline, start + Duration::from_secs(2), "{phase}");
+        assert_eq!(guard.valid_until(), deadline, "{phase}");
+        guard.lost().await;
+        assert_eq!(
+            Instant::now(),
+            deadline,
+            "{phase}: lost at the leg's deadline"
+        );
+        assert!(legacy.leg(0).is_lost(), "{phase}");
+        assert!(guard.lost_reason().unwrap().contains("deadline"), "{phase}");
+        assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
+
+        let legacy = Arc::new(MemoryLock::new());
+        let target = SpyLock::with_default_lease(Lease::Renewing(Duration::from_secs(2)));
+        let (l, t): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) =
+            (legacy.clone(), target.clone());
+        let guard = migration(phase, &l, &t).lock("y").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        assert!(!guard.is_lost(), "{phase}: {:?}", guard.lost_reason());
+        assert!(legacy.revoke("y"));
+        tokio::time::timeout(Duration::from_millis(1), guard.lost())
+            .await
+            .expect("the loss of a leg reaches the guard at once");
+        assert!(
+            guard
+                .lost_reason()
+                .unwrap()
+                .starts_with("the legacy leg was lost"),
+            "{phase}: {:?}",
+            guard.lost_reason()
+        );
     }
 }
 
