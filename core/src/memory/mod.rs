@@ -91,7 +91,8 @@ impl MemoryLock {
     }
 
     /// How many names currently have a holder or a waiter. Zero when nothing is held
-    /// and nobody waits: no state is kept for idle names.
+    /// and nobody waits: no state is kept for idle names. A holder whose lease ran out
+    /// (say, a leaked fixed-lease guard) no longer counts.
     pub fn active_names(&self) -> usize {
         self.shared.table().active_names()
     }
@@ -215,6 +216,7 @@ impl DistributedLock for MemoryLock {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(true, FencingStrength::Strong, true, LossDetection::Notified)
+            .with_min_lease(crate::SHORTEST_LEASE)
             .with_counts_waiters(true)
     }
 

@@ -9,6 +9,13 @@ use tokio::time::Instant;
 use crate::{FencingToken, HolderInfo, Liveness, LockInfo};
 
 /// All locks of one [`MemoryLock`](super::MemoryLock) instance.
+///
+/// Holders are expired lazily, so the table keeps one invariant that makes expiry
+/// observable without polling: the waiter at the front of a queue always has a
+/// wake-up armed for the current holder's expiry (its [`Attempt::Queued`] `wake_at`).
+/// Whenever the front changes (a grant takes it off the queue, or it leaves) or the
+/// holder goes away (release, revoke, expiry), the front waiter is woken, tries again and
+/// re-arms for whoever holds the lock now.
 #[derive(Debug, Default)]
 pub(super) struct Table {
     last_token: u64,
@@ -54,6 +61,7 @@ pub(super) enum Renewal {
 }
 
 impl Table {
+    /// A fresh id for one acquire: its place in a queue and, once granted, its holder id.
     pub(super) fn next_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
@@ -75,6 +83,9 @@ impl Table {
         if entry.holder.is_none() && (entry.waiters.is_empty() || at_front) {
             if at_front {
                 entry.waiters.pop_front();
+                // The next waiter is now at the front, but it queued behind us with no
+                // wake-up for a holder's expiry: wake it, so it re-arms for ours.
+                entry.wake_front();
             }
             self.last_token += 1;
             let token = FencingToken::new(self.last_token);
@@ -106,6 +117,10 @@ impl Table {
     }
 
     /// Removes waiter `id` (cancelled or timed out) and passes the turn on if it had it.
+    ///
+    /// The new front waiter is woken whether or not the lock is held: if it is free, to
+    /// take it; if it is held, to arm a wake-up for the holder's expiry, which only the
+    /// front waiter has.
     pub(super) fn leave(&mut self, name: &str, id: u64) {
         let Some(entry) = self.names.get_mut(name) else {
             return;
@@ -114,9 +129,7 @@ impl Table {
         entry.waiters.retain(|w| w.id != id);
         if was_front {
             entry.expire(Instant::now());
-            if entry.holder.is_none() {
-                entry.wake_front();
-            }
+            entry.wake_front();
         }
         self.forget_if_idle(name);
     }
@@ -156,20 +169,26 @@ impl Table {
         held
     }
 
-    /// Takes the lock away from its holder, whoever it is.
+    /// Takes the lock away from its holder, whoever it is. Returns whether it was held;
+    /// a holder whose lease already ran out no longer holds it and is not revoked.
     pub(super) fn revoke(&mut self, name: &str) -> bool {
         let Some(entry) = self.names.get_mut(name) else {
             return false;
         };
-        let Some(holder) = entry.holder.take() else {
-            return false;
+        entry.expire(Instant::now());
+        let revoked = match entry.holder.take() {
+            Some(holder) => {
+                holder.liveness.mark_lost("the lock was revoked");
+                entry.wake_front();
+                true
+            }
+            None => false,
         };
-        holder.liveness.mark_lost("the lock was revoked");
-        entry.wake_front();
         self.forget_if_idle(name);
-        true
+        revoked
     }
 
+    /// What `name` looks like now: its live holder, if any, and how many wait.
     pub(super) fn inspect(&mut self, name: &str, instance: u64) -> LockInfo {
         let now = Instant::now();
         let Some(entry) = self.names.get_mut(name) else {
@@ -177,7 +196,7 @@ impl Table {
         };
         entry.expire(now);
         let waiters = Some(entry.waiters.len());
-        match &entry.holder {
+        let info = match &entry.holder {
             Some(h) => LockInfo::held(
                 HolderInfo::new(
                     format!("mem-{instance}/{}", h.id),
@@ -187,35 +206,51 @@ impl Table {
                 waiters,
             ),
             None => LockInfo::free(waiters),
-        }
+        };
+        self.forget_if_idle(name);
+        info
     }
 
-    /// Names with a holder or a waiter.
-    pub(super) fn active_names(&self) -> usize {
+    /// Names with a live holder or a waiter. Expires the holders whose lease ran out
+    /// (serving their waiters) and forgets the names left idle, so a leaked guard's
+    /// expired grant is not counted.
+    pub(super) fn active_names(&mut self) -> usize {
+        let now = Instant::now();
+        self.names.retain(|_, entry| {
+            entry.expire(now);
+            !entry.is_idle()
+        });
         self.names.len()
     }
 
+    /// Removes `name`'s entry if nobody holds it and nobody waits.
     fn forget_if_idle(&mut self, name: &str) {
-        if self
-            .names
-            .get(name)
-            .is_some_and(|e| e.holder.is_none() && e.waiters.is_empty())
-        {
+        if self.names.get(name).is_some_and(Entry::is_idle) {
             self.names.remove(name);
         }
     }
 }
 
 impl Entry {
-    /// Drops a holder whose lease has run out, reporting the loss to it.
+    /// Drops a holder whose lease has run out, reporting the loss to it, and wakes the
+    /// front waiter to take the lock. Whatever path notices the expiry first (an attempt,
+    /// a renewal, a release, a revoke, an inspection), the turn is passed on.
     fn expire(&mut self, now: Instant) {
         if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
             if let Some(holder) = self.holder.take() {
                 holder.liveness.mark_lost("the lease expired");
+                self.wake_front();
             }
         }
     }
 
+    /// Whether nobody holds the lock and nobody waits for it.
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.waiters.is_empty()
+    }
+
+    /// Wakes the waiter at the front of the queue, if any. A waiter that is not waiting
+    /// at this moment keeps the wake-up (a stored permit) and tries again at once.
     fn wake_front(&self) {
         if let Some(front) = self.waiters.front() {
             front.wake.notify_one();

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::MemoryLock;
-use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error};
+use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error, LockGuard};
 
 #[tokio::test(start_paused = true)]
 async fn renewing_lease_is_held_for_many_lease_durations() {
@@ -141,4 +141,306 @@ async fn inspect_reports_holder_and_waiters() {
     assert_eq!(holder.token, guard.token());
     assert!(holder.remaining_lease.unwrap() <= Duration::from_secs(30));
     assert_eq!(info.waiters, Some(0));
+}
+
+/// Spawns `acquire(name, options)` on the current runtime and returns once the new
+/// waiter is in the queue (the queue grew by one), so waiters queue in a known order.
+async fn queued(
+    locks: &MemoryLock,
+    name: &'static str,
+    options: AcquireOptions,
+) -> tokio::task::JoinHandle<Result<LockGuard, Error>> {
+    let before = locks.inspect(name).await.unwrap().waiters.unwrap();
+    let task = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.acquire(name, options).await }
+    });
+    for _ in 0..1000 {
+        tokio::task::yield_now().await;
+        if locks.inspect(name).await.unwrap().waiters.unwrap() > before {
+            return task;
+        }
+    }
+    panic!("the waiter for {name:?} never queued");
+}
+
+/// Awaits a queued acquire for at most `limit`, failing the test with `what` if it is
+/// still waiting then.
+async fn granted_within(
+    limit: Duration,
+    task: tokio::task::JoinHandle<Result<LockGuard, Error>>,
+    what: &str,
+) -> LockGuard {
+    match tokio::time::timeout(limit, task).await {
+        Ok(joined) => joined.unwrap().unwrap(),
+        Err(_) => panic!("{what} was not granted within {limit:?}"),
+    }
+}
+
+/// The instant a fixed-lease guard was granted: its deadline minus its lease.
+fn granted_at(guard: &LockGuard, fixed_lease: Duration) -> Instant {
+    guard.valid_until() - fixed_lease
+}
+
+/// A holds; B (fixed lease) and C queue; A releases and B is granted from the queue; B's
+/// guard is leaked. When B's lease runs out, C must be granted (it is at the front now),
+/// not left waiting for a wake-up that never comes. Shared by the paused-clock and the
+/// real-time test; `slack` bounds how late after B's expiry C may be granted.
+async fn leaked_fixed_holder_from_the_queue(lease: Duration, slack: Duration) {
+    let locks = MemoryLock::new();
+    let c_lease = Duration::from_secs(30);
+    let a = locks.lock("a").await.unwrap();
+    let b_task = queued(&locks, "a", AcquireOptions::new().fixed_lease(lease)).await;
+    let c_task = queued(&locks, "a", AcquireOptions::new().fixed_lease(c_lease)).await;
+    assert_eq!(locks.inspect("a").await.unwrap().waiters, Some(2));
+    let a_token = a.token();
+    a.release().await.unwrap();
+
+    // B is granted; its guard is leaked: never renewed (fixed lease), never released.
+    // `ManuallyDrop` leaks exactly like `std::mem::forget` but lets us still watch it.
+    let b = std::mem::ManuallyDrop::new(granted_within(slack, b_task, "B").await);
+    assert!(b.token() > a_token);
+    let info = locks.inspect("a").await.unwrap();
+    assert_eq!(info.holder.map(|h| h.token), Some(b.token()));
+    assert_eq!(info.waiters, Some(1));
+
+    // After B's lease, C is granted: not before (mutual exclusion), and not much later.
+    let c = granted_within(lease + slack, c_task, "C, after B's lease expired").await;
+    assert!(granted_at(&c, c_lease) >= b.valid_until());
+    assert!(granted_at(&c, c_lease) <= b.valid_until() + slack);
+    assert!(c.token() > b.token());
+    assert!(b.is_lost());
+    assert!(!c.is_lost());
+    let info = locks.inspect("a").await.unwrap();
+    assert_eq!(info.holder.map(|h| h.token), Some(c.token()));
+    assert_eq!(info.waiters, Some(0));
+    assert!(locks.try_lock("a").await.unwrap().is_none());
+
+    // The leaked grant can no longer release anything, and does not disturb C.
+    assert!(matches!(b.held().release().await, Err(Error::Lost { .. })));
+    assert!(!c.is_lost());
+    let c_token = c.token();
+    c.release().await.unwrap();
+    assert_eq!(locks.active_names(), 0);
+    let d = locks
+        .try_lock("a")
+        .await
+        .unwrap()
+        .expect("free after C released");
+    assert!(d.token() > c_token);
+    d.release().await.unwrap();
+    assert_eq!(locks.active_names(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expiry_of_a_leaked_fixed_lease_granted_from_the_queue_serves_the_next_waiter() {
+    leaked_fixed_holder_from_the_queue(Duration::from_secs(1), Duration::from_millis(10)).await;
+}
+
+#[tokio::test]
+async fn expiry_of_a_leaked_fixed_lease_serves_the_next_waiter_in_real_time() {
+    leaked_fixed_holder_from_the_queue(Duration::from_millis(200), Duration::from_millis(500))
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_chain_of_leaked_fixed_leases_hands_over_at_each_expiry() {
+    // A is granted directly (nobody waiting); B, C and D queue behind it afterwards.
+    // Every guard is leaked; each expiry must serve the next in line.
+    let locks = MemoryLock::new();
+    let lease = Duration::from_secs(1);
+    let fixed = || AcquireOptions::new().fixed_lease(lease);
+    let start = Instant::now();
+    let a = std::mem::ManuallyDrop::new(locks.acquire("a", fixed()).await.unwrap());
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        tasks.push(queued(&locks, "a", fixed()).await);
+    }
+    let mut previous = a;
+    for (i, task) in (1u32..).zip(tasks) {
+        let next = std::mem::ManuallyDrop::new(
+            granted_within(lease + Duration::from_millis(10), task, "the next waiter").await,
+        );
+        assert_eq!(granted_at(&next, lease), start + lease * i);
+        assert!(previous.is_lost());
+        assert!(next.token() > previous.token());
+        previous = next;
+    }
+    assert_eq!(locks.inspect("a").await.unwrap().waiters, Some(0));
+    tokio::time::sleep(lease).await;
+    assert!(previous.is_lost());
+    assert!(!locks.inspect("a").await.unwrap().is_held());
+    assert_eq!(locks.active_names(), 0);
+    let last = locks
+        .try_lock("a")
+        .await
+        .unwrap()
+        .expect("free after expiry");
+    assert!(last.token() > previous.token());
+    last.release().await.unwrap();
+    assert_eq!(locks.active_names(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_front_waiter_cancelled_under_a_leaked_holder_passes_its_turn_on() {
+    let locks = MemoryLock::new();
+    let lease = Duration::from_secs(1);
+    let a = std::mem::ManuallyDrop::new(
+        locks
+            .acquire("a", AcquireOptions::new().fixed_lease(lease))
+            .await
+            .unwrap(),
+    );
+    let front = queued(&locks, "a", AcquireOptions::new()).await;
+    let second = queued(&locks, "a", AcquireOptions::new()).await;
+    front.abort();
+    assert!(front.await.unwrap_err().is_cancelled());
+    assert_eq!(locks.inspect("a").await.unwrap().waiters, Some(1));
+    let second = granted_within(lease + Duration::from_millis(10), second, "the second").await;
+    assert_eq!(
+        granted_at(&second, Duration::from_secs(30)),
+        a.valid_until()
+    );
+    assert!(a.is_lost());
+    assert!(second.token() > a.token());
+    second.release().await.unwrap();
+    assert_eq!(locks.active_names(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_front_waiter_timing_out_under_a_leaked_holder_passes_its_turn_on() {
+    let locks = MemoryLock::new();
+    let lease = Duration::from_secs(2);
+    let a = std::mem::ManuallyDrop::new(
+        locks
+            .acquire("a", AcquireOptions::new().fixed_lease(lease))
+            .await
+            .unwrap(),
+    );
+    let front = queued(
+        &locks,
+        "a",
+        AcquireOptions::new().wait_timeout(Duration::from_millis(500)),
+    )
+    .await;
+    let second = queued(&locks, "a", AcquireOptions::new()).await;
+    assert!(matches!(front.await.unwrap(), Err(Error::Timeout { .. })));
+    assert_eq!(locks.inspect("a").await.unwrap().waiters, Some(1));
+    let second = granted_within(lease, second, "the second").await;
+    assert_eq!(
+        granted_at(&second, Duration::from_secs(30)),
+        a.valid_until()
+    );
+    assert!(a.is_lost());
+    second.release().await.unwrap();
+    assert_eq!(locks.active_names(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_revoke_the_expiry_of_the_next_leaked_holder_serves_the_one_after() {
+    let locks = MemoryLock::new();
+    let lease = Duration::from_secs(1);
+    let a = locks.lock("a").await.unwrap();
+    let b = queued(&locks, "a", AcquireOptions::new().fixed_lease(lease)).await;
+    let c = queued(&locks, "a", AcquireOptions::new()).await;
+    assert!(locks.revoke("a"));
+    assert!(a.is_lost());
+    let b = std::mem::ManuallyDrop::new(granted_within(lease, b, "B, after the revoke").await);
+    let c = granted_within(lease + Duration::from_millis(10), c, "C, after B expired").await;
+    assert_eq!(granted_at(&c, Duration::from_secs(30)), b.valid_until());
+    assert!(b.is_lost());
+    assert!(c.token() > b.token());
+    c.release().await.unwrap();
+    assert_eq!(locks.active_names(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn revoking_an_expired_lock_reports_it_was_not_held() {
+    let locks = MemoryLock::new();
+    let lease = Duration::from_secs(1);
+    let a = std::mem::ManuallyDrop::new(
+        locks
+            .acquire("a", AcquireOptions::new().fixed_lease(lease))
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(lease * 2).await;
+    assert!(!locks.revoke("a"));
+    assert_ne!(a.lost_reason(), Some("the lock was revoked"));
+    assert_eq!(locks.active_names(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leaked_renewing_guard_holds_until_its_renewal_stops_then_the_queue_moves() {
+    // A leaked renewing guard still lives: its renewal task keeps the lock, as an etcd
+    // session keepalive would. When renewal stops (here the process stalls past the
+    // lease), the lease expires and every waiter behind it is served in turn.
+    let locks = MemoryLock::new();
+    let lease = Duration::from_secs(3);
+    let b_lease = Duration::from_secs(1);
+    let a = std::mem::ManuallyDrop::new(
+        locks
+            .acquire("a", AcquireOptions::new().lease(lease))
+            .await
+            .unwrap(),
+    );
+    let b = queued(&locks, "a", AcquireOptions::new().fixed_lease(b_lease)).await;
+    let c = queued(&locks, "a", AcquireOptions::new()).await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(!a.is_lost());
+    assert_eq!(locks.inspect("a").await.unwrap().waiters, Some(2));
+
+    tokio::time::advance(lease * 3).await;
+    let b = std::mem::ManuallyDrop::new(granted_within(lease, b, "B, after A expired").await);
+    assert!(a.is_lost());
+    assert!(b.token() > a.token());
+    let c = granted_within(b_lease + Duration::from_millis(10), c, "C, after B expired").await;
+    assert_eq!(granted_at(&c, Duration::from_secs(30)), b.valid_until());
+    assert!(b.is_lost());
+    assert!(c.token() > b.token());
+    c.release().await.unwrap();
+    assert_eq!(locks.active_names(), 0);
+}
+
+#[test]
+fn a_leaked_renewing_guard_whose_runtime_ended_expires_and_serves_the_queue() {
+    // B's guard is leaked on a runtime that then shuts down, which ends its renewal task:
+    // the lease must expire and C (waiting on another runtime) must be served.
+    let lease = Duration::from_millis(200);
+    let slack = Duration::from_millis(500);
+    let locks = MemoryLock::new();
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    main.block_on(async {
+        let a = locks.lock("a").await.unwrap();
+        let other = std::thread::spawn({
+            let locks = locks.clone();
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .unwrap();
+                let guard = runtime
+                    .block_on(locks.acquire("a", AcquireOptions::new().lease(lease)))
+                    .unwrap();
+                std::mem::ManuallyDrop::new(guard)
+            }
+        });
+        while locks.inspect("a").await.unwrap().waiters != Some(1) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let c = queued(&locks, "a", AcquireOptions::new().fixed_lease(lease * 100)).await;
+        a.release().await.unwrap();
+        let b = tokio::task::spawn_blocking(move || other.join().unwrap())
+            .await
+            .unwrap();
+        let c = granted_within(lease + slack, c, "C, after B's renewal ended").await;
+        assert!(granted_at(&c, lease * 100) >= b.valid_until());
+        assert!(b.is_lost());
+        assert!(c.token() > b.token());
+        c.release().await.unwrap();
+        assert_eq!(locks.active_names(), 0);
+    });
 }
