@@ -239,7 +239,12 @@ async fn keep_alive_loop(
     }
 }
 
-/// The client's sessions, one per lease duration, created on first use.
+/// The most session leases (distinct lease durations) one client keeps at once, each
+/// with its own keepalive; leases nobody uses are revoked to make room.
+pub(crate) const MAX_SESSIONS: usize = 8;
+
+/// The client's sessions, one per lease duration, created on first use, at most
+/// [`MAX_SESSIONS`] at once.
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
     /// The live sessions, read without waiting on every acquire.
@@ -259,12 +264,45 @@ impl Sessions {
         if let Some(session) = self.live(ttl) {
             return Ok(session);
         }
+        self.make_room(client, ttl)?;
         let session = Session::grant(client, ttl, true).await?;
         self.live
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(ttl, session.clone());
         Ok(session)
+    }
+
+    /// Before a session of a new duration is added: drops lost sessions, and when
+    /// [`MAX_SESSIONS`] are live, revokes those nobody uses (no guard, queued key or
+    /// acquire holds them). Fails when all are in use.
+    fn make_room(&self, client: &Client, ttl: Duration) -> Result<(), Error> {
+        let mut live = self.live.write().unwrap_or_else(PoisonError::into_inner);
+        live.retain(|_, s| !s.is_lost());
+        if live.contains_key(&ttl) || live.len() < MAX_SESSIONS {
+            return Ok(());
+        }
+        let idle: Vec<Duration> = live
+            .iter()
+            .filter(|(_, s)| Arc::strong_count(s) == 1)
+            .map(|(d, _)| *d)
+            .collect();
+        for duration in idle {
+            if let Some(session) = live.remove(&duration) {
+                session.mark_lost("an idle session was closed to make room");
+                let mut leases = client.lease_client();
+                let id = session.lease_id;
+                tokio::spawn(async move { leases.revoke(id).await });
+            }
+        }
+        if live.len() >= MAX_SESSIONS {
+            return Err(Error::InvalidConfig(format!(
+                "etcd: locks of more than {MAX_SESSIONS} distinct lease durations are held at \
+                 once on one client, and each duration is a lease with its own keepalive; use \
+                 fewer distinct leases"
+            )));
+        }
+        Ok(())
     }
 
     fn live(&self, ttl: Duration) -> Option<Arc<Session>> {

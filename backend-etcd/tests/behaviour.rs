@@ -392,3 +392,40 @@ async fn an_own_key_found_on_a_taken_name_is_deleted() {
     let next = a.try_lock("x").await.unwrap().expect("free after the release");
     next.release().await.unwrap();
 }
+
+/// Session leases per lease duration are bounded: many durations over time reuse a
+/// bounded set (idle ones are revoked), and more held at once is a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_durations_are_bounded_sessions() {
+    let lock = client("durations").await;
+    let lease = |secs: u64| {
+        AcquireOptions::new()
+            .lease(Duration::from_secs(secs))
+            .no_wait()
+    };
+    for secs in 2..30 {
+        let guard = lock
+            .acquire(&format!("n{secs}"), lease(secs))
+            .await
+            .unwrap_or_else(|e| panic!("lease {secs}s: {e:?}"));
+        guard.release().await.unwrap();
+    }
+    let mut held = Vec::new();
+    let mut refused = None;
+    for secs in 40..52 {
+        match lock.acquire(&format!("held{secs}"), lease(secs)).await {
+            Ok(guard) => held.push(guard),
+            Err(error) => {
+                refused = Some(error);
+                break;
+            }
+        }
+    }
+    let error = refused.expect("12 distinct durations held at once were all accepted");
+    assert!(matches!(error, Error::InvalidConfig(_)), "{error:?}");
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    let guard = lock.acquire("again", lease(60)).await.unwrap();
+    guard.release().await.unwrap();
+}

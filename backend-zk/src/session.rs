@@ -158,10 +158,17 @@ impl ZkSession {
         }
     }
 
-    /// One renewal: an `exists /` whose answer proves the server heard from us at `sent`.
+    /// One renewal: a `sync` and an `exists /`, whose answers prove the leader heard
+    /// from our server after `sent`. A plain read alone would not: a follower cut off
+    /// from the leader answers reads for up to syncLimit × tickTime, which may be after
+    /// the leader expired the session; its `sync` fails instead.
     async fn probe(&self) {
         let sent = Instant::now();
-        let answer = tokio::time::timeout(self.timeout / 3, self.client.check_stat("/")).await;
+        let answer = tokio::time::timeout(self.timeout / 3, async {
+            self.client.sync("/").await?;
+            self.client.check_stat("/").await
+        })
+        .await;
         match answer {
             Ok(Ok(_)) => {
                 let deadline = self.deadline(sent);
@@ -222,6 +229,20 @@ fn spawn_monitor(session: &Arc<ZkSession>) {
     });
 }
 
+/// The most sessions (distinct lease durations) one client keeps open at once. Each is a
+/// connection, and ZooKeeper limits connections per client address (`maxClientCnxns`,
+/// 60 by default): leases of many durations must not exhaust it. Sessions nobody uses are
+/// closed to make room; a client that holds locks of more durations at once gets
+/// [`Error::InvalidConfig`].
+pub(crate) const MAX_SESSIONS: usize = 8;
+
+fn too_many_sessions(max: usize) -> Error {
+    Error::InvalidConfig(format!(
+        "zookeeper: locks of more than {max} distinct lease durations are held at once on one \
+         client, and each duration is a session (a connection); use fewer distinct leases"
+    ))
+}
+
 /// The session of one lease duration; the async mutex serializes (re)connecting.
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<ZkSession>>>>;
 
@@ -269,13 +290,24 @@ impl SessionPool {
     ///
     /// As [`ZkSession::connect`].
     pub(crate) async fn get(&self, timeout: Duration) -> Result<Arc<ZkSession>, Error> {
-        let slot = self
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(timeout)
-            .or_default()
-            .clone();
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            if !slots.contains_key(&timeout) && slots.len() >= MAX_SESSIONS {
+                // Close the sessions nobody uses (no guard, no acquire holds them): the
+                // pool's reference is the last, and dropping it closes the session.
+                let default = self.config.session_timeout();
+                slots.retain(|duration, slot| {
+                    *duration == default
+                        || slot.try_lock().map_or(true, |current| {
+                            current.as_ref().is_some_and(|s| Arc::strong_count(s) > 1)
+                        })
+                });
+                if slots.len() >= MAX_SESSIONS {
+                    return Err(too_many_sessions(MAX_SESSIONS));
+                }
+            }
+            slots.entry(timeout).or_default().clone()
+        };
         let mut current = slot.lock().await;
         if let Some(session) = current.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());

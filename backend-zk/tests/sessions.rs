@@ -1,0 +1,85 @@
+//! Sessions per lease duration are bounded: each is a connection, and ZooKeeper limits
+//! connections per client address (`maxClientCnxns`, 60 by default).
+
+use std::time::Duration;
+
+use fencelock_core::{AcquireOptions, DistributedLock, Error};
+use fencelock_testkit::ZkServer;
+use fencelock_zk::{ZkConfig, ZkLock};
+
+async fn client() -> ZkLock {
+    client_of(ZkServer::shared()).await
+}
+
+async fn client_of(server: &ZkServer) -> ZkLock {
+    let url = format!(
+        "zk://{}/sessions-{:x}?min_lease=1s",
+        server.connect_string(),
+        std::process::id()
+    );
+    ZkLock::connect(ZkConfig::from_url(&url).unwrap())
+        .await
+        .unwrap()
+}
+
+fn lease(i: u64) -> AcquireOptions {
+    AcquireOptions::new()
+        .lease(Duration::from_millis(2000 + 10 * i))
+        .no_wait()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_lease_durations_over_time_reuse_a_bounded_set_of_sessions() {
+    let server = ZkServer::start();
+    let locks = client_of(&server).await;
+    // More distinct durations than the default connection limit, one after the other.
+    for i in 0..70 {
+        let guard = locks
+            .acquire(&format!("n{i}"), lease(i))
+            .await
+            .unwrap_or_else(|e| panic!("lease {i}: {e:?}"));
+        guard.release().await.unwrap();
+    }
+    // Closed sessions take a moment to show on the server.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let connections = server
+        .four_letter_word("cons")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("sid="))
+        .count();
+    assert!(
+        connections <= fencelock_zk_max_sessions() + 1,
+        "{connections} connections open on the server"
+    );
+}
+
+/// The bound documented by the backend (8 sessions per client).
+fn fencelock_zk_max_sessions() -> usize {
+    8
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_durations_held_at_once_is_a_typed_error() {
+    let locks = client().await;
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..12 {
+        match locks.acquire(&format!("held{i}"), lease(100 + i)).await {
+            Ok(guard) => held.push(guard),
+            Err(error) => {
+                refused = Some(error);
+                break;
+            }
+        }
+    }
+    let error = refused.expect("12 distinct durations held at once were all accepted");
+    assert!(matches!(error, Error::InvalidConfig(_)), "{error:?}");
+    assert!(held.len() >= 4, "only {} held", held.len());
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    // Room again once the locks are released.
+    let guard = locks.acquire("again", lease(200)).await.unwrap();
+    guard.release().await.unwrap();
+}
