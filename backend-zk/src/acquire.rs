@@ -37,11 +37,26 @@ pub(crate) async fn acquire(
         path: None,
         armed: true,
     };
+    let created_at = Instant::now();
     let (path, stat) = create_node(&session, &pending.dir, &pending.prefix_name).await?;
     pending.path = Some(path.clone());
     let own = &path[pending.dir.len() + 1..];
+    let mut first = true;
     loop {
-        let sent = Instant::now();
+        // The moment the session is proven alive at the leader: the create (a write the
+        // leader committed for our session) on the first listing; later, a `sync` sent
+        // before the listing. A follower cut off from the leader answers plain reads from
+        // its old state for up to syncLimit × tickTime, possibly after the leader expired
+        // our session and deleted our node; its `sync` fails instead.
+        let sent = if std::mem::take(&mut first) {
+            created_at
+        } else {
+            let sent = Instant::now();
+            if let Err(err) = retry(|| session.client.sync("/")).await {
+                return Err(waiting_error(name, err));
+            }
+            sent
+        };
         let mut children = match retry(|| session.client.list_children(&pending.dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => Vec::new(),
