@@ -1,5 +1,14 @@
 //! Unlock notifications: one pub/sub connection per node, shared by all waiters of a
 //! client, with a task that (un)subscribes in order and wakes waiters on messages.
+//!
+//! The task keeps the connection subscribed to every *live* channel (one with a waiter,
+//! a key of `Shared::waiters`). When the connection is lost, or a SUBSCRIBE or
+//! UNSUBSCRIBE on it fails, it drops the connection and schedules one reconnection, with
+//! a bounded backoff while reconnecting fails. The reconnection subscribes the live
+//! channels *as they are then*: whatever waiters subscribed or gave up in between, none
+//! is forgotten and none is subscribed for nothing. Every (re)connection is the same
+//! code path, also the first one and one caused by a waiter subscribing while there is
+//! no connection.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,8 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::future::join_all;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::node::Node;
 
@@ -16,20 +27,33 @@ use crate::node::Node;
 /// (a missed message then costs at most one lease, the sleep bound).
 const ACK_WAIT: Duration = Duration::from_millis(250);
 
+/// The delay before reconnecting after the connection was lost or a command on it
+/// failed, and the backoff's first step.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+
+/// The longest delay between two reconnection attempts (the backoff doubles up to it).
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// The pub/sub side of one node.
 pub(crate) struct Subscriber {
     shared: Arc<Shared>,
     commands: mpsc::UnboundedSender<Command>,
 }
 
+/// What the subscriber, its subscriptions and its task share.
 #[derive(Default)]
 struct Shared {
+    /// The id of the next subscription.
     next_id: AtomicU64,
+    /// The live channels: per channel, the wake-up of each subscription to it.
     waiters: Mutex<HashMap<String, HashMap<u64, Arc<Notify>>>>,
 }
 
+/// A request to the subscription task.
 enum Command {
+    /// A waiter registered for the channel; confirm once it is subscribed.
     Subscribe(String, oneshot::Sender<()>),
+    /// The last waiter on the channel is gone.
     Unsubscribe(String),
 }
 
@@ -42,24 +66,19 @@ pub(crate) struct Subscription {
 }
 
 impl Shared {
+    /// The live channels, locked.
     fn waiters(&self) -> MutexGuard<'_, HashMap<String, HashMap<u64, Arc<Notify>>>> {
         self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether `channel` is live.
     fn has_waiters(&self, channel: &str) -> bool {
         self.waiters().contains_key(channel)
     }
 
+    /// Wakes every waiter on `channel`.
     fn wake(&self, channel: &str) {
         if let Some(waiters) = self.waiters().get(channel) {
-            for notify in waiters.values() {
-                notify.notify_one();
-            }
-        }
-    }
-
-    fn wake_all(&self) {
-        for waiters in self.waiters().values() {
             for notify in waiters.values() {
                 notify.notify_one();
             }
@@ -120,6 +139,7 @@ impl Drop for Subscription {
     }
 }
 
+/// The next message of `stream`; never, while there is no connection.
 async fn next_message(stream: &mut Option<PubSubStream>) -> Option<redis::Msg> {
     match stream {
         Some(stream) => stream.next().await,
@@ -127,123 +147,227 @@ async fn next_message(stream: &mut Option<PubSubStream>) -> Option<redis::Msg> {
     }
 }
 
-async fn sleep_until(at: Option<tokio::time::Instant>) {
+/// Sleeps until `at`; forever when nothing is scheduled.
+async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
 
-/// A connection subscribed to `channels`.
-type Connected = (PubSubSink, PubSubStream, HashSet<String>);
-
-async fn connect(node: &Node, timeout: Duration, channels: Vec<String>) -> Option<Connected> {
-    let pubsub = match tokio::time::timeout(timeout, node.pubsub()).await {
-        Ok(Ok(pubsub)) => pubsub,
-        _ => {
-            tracing::debug!("redis pub/sub connection failed");
-            return None;
-        }
-    };
-    let (mut sink, stream) = pubsub.split();
-    if !channels.is_empty() {
-        match tokio::time::timeout(timeout, sink.subscribe(&channels)).await {
-            Ok(Ok(())) => {}
-            _ => return None,
-        }
-    }
-    Some((sink, stream, channels.into_iter().collect()))
+/// Subscribes `sink` to `channels`, bounded by `timeout`; whether the server confirmed
+/// every one.
+///
+/// One SUBSCRIBE per channel, all sent before the first confirmation is awaited: the
+/// `redis` crate hands each confirmation to the oldest request still waiting, so a
+/// SUBSCRIBE of several channels (one confirmation each) would confirm the requests
+/// sent after it before the server has seen them.
+///
+/// A failure (no answer in time, connection closed) means the connection cannot be
+/// trusted any more. An error reply of the server (such as an ACL `NOPERM`) is not
+/// seen here: the `redis` crate reports it as a confirmation.
+async fn subscribe_all(sink: &PubSubSink, timeout: Duration, channels: &[String]) -> bool {
+    let confirmations = join_all(channels.iter().map(|channel| {
+        let mut sink = sink.clone();
+        async move { sink.subscribe(channel).await }
+    }));
+    matches!(
+        tokio::time::timeout(timeout, confirmations).await,
+        Ok(results) if results.iter().all(Result::is_ok)
+    )
 }
 
+/// The state of the subscription task of one node.
+struct Task {
+    /// Where pub/sub connections go.
+    node: Node,
+    /// The bound of connecting and of every (un)subscription.
+    timeout: Duration,
+    /// The live channels and their waiters.
+    shared: Arc<Shared>,
+    /// The command side of the connection, while the connection is trusted.
+    sink: Option<PubSubSink>,
+    /// The message side of the connection, while the connection is trusted.
+    stream: Option<PubSubStream>,
+    /// The channels the connection is confirmed to be subscribed to.
+    subscribed: HashSet<String>,
+    /// When to (re)connect and subscribe every live channel; `None`: not scheduled.
+    reconnect_at: Option<Instant>,
+    /// The delay before the next attempt if the scheduled one fails.
+    backoff: Duration,
+    /// Confirmations owed to waiters that subscribed while there was no connection:
+    /// sent when the reconnection subscribes their channels, dropped (the waiters then
+    /// go on at once) when it fails.
+    pending: Vec<oneshot::Sender<()>>,
+}
+
+impl Task {
+    /// A task with no connection yet (the first subscription opens it).
+    fn new(node: Node, timeout: Duration, shared: Arc<Shared>) -> Self {
+        Task {
+            node,
+            timeout,
+            shared,
+            sink: None,
+            stream: None,
+            subscribed: HashSet::new(),
+            reconnect_at: None,
+            backoff: RETRY_MIN,
+            pending: Vec::new(),
+        }
+    }
+
+    /// A waiter subscribed to `channel`: subscribe now if connected, otherwise let the
+    /// (scheduled, or immediate) reconnection do it. `ack` is sent once the server has
+    /// confirmed.
+    async fn subscribe(&mut self, channel: String, ack: oneshot::Sender<()>) {
+        if !self.shared.has_waiters(&channel) || self.subscribed.contains(&channel) {
+            let _ = ack.send(());
+            return;
+        }
+        let Some(sink) = self.sink.as_ref() else {
+            // The channel is live, so the reconnection includes it.
+            self.pending.push(ack);
+            if self.reconnect_at.is_none() {
+                self.reconnect_at = Some(Instant::now());
+            }
+            return;
+        };
+        if subscribe_all(sink, self.timeout, std::slice::from_ref(&channel)).await {
+            self.subscribed.insert(channel);
+            let _ = ack.send(());
+        } else {
+            tracing::debug!("redis SUBSCRIBE failed; reconnecting");
+            self.pending.push(ack);
+            self.disconnected();
+        }
+    }
+
+    /// The last waiter on `channel` is gone: unsubscribe, unless a new waiter came
+    /// meanwhile.
+    async fn unsubscribe(&mut self, channel: &str) {
+        if self.shared.has_waiters(channel) || !self.subscribed.remove(channel) {
+            return;
+        }
+        if let Some(sink) = self.sink.as_mut() {
+            if !matches!(
+                tokio::time::timeout(self.timeout, sink.unsubscribe(channel)).await,
+                Ok(Ok(()))
+            ) {
+                // The remaining channels are subscribed again on a new connection.
+                tracing::debug!("redis UNSUBSCRIBE failed; reconnecting");
+                self.disconnected();
+            }
+        }
+    }
+
+    /// The connection is lost or cannot be trusted: drop it and schedule a reconnection
+    /// (unless one is scheduled already). Meanwhile waiters sleep at most the remaining
+    /// TTL.
+    fn disconnected(&mut self) {
+        self.sink = None;
+        self.stream = None;
+        self.subscribed.clear();
+        if self.reconnect_at.is_none() {
+            self.reconnect_at = Some(Instant::now() + jittered(self.backoff));
+        }
+    }
+
+    /// The scheduled reconnection: a new connection subscribed to every channel live
+    /// now (a connection still trusted is kept, and only the live channels it lacks are
+    /// subscribed). On failure the next attempt is scheduled after a longer delay.
+    async fn reconnect(&mut self) {
+        self.reconnect_at = None;
+        let live: Vec<String> = self.shared.waiters().keys().cloned().collect();
+        if self.sink.is_none() {
+            if live.is_empty() {
+                // Nobody waits: connect again on the next subscription.
+                self.backoff = RETRY_MIN;
+                self.acknowledge();
+                return;
+            }
+            match tokio::time::timeout(self.timeout, self.node.pubsub()).await {
+                Ok(Ok(pubsub)) => {
+                    let (sink, stream) = pubsub.split();
+                    self.sink = Some(sink);
+                    self.stream = Some(stream);
+                    self.subscribed.clear();
+                }
+                _ => {
+                    tracing::debug!("redis pub/sub connection failed");
+                    self.retry_later();
+                    return;
+                }
+            }
+        }
+        let missing: Vec<String> = live
+            .into_iter()
+            .filter(|channel| !self.subscribed.contains(channel))
+            .collect();
+        let Some(sink) = self.sink.as_ref() else {
+            return;
+        };
+        if subscribe_all(sink, self.timeout, &missing).await {
+            self.backoff = RETRY_MIN;
+            self.acknowledge();
+            for channel in missing {
+                // Unlocks may have been published while it was not subscribed.
+                self.shared.wake(&channel);
+                self.subscribed.insert(channel);
+            }
+        } else {
+            tracing::debug!("redis SUBSCRIBE after reconnecting failed");
+            self.retry_later();
+        }
+    }
+
+    /// A reconnection failed: drop what it opened, tell the waiting subscribers to go
+    /// on, and try again after the next (longer, bounded) delay.
+    fn retry_later(&mut self) {
+        self.pending.clear();
+        self.backoff = self.backoff.saturating_mul(2).min(RETRY_MAX);
+        self.disconnected();
+    }
+
+    /// Confirms every pending subscription.
+    fn acknowledge(&mut self) {
+        for ack in self.pending.drain(..) {
+            let _ = ack.send(());
+        }
+    }
+}
+
+/// `delay` plus up to a quarter more, so that clients cut off together do not all
+/// reconnect in the same instant.
+fn jittered(delay: Duration) -> Duration {
+    delay.saturating_add((delay / 100).saturating_mul(fastrand::u32(0..=25)))
+}
+
+/// The subscription task: (un)subscribes as waiters come and go, wakes the waiters of a
+/// channel on its messages, and reconnects. Ends when the subscriber and all its
+/// subscriptions are gone.
 async fn run(
     node: Node,
     timeout: Duration,
     shared: Arc<Shared>,
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) {
-    let mut sink: Option<PubSubSink> = None;
-    let mut stream: Option<PubSubStream> = None;
-    let mut subscribed = HashSet::<String>::new();
-    let mut reconnect_at = None;
+    let mut task = Task::new(node, timeout, shared);
     loop {
         tokio::select! {
             command = commands.recv() => match command {
                 None => return,
-                Some(Command::Subscribe(channel, ack)) => {
-                    if !shared.has_waiters(&channel) || subscribed.contains(&channel) {
-                        let _ = ack.send(());
-                        continue;
-                    }
-                    let result = match sink.as_mut() {
-                        Some(s) => matches!(
-                            tokio::time::timeout(timeout, s.subscribe(&channel)).await,
-                            Ok(Ok(()))
-                        ),
-                        None => match connect(&node, timeout, vec![channel.clone()]).await {
-                            Some((s, r, _)) => {
-                                sink = Some(s);
-                                stream = Some(r);
-                                subscribed.clear();
-                                reconnect_at = None;
-                                true
-                            }
-                            None => false,
-                        },
-                    };
-                    if result {
-                        subscribed.insert(channel);
-                        let _ = ack.send(());
-                    } else {
-                        sink = None;
-                        stream = None;
-                        subscribed.clear();
-                    }
-                }
-                Some(Command::Unsubscribe(channel)) => {
-                    if !shared.has_waiters(&channel) && subscribed.remove(&channel) {
-                        if let Some(s) = sink.as_mut() {
-                            if !matches!(
-                                tokio::time::timeout(timeout, s.unsubscribe(&channel)).await,
-                                Ok(Ok(()))
-                            ) {
-                                sink = None;
-                                stream = None;
-                                subscribed.clear();
-                            }
-                        }
-                    }
-                }
+                Some(Command::Subscribe(channel, ack)) => task.subscribe(channel, ack).await,
+                Some(Command::Unsubscribe(channel)) => task.unsubscribe(&channel).await,
             },
-            message = next_message(&mut stream) => match message {
-                Some(message) => shared.wake(message.get_channel_name()),
+            message = next_message(&mut task.stream) => match message {
+                Some(message) => task.shared.wake(message.get_channel_name()),
                 None => {
-                    // Connection lost: reconnect and resubscribe soon; meanwhile waiters
-                    // sleep at most the remaining TTL.
-                    sink = None;
-                    stream = None;
-                    subscribed.clear();
-                    reconnect_at = Some(tokio::time::Instant::now() + Duration::from_millis(100));
+                    tracing::debug!("redis pub/sub connection lost; reconnecting");
+                    task.disconnected();
                 }
             },
-            () = sleep_until(reconnect_at) => {
-                reconnect_at = None;
-                let channels: Vec<String> = shared.waiters().keys().cloned().collect();
-                if channels.is_empty() {
-                    continue;
-                }
-                match connect(&node, timeout, channels).await {
-                    Some((s, r, set)) => {
-                        sink = Some(s);
-                        stream = Some(r);
-                        subscribed = set;
-                        // Unlocks may have been missed while disconnected.
-                        shared.wake_all();
-                    }
-                    None => {
-                        reconnect_at = Some(tokio::time::Instant::now() + Duration::from_millis(500));
-                    }
-                }
-            },
+            () = sleep_until(task.reconnect_at) => task.reconnect().await,
         }
     }
 }

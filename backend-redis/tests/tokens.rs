@@ -145,13 +145,21 @@ async fn a_resent_acquire_is_granted_not_refused_by_itself() {
     let mut conn = raw(&server).await;
     // Owner values are `client id:attempt`; the probe shows this client's and the next.
     let probe = locks.try_lock("probe").await.unwrap().unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let probe_key = keys
         .iter()
         .find(|k| k.ends_with("{probe}"))
         .unwrap_or_else(|| panic!("{keys:?}"))
         .clone();
-    let owner: String = redis::cmd("GET").arg(&probe_key).query_async(&mut conn).await.unwrap();
+    let owner: String = redis::cmd("GET")
+        .arg(&probe_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     probe.release().await.unwrap();
     let (client, attempt) = owner.rsplit_once(':').unwrap();
     let next_owner = format!("{client}:{}", attempt.parse::<u64>().unwrap() + 1);
@@ -179,7 +187,11 @@ async fn a_resent_acquire_is_granted_not_refused_by_itself() {
         .expect("the re-sent acquire is refused by its own first send");
     assert_eq!(guard.token(), FencingToken::new(4242));
     // The lease restarted with the re-send: the key outlives the first send's 300 ms.
-    let pttl: i64 = redis::cmd("PTTL").arg(&lock_key).query_async(&mut conn).await.unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(pttl > 1000, "pttl {pttl}");
     guard.release().await.unwrap();
 }
