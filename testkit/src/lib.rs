@@ -7,17 +7,22 @@
 //! is killed. A missing server binary is a panic naming the Debian package, never a
 //! skipped test: run `./scripts/test` to install them.
 //!
+//! For fault tests: [`FaultProxy`] puts partitions, delays and lost replies between a
+//! client and a server, and [`checker`] records fenced writes and checks the history.
+//!
 //! The library uses only std, `libc` and `tempfile`: no async runtime, no clients.
 //! [`TestCertificates`] makes a private CA and certificates for TLS servers with the
 //! `openssl` command-line tool.
 
 mod binaries;
+pub mod checker;
 mod etcd;
 mod etcd_cluster;
 mod launch;
 mod net;
 mod port;
 mod process;
+mod proxy;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;
@@ -30,6 +35,7 @@ pub use etcd::EtcdServer;
 pub use etcd_cluster::EtcdCluster;
 pub use port::{free_port, free_ports, port_open};
 pub use process::process_alive;
+pub use proxy::{Fault, FaultProxy};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::{RedisSentinel, RedisSentinelSet, SENTINEL_SERVICE};

@@ -266,3 +266,47 @@ fn servers_die_with_the_test_process() {
         "server {pid} outlived its SIGKILLed test process"
     );
 }
+
+/// One `PING` through `addr`, answered within `timeout`.
+fn ping_through(addr: &str, timeout: std::time::Duration) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(timeout));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut answer = [0u8; 7];
+    stream.read_exact(&mut answer).is_ok() && &answer == b"+PONG\r\n"
+}
+
+#[test]
+fn the_fault_proxy_passes_blackholes_delays_and_drops_replies() {
+    use fencelock_testkit::{Fault, FaultProxy, RedisServer};
+    use std::time::{Duration, Instant};
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(&redis.addr());
+    assert!(ping_through(&proxy.addr(), Duration::from_secs(2)));
+
+    proxy.set(Fault::Blackhole);
+    assert!(!ping_through(&proxy.addr(), Duration::from_millis(300)));
+    proxy.set(Fault::Pass);
+    assert!(ping_through(&proxy.addr(), Duration::from_secs(2)));
+
+    proxy.set(Fault::Delay {
+        min: Duration::from_millis(200),
+        max: Duration::from_millis(200),
+    });
+    let start = Instant::now();
+    assert!(ping_through(&proxy.addr(), Duration::from_secs(2)));
+    assert!(start.elapsed() >= Duration::from_millis(400), "{:?}", start.elapsed());
+
+    proxy.set(Fault::DropReplies);
+    assert!(!ping_through(&proxy.addr(), Duration::from_millis(300)));
+    assert!(proxy.dropped_replies() > 0);
+    proxy.set(Fault::Pass);
+    proxy.reset_connections();
+    assert!(ping_through(&proxy.addr(), Duration::from_secs(2)));
+    assert!(proxy.accepted() >= 4);
+}

@@ -1,0 +1,279 @@
+//! A userspace TCP proxy that injects network faults between a client and a server.
+//!
+//! This kernel has no `netem`; etcd's own robustness suite uses an L4 proxy in front of
+//! each member for the same faults. The proxy runs on plain threads (no async runtime),
+//! so it works under any test runtime and outlives none of them: dropping the handle
+//! stops it and closes every connection.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+/// What the proxy does to the traffic it carries. Switchable at run time with
+/// [`FaultProxy::set`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fault {
+    /// Forward everything at once.
+    #[default]
+    Pass,
+    /// Hold every chunk, in both directions, for a time drawn uniformly from
+    /// `min..=max` (order is kept: a chunk waits for the one before it).
+    Delay {
+        /// The shortest delay.
+        min: Duration,
+        /// The longest delay.
+        max: Duration,
+    },
+    /// A partition: new connections are not accepted (they wait in the listen backlog),
+    /// nothing is forwarded either way, and open sockets stay open. Held data flows
+    /// again when the fault is lifted, as TCP retransmission would deliver it.
+    Blackhole,
+    /// Requests reach the server; its answers are read and thrown away (a reply lost
+    /// after the server applied the request). Usually followed by
+    /// [`reset_connections`](FaultProxy::reset_connections), since the streams are
+    /// then out of step.
+    DropReplies,
+}
+
+/// A running proxy from a free loopback port to one upstream address.
+///
+/// ```no_run
+/// use fencelock_testkit::{Fault, FaultProxy, RedisServer};
+///
+/// let redis = RedisServer::start();
+/// let proxy = FaultProxy::start(&redis.addr());
+/// // connect the client to proxy.addr() instead of redis.addr(), then:
+/// proxy.set(Fault::Blackhole);
+/// proxy.set(Fault::Pass);
+/// ```
+pub struct FaultProxy {
+    shared: Arc<Shared>,
+    port: u16,
+}
+
+struct Shared {
+    upstream: SocketAddr,
+    fault: Mutex<Fault>,
+    changed: Condvar,
+    /// Both sockets of every open connection, to close them on reset.
+    connections: Mutex<Vec<(TcpStream, TcpStream)>>,
+    stopped: AtomicBool,
+    accepted: AtomicU64,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+    dropped_down: AtomicU64,
+}
+
+impl Shared {
+    fn fault(&self) -> MutexGuard<'_, Fault> {
+        self.fault.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits while the proxy is blackholed (or until it stops); returns the fault then
+    /// in force.
+    fn wait_unless_blackholed(&self) -> Fault {
+        let mut fault = self.fault();
+        while *fault == Fault::Blackhole && !self.stopped.load(Ordering::SeqCst) {
+            fault = self
+                .changed
+                .wait_timeout(fault, Duration::from_millis(100))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        *fault
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `upstream` (`host:port`) on a free loopback port, passing
+    /// everything.
+    ///
+    /// Panics if `upstream` does not resolve or no port can be bound.
+    pub fn start(upstream: &str) -> Self {
+        let upstream = upstream
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .unwrap_or_else(|| panic!("fencelock-testkit: cannot resolve {upstream}"));
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a proxy port");
+        let port = listener.local_addr().expect("proxy address").port();
+        let shared = Arc::new(Shared {
+            upstream,
+            fault: Mutex::new(Fault::Pass),
+            changed: Condvar::new(),
+            connections: Mutex::new(Vec::new()),
+            stopped: AtomicBool::new(false),
+            accepted: AtomicU64::new(0),
+            bytes_up: AtomicU64::new(0),
+            bytes_down: AtomicU64::new(0),
+            dropped_down: AtomicU64::new(0),
+        });
+        let accepting = shared.clone();
+        thread::Builder::new()
+            .name(format!("fault-proxy-{port}"))
+            .spawn(move || accept_loop(&listener, &accepting))
+            .expect("spawn the proxy thread");
+        FaultProxy { shared, port }
+    }
+
+    /// The proxy's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:PORT`: the address clients connect to instead of the upstream.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Switches the fault; takes effect for the next chunk on every connection.
+    pub fn set(&self, fault: Fault) {
+        *self.shared.fault() = fault;
+        self.shared.changed.notify_all();
+    }
+
+    /// The fault in force.
+    pub fn fault(&self) -> Fault {
+        *self.shared.fault()
+    }
+
+    /// Closes every open connection, both sides (clients see the connection end and
+    /// reconnect, through the proxy, under the fault then in force).
+    pub fn reset_connections(&self) {
+        let connections = std::mem::take(
+            &mut *self
+                .shared
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for (client, server) in connections {
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = server.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Bytes forwarded client → server so far.
+    pub fn bytes_up(&self) -> u64 {
+        self.shared.bytes_up.load(Ordering::SeqCst)
+    }
+
+    /// Bytes forwarded server → client so far.
+    pub fn bytes_down(&self) -> u64 {
+        self.shared.bytes_down.load(Ordering::SeqCst)
+    }
+
+    /// Bytes of server answers thrown away under [`Fault::DropReplies`].
+    pub fn dropped_replies(&self) -> u64 {
+        self.shared.dropped_down.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.shared.stopped.store(true, Ordering::SeqCst);
+        self.shared.changed.notify_all();
+        self.reset_connections();
+        // Wake the accept loop so it sees `stopped`.
+        let _ = TcpStream::connect_timeout(
+            &SocketAddr::from(([127, 0, 0, 1], self.port)),
+            Duration::from_millis(200),
+        );
+    }
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    loop {
+        // Under a blackhole, connections wait in the listen backlog, unanswered.
+        shared.wait_unless_blackholed();
+        let Ok((client, _)) = listener.accept() else {
+            continue;
+        };
+        if shared.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        shared.wait_unless_blackholed();
+        let Ok(server) = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(2))
+        else {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
+        let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = (
+            client.try_clone(),
+            server.try_clone(),
+            client.try_clone(),
+            server.try_clone(),
+        ) else {
+            continue;
+        };
+        shared
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((c3, s3));
+        let (up, down) = (shared.clone(), shared.clone());
+        let _ = thread::Builder::new()
+            .name("fault-proxy-up".into())
+            .spawn(move || pump(client, server, &up, false));
+        let _ = thread::Builder::new()
+            .name("fault-proxy-down".into())
+            .spawn(move || pump(s2, c2, &down, true));
+    }
+}
+
+/// Copies `from` → `to` under the fault in force; `reply` is the server → client side.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, reply: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    static STREAMS: AtomicU64 = AtomicU64::new(1);
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ STREAMS.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+        | 1;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if shared.stopped.load(Ordering::SeqCst) {
+            break;
+        }
+        match shared.wait_unless_blackholed() {
+            Fault::DropReplies if reply => {
+                shared.dropped_down.fetch_add(n as u64, Ordering::SeqCst);
+                continue;
+            }
+            Fault::Delay { min, max } => {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let span = max.saturating_sub(min).as_micros() as u64;
+                let extra = if span == 0 { 0 } else { seed % (span + 1) };
+                thread::sleep(min + Duration::from_micros(extra));
+            }
+            _ => {}
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        let counter = if reply {
+            &shared.bytes_down
+        } else {
+            &shared.bytes_up
+        };
+        counter.fetch_add(n as u64, Ordering::SeqCst);
+    }
+    let _ = to.shutdown(Shutdown::Write);
+    let _ = from.shutdown(Shutdown::Read);
+}
