@@ -347,10 +347,29 @@ impl Batcher {
                             .map(|d| TxnOp::delete(d.key.as_str(), None))
                             .collect::<Vec<_>>(),
                     );
-                if let Ok(response) = self.client.kv_client().txn(txn).await {
-                    if response.succeeded() {
+                match self.client.kv_client().txn(txn).await {
+                    Ok(response) if response.succeeded() => {
                         for delete in batch {
                             let _ = delete.reply.send(Ok(true));
+                        }
+                        continue;
+                    }
+                    // A compare failed: nothing was applied, so each answer of its own
+                    // is exact.
+                    Ok(_) => {}
+                    // No answer: etcd may have applied it, and a delete sent again would
+                    // find its key gone and report a released lock as lost. Each caller
+                    // learns the outcome is unknown; its clean-up goes on in the
+                    // background, where a key found gone is simply done.
+                    Err(error) => {
+                        for delete in batch {
+                            let _ = delete.reply.send(Err(Error::unavailable(
+                                crate::error::BACKEND,
+                                format!(
+                                    "the release's answer was lost ({error}); etcd may have \
+                                     applied it, and the key is deleted in the background if not"
+                                ),
+                            )));
                         }
                         continue;
                     }

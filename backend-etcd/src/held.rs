@@ -215,6 +215,9 @@ pub(crate) struct EtcdHeld {
     registration: Option<u64>,
     releasing: Arc<AtomicBool>,
     released: AtomicBool,
+    /// An earlier `release()` could not confirm the delete and left it to the
+    /// background: a retried release must not call that a loss.
+    handed_off: AtomicBool,
     cleanup: Arc<Mutex<Option<Cleanup>>>,
 }
 
@@ -267,6 +270,7 @@ impl EtcdHeld {
             registration,
             releasing,
             released: AtomicBool::new(false),
+            handed_off: AtomicBool::new(false),
             cleanup,
         }
     }
@@ -291,6 +295,12 @@ impl HeldLock for EtcdHeld {
         }
         self.releasing.store(true, Ordering::SeqCst);
         let Some(cleanup) = self.stop() else {
+            if self.handed_off.load(Ordering::SeqCst) {
+                return Err(Error::unavailable(
+                    crate::error::BACKEND,
+                    "an earlier release could not be confirmed; its delete goes on in the background",
+                ));
+            }
             return Err(Error::lost(&self.name, "the lock was already given up"));
         };
         // Armed until the delete is confirmed: a release future dropped at the await
@@ -334,7 +344,10 @@ impl HeldLock for EtcdHeld {
             // Gone already; only a dedicated lease may be left to revoke.
             Err(Error::Lost { .. }) => armed.get().state = KeyState::Absent,
             // Unknown: keep trying in the background before anyone reuses the key.
-            Err(_) => drop(armed),
+            Err(_) => {
+                self.handed_off.store(true, Ordering::SeqCst);
+                drop(armed);
+            }
         }
         outcome
     }

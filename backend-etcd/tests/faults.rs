@@ -275,3 +275,127 @@ async fn leader_kill_during_contention_keeps_exclusion() {
     let new_leader = cluster.wait_for_leader(Duration::from_secs(10));
     assert_ne!(new_leader, leader);
 }
+
+/// A combined release of the group commit whose answer is lost after etcd applied it
+/// (the connection breaks while the reply is on its way) must not report `Lost`: the
+/// keys are gone because our own delete went through. Each release answers with an
+/// `Unavailable` error (the outcome is unknown to the client) instead, and nothing is
+/// left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_to_a_combined_release_is_not_reported_as_loss() {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("combined-release-{:x}", std::process::id());
+    let locks = EtcdLock::connect(EtcdConfig {
+        endpoints: vec![proxy.addr()],
+        prefix: prefix.clone(),
+        ..EtcdConfig::default()
+    })
+    .await
+    .unwrap();
+    let names = ["a", "b", "c", "d", "e"];
+    let mut guards = Vec::new();
+    for name in names {
+        guards.push(locks.lock(name).await.unwrap());
+    }
+    let delay = Duration::from_millis(300);
+    proxy.set(Fault::Delay {
+        min: delay,
+        max: delay,
+    });
+    let mut guards = guards.into_iter();
+    // The first release goes out alone and occupies the lane for a round trip; the
+    // others queue and go out together as soon as it is answered.
+    let first = tokio::spawn(guards.next().unwrap().release());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let rest: Vec<_> = guards.map(|g| tokio::spawn(g.release())).collect();
+    first.await.unwrap().unwrap();
+    // The combined request went out as the first was answered. Once etcd has applied
+    // it (the keys are gone), its answer is in the proxy for a delay: cut it there.
+    let direct = EtcdLock::connect(EtcdConfig {
+        endpoints: vec![server.endpoint()],
+        prefix: prefix.clone(),
+        ..EtcdConfig::default()
+    })
+    .await
+    .unwrap();
+    let under = format!("{prefix}/");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = direct
+            .client()
+            .kv_client()
+            .get(
+                under.as_str(),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .unwrap()
+            .count();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the combined release never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.set(Fault::Pass);
+    proxy.reset_connections();
+    for release in rest {
+        let outcome = release.await.unwrap();
+        assert!(
+            !matches!(outcome, Err(fencelock_core::Error::Lost { .. })),
+            "a released lock was reported lost: {outcome:?}"
+        );
+    }
+    // Nothing is left.
+    for name in names {
+        let guard = direct.try_lock(name).await.unwrap().expect("free");
+        guard.release().await.unwrap();
+    }
+}
+
+/// A release retried after one that could not be confirmed (the server unreachable) is
+/// not reported as a loss: the first left its delete to the background, which finishes
+/// once etcd is reachable again, and the name is then free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_release_after_an_unconfirmed_one_is_not_a_loss() {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("retried-release-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        cleanup_timeout: Duration::from_millis(300),
+        ..EtcdConfig::default()
+    };
+    let locks = EtcdLock::connect(config(proxy.addr())).await.unwrap();
+    let guard = locks.lock("x").await.unwrap();
+    proxy.set(Fault::Blackhole);
+    let first = guard.held().release().await;
+    assert!(
+        matches!(first, Err(fencelock_core::Error::Unavailable { .. })),
+        "{first:?}"
+    );
+    let retried = guard.held().release().await;
+    assert!(
+        !matches!(retried, Err(fencelock_core::Error::Lost { .. })),
+        "a retried release was reported as a loss: {retried:?}"
+    );
+    proxy.set(Fault::Pass);
+    drop(guard);
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let next = direct
+        .acquire("x", AcquireOptions::new().wait_timeout(Duration::from_secs(5)))
+        .await
+        .expect("the background delete frees the name");
+    next.release().await.unwrap();
+}
