@@ -206,6 +206,12 @@ pub fn lease_seconds(lease: Duration) -> Result<i64, Error> {
             "etcd: a lease of {lease:?} is shorter than etcd's minimum of {MIN_LEASE:?}"
         )));
     }
+    if lease > fencelock_core::MAX_LEASE {
+        return Err(Error::InvalidConfig(format!(
+            "etcd: a lease of {lease:?} is longer than the maximum of {:?} (365 days)",
+            fencelock_core::MAX_LEASE
+        )));
+    }
     if lease.subsec_nanos() != 0 {
         return Err(Error::InvalidConfig(format!(
             "etcd: leases are whole seconds; {lease:?} is not"
@@ -301,6 +307,15 @@ mod tests {
                 "{url}"
             );
         }
+    }
+
+    #[test]
+    fn a_lease_beyond_the_maximum_is_refused_at_parse() {
+        assert_eq!(
+            parsed("etcd://127.0.0.1:2379/locks?lease=9000h").unwrap_err(),
+            "invalid-config"
+        );
+        assert!(parsed("etcd://127.0.0.1:2379/locks?lease=8760h").is_ok());
     }
 
     #[test]
