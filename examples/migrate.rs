@@ -7,7 +7,7 @@
 //! - an **old fleet** configured with the Redis URL (raw key layout: the key is exactly
 //!   `lock:order:SKU-8842`), like services that were never touched;
 //! - a **hand-written** service doing `SET lock:order:SKU-8842 <random> NX PX 300` and a
-//!   compare-and-delete script, like the seeds' original code (it has no token, so it
+//!   compare-and-delete script, the usual hand-written Redis lock (it has no token, so it
 //!   only proves exclusion);
 //! - a **new fleet** configured with `migrate://` URLs. The configuration moves through
 //!   the phases `legacy` → `legacy-first` → `target-first` → `target` while the workers
@@ -199,7 +199,7 @@ async fn run(redis: &str, etcd: &str, phase_time: Duration) -> Result<Report, fe
     Ok(report)
 }
 
-/// The seeds' hand-written lock: `SET key random NX PX 300`, compare-and-delete.
+/// The usual hand-written Redis lock: `SET key random NX PX 300`, compare-and-delete.
 async fn hand_written(
     mut redis: redis::aio::ConnectionManager,
     shared: Arc<Shared>,

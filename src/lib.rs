@@ -1,59 +1,26 @@
-//! # fencelock
+#![doc = include_str!("../README.md")]
 //!
-//! Distributed locks that are honest about safety: one async [`DistributedLock`] trait,
-//! backends for etcd and ZooKeeper (consensus-backed), Redis (single, Sentinel, Cluster,
-//! Redlock) and memory, chosen by a URL at run time and by cargo features at compile time.
-//! Every [`LockGuard`] carries a [`FencingToken`] and reports loss of the lock.
+//! ## API at a glance
 //!
-//! ```
-//! use fencelock::DistributedLockExt;
+//! - Connecting: [`connect`] (a URL), [`connect_from_env`] (`FENCELOCK_URL`, then
+//!   `FENCELOCK_CONFIG`, then `mem://`), [`connect_config`] with a [`Config`]
+//!   ([`Config::from_url`], [`Config::from_file`], [`Config::from_toml_str`]);
+//!   [`SUPPORTED_SCHEMES`] lists what this build can connect to.
+//! - Locking: [`DistributedLock::acquire`] with [`AcquireOptions`] ([`Lease`], [`Wait`]),
+//!   and [`DistributedLockExt`] (`lock`, `try_lock`, `with_lock`); the [`LockGuard`] and
+//!   its [`FencingToken`]; [`FencedRegister`], a resource that checks tokens, in memory.
+//! - Limits: [`DEFAULT_LEASE`], [`SHORTEST_LEASE`], [`MAX_LEASE`], [`FOREVER`],
+//!   [`MAX_NAME_LEN`]; what a backend guarantees: [`Capabilities`], checked at start with
+//!   [`Requirement`]s.
+//! - Errors: one [`Error`] enum of stable kinds, with [`Error::is_retryable`].
+//! - Layers: [`Retry`] ([`RetryPolicy`]), `Metrics` (cargo feature `metrics`), and the
+//!   [`MigrationLock`] behind `migrate://` ([`MigrationPhase`], [`migration_url`]); see
+//!   [`layer`].
+//! - Testing: [`MemoryLock`] runs on `tokio::time` and can
+//!   [`revoke`](MemoryLock::revoke) a lock.
 //!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock::Error> {
-//! // `mem://` by default; FENCELOCK_URL=etcd://... switches backend without code changes.
-//! let locks = fencelock::connect_from_env().await?;
-//! let guard = locks.lock("orders/SKU-8842").await?;
-//! // Pass the token to every write; the resource rejects tokens lower than one it saw.
-//! println!("token {}", guard.token());
-//! guard.release().await?;
-//! # Ok(()) }
-//! ```
-//!
-//! # Backends
-//!
-//! | URL | backend | cargo feature | status |
-//! |---|---|---|---|
-//! | `mem://`, `mem://NAMESPACE` | in-process memory | always | built |
-//! | `etcd://`, `etcds://` | etcd v3 | `etcd` | built |
-//! | `zk://`, `zookeeper://` | ZooKeeper | `zookeeper` | built |
-//! | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | Redis | `redis` | built |
-//! | `migrate://?legacy=URL&target=URL&phase=...` | [migration](fencelock_core::layer::migration) from one to another | always | built |
-//!
-//! `full` enables every backend. See [`connect`] for the URL forms.
-//!
-//! # Configuration
-//!
-//! A URL or a TOML config file loads into a [`Config`] ([`Config::from_url`],
-//! [`Config::from_file`]), connected with [`connect_config`]. Either can require
-//! capabilities ([`Requirement`]: `?require=linearizable,fencing=strong`), so a deployment
-//! refuses to start on a backend that lacks them, and add the retry and metrics layers.
-//!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock::Error> {
-//! let config = fencelock::Config::from_toml_str(r#"
-//!     backend = "mem"
-//!     prefix = "docs"
-//!     require = ["linearizable", "fencing=strong"]
-//! "#)?;
-//! let locks = fencelock::connect_config(&config).await?;
-//! assert_eq!(locks.backend(), "mem");
-//! # Ok(()) }
-//! ```
-//!
-//! # Safety model
-//!
-//! A lease is not exclusion: a holder that pauses past its lease still believes it holds
-//! the lock while someone else has it. Only a resource that checks the fencing token is
-//! safe against that. See the `fencelock-core` documentation for the full contract.
+//! The trait's full contract (what a guard promises, when loss is reported, cancel
+//! safety) is documented on [`DistributedLock`] and in `fencelock-core`.
 
 mod config;
 mod connect;

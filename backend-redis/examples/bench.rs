@@ -33,7 +33,7 @@ return 0";
 /// script (as fencelock's, which issues the token in the same script).
 const SCRIPTED_SET: &str = "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
 
-/// The hand-written lock of the seeds.
+/// The usual hand-written Redis lock: `SET key random NX PX`, compare-and-delete.
 #[derive(Clone)]
 struct Raw {
     conns: Vec<MultiplexedConnection>,

@@ -3,10 +3,12 @@
 //! A session's heartbeats are the renewal of every lock created in it. Each session has
 //! one monitor task that
 //!
-//! - sends a tiny read (`exists /`) every third of the session timeout and, when it is
-//!   answered, moves the deadline of every lock of the session to *send time + session
-//!   timeout − margin*: the server heard from the session no earlier than the send, so it
-//!   cannot expire the session (and delete the nodes) before that deadline;
+//! - sends a `sync` and a tiny read (`exists /`) every third of the session timeout and,
+//!   when both are answered, moves the deadline of every lock of the session to *send
+//!   time + session timeout − margin*: the leader heard from the session no earlier than
+//!   the send, so it cannot expire the session (and delete the nodes) before that
+//!   deadline (a plain read alone could be answered by a follower cut off from the
+//!   leader);
 //! - marks every lock *at risk* while the client is disconnected, and clears the mark on
 //!   reconnection;
 //! - marks every lock *lost* when the session expires, is closed or fails to
