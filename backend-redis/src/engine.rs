@@ -72,8 +72,11 @@ struct InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.engine
-                .release_in_background(self.keys.clone(), std::mem::take(&mut self.owner));
+            self.engine.release_in_background(
+                self.keys.clone(),
+                std::mem::take(&mut self.owner),
+                None,
+            );
         }
     }
 }
@@ -202,7 +205,7 @@ impl Engine {
                 Ok::<_, Error>(())
             };
             if let Err(e) = checked.await {
-                self.release(keys, &owner).await.ok();
+                self.release(keys, &owner, None).await.ok();
                 in_flight.armed = false;
                 return Err(e);
             }
@@ -216,7 +219,7 @@ impl Engine {
         }
         if !granted.is_empty() {
             // Redlock without a majority (or too slow): undo the partial grant now.
-            self.release(keys, &owner).await.ok();
+            self.release(keys, &owner, None).await.ok();
             in_flight.armed = false;
         } else if errors.is_empty() {
             in_flight.armed = false;
@@ -279,14 +282,28 @@ impl Engine {
         }
     }
 
-    /// Compare-and-delete on every node; whether a quorum still held it.
-    pub(crate) async fn release(&self, keys: &LockKeys, owner: &str) -> Result<bool, Error> {
+    /// Compare-and-delete on every node; whether a quorum still held it (or, with the
+    /// grant's `token`, had it gone with nobody granted since).
+    ///
+    /// In the raw layout the counter does not see hand-written lockers, so a gone key is
+    /// always "not held" there.
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: Option<u64>,
+    ) -> Result<bool, Error> {
+        let token = token
+            .filter(|_| !self.config.layout.is_raw())
+            .map_or_else(String::new, |t| t.to_string());
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.waiters)
+            .key(&keys.token)
             .arg(owner)
-            .arg(&keys.channel);
+            .arg(&keys.channel)
+            .arg(token);
         let replies = join_all(self.nodes.iter().map(|node| {
             let invocation = &invocation;
             async move {
@@ -307,11 +324,16 @@ impl Engine {
     }
 
     /// Releases in a background task, bounded by the command timeout.
-    pub(crate) fn release_in_background(self: &Arc<Self>, keys: LockKeys, owner: String) {
+    pub(crate) fn release_in_background(
+        self: &Arc<Self>,
+        keys: LockKeys,
+        owner: String,
+        token: Option<u64>,
+    ) {
         let engine = self.clone();
         let timeout = self.config.timeout;
         self.runtime.spawn(async move {
-            let _ = tokio::time::timeout(timeout * 2, engine.release(&keys, &owner)).await;
+            let _ = tokio::time::timeout(timeout * 2, engine.release(&keys, &owner, token)).await;
         });
     }
 }

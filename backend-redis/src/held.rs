@@ -18,6 +18,9 @@ pub(crate) struct RedisHeld {
     pub(crate) name: String,
     pub(crate) keys: LockKeys,
     pub(crate) owner: String,
+    /// The guard's token: a release that finds the key gone and the counter still at it
+    /// knows nobody was granted since (see [`RELEASE`](crate::scripts::RELEASE)).
+    pub(crate) token: u64,
     pub(crate) released: AtomicBool,
 }
 
@@ -25,7 +28,11 @@ pub(crate) struct RedisHeld {
 impl HeldLock for RedisHeld {
     async fn release(&self) -> Result<(), Error> {
         self.engine.renewals.remove(self.id);
-        match self.engine.release(&self.keys, &self.owner).await? {
+        match self
+            .engine
+            .release(&self.keys, &self.owner, Some(self.token))
+            .await?
+        {
             true => {
                 self.released.store(true, Ordering::Release);
                 Ok(())
@@ -41,8 +48,11 @@ impl HeldLock for RedisHeld {
     fn release_in_background(&self) {
         self.engine.renewals.remove(self.id);
         if !self.released.load(Ordering::Acquire) {
-            self.engine
-                .release_in_background(self.keys.clone(), self.owner.clone());
+            self.engine.release_in_background(
+                self.keys.clone(),
+                self.owner.clone(),
+                Some(self.token),
+            );
         }
     }
 }

@@ -159,6 +159,7 @@ impl RedisLock {
             name: name.to_owned(),
             keys: keys.clone(),
             owner,
+            token: token.get(),
             released: AtomicBool::new(false),
         };
         LockGuard::new(name, token, BACKEND, liveness, Arc::new(held))

@@ -138,22 +138,33 @@ return 1
     )
 });
 
-/// KEYS: lock, waiter marker. ARGV: owner, unlock channel. Deletes the lock only if
-/// the owner matches, together with the waiter marker, and publishes on the channel only
-/// when the marker was there: an uncontended release is `GET` + `DEL`, like a
-/// hand-written compare-and-delete. Returns 1 if deleted, 0 if not ours (or gone).
+/// KEYS: lock, waiter marker, token counter. ARGV: owner, unlock channel, the grant's
+/// token (or empty). Deletes the lock only if the owner matches, together with the waiter
+/// marker, and publishes on the channel only when the marker was there: an uncontended
+/// release is `GET` + `DEL`, like a hand-written compare-and-delete. Returns 1 if deleted
+/// (or already released, below), 0 if not ours.
 ///
 /// A waiter cannot miss the message: every refused try of a waiting client marks the
 /// lock, and it subscribes before its second try. A release before that try is seen by
 /// the try itself; a release after it finds the marker the try left (or, if the holder
 /// changed in between, the marker of the waiter's latest try against the new holder).
+///
+/// A key that is gone while the counter still holds the grant's token means nobody was
+/// granted the lock since (every grant moves the counter, in the same script that sets
+/// the key): this is a release sent again after its first send was applied (redis-rs
+/// re-sends after a dropped connection), or an expiry no other holder followed. Nothing
+/// can have overlapped, so it is not a loss.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
   if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
     redis.call('PUBLISH', ARGV[2], '0')
   end
+  return 1
+end
+if not v and ARGV[3] ~= '' and redis.call('GET', KEYS[3]) == ARGV[3] then
   return 1
 end
 return 0

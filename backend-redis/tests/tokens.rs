@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{DistributedLock, DistributedLockExt, FencingToken};
+use fencelock_core::{DistributedLock, DistributedLockExt, Error, FencingToken};
 use fencelock_redis::{RedisConfig, RedisLock};
 use fencelock_testkit::RedisServer;
 
@@ -194,4 +194,63 @@ async fn a_resent_acquire_is_granted_not_refused_by_itself() {
         .unwrap();
     assert!(pttl > 1000, "pttl {pttl}");
     guard.release().await.unwrap();
+}
+
+/// A release sent again after its first send was applied (the key is gone, and the
+/// counter still holds the guard's token: nobody was granted since) is not a loss; a key
+/// gone with another grant since is; and in the raw layout, where hand-written lockers
+/// do not move the counter, a gone key is always a loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_release_is_not_a_loss_but_a_taken_over_key_is() {
+    let server = RedisServer::start();
+    let mut conn = raw(&server).await;
+    let locks = locks(&server.url()).await;
+    let del_all_locks = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            for key in keys.iter().filter(|k| k.ends_with('}')) {
+                let _: () = redis::cmd("DEL")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+
+    // The first send's effect, then the re-sent release.
+    let guard = locks.lock("x").await.unwrap();
+    del_all_locks(&mut conn).await;
+    guard
+        .release()
+        .await
+        .expect("a re-sent release is not a loss");
+
+    // Gone, and another holder came and went since: a loss.
+    let guard = locks.lock("x").await.unwrap();
+    del_all_locks(&mut conn).await;
+    let other = locks.lock("x").await.unwrap();
+    other.release().await.unwrap();
+    let outcome = guard.release().await;
+    assert!(matches!(outcome, Err(Error::Lost { .. })), "{outcome:?}");
+
+    // Raw layout: a gone key is a loss.
+    let raw_locks = locks_raw(&server).await;
+    let guard = raw_locks.lock("y").await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg("lock:y")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let outcome = guard.release().await;
+    assert!(matches!(outcome, Err(Error::Lost { .. })), "{outcome:?}");
+}
+
+async fn locks_raw(server: &RedisServer) -> RedisLock {
+    locks(&format!("{}?layout=raw&prefix=lock:", server.url())).await
 }
