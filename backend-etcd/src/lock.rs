@@ -279,6 +279,14 @@ impl EtcdLock {
         // Anchored at the moment the request that started the lease was sent: the grant
         // of a fixed lease, the last keepalive of a renewing session.
         let valid_until = session.valid_until();
+        if valid_until <= Instant::now() {
+            // The lease ran out before the grant was confirmed (slow replies): the lock
+            // may already be someone else's. Not a grant; the clean-up deletes our key.
+            return Err(Error::unavailable(
+                BACKEND,
+                "the lease ran out before the grant was confirmed (etcd answered too slowly)",
+            ));
+        }
         let liveness = Liveness::new(valid_until);
         let registration = (!fixed).then(|| session.register(liveness.clone()));
         let cleanup = pending.disarm();

@@ -394,8 +394,56 @@ async fn a_retried_release_after_an_unconfirmed_one_is_not_a_loss() {
     drop(guard);
     let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
     let next = direct
-        .acquire("x", AcquireOptions::new().wait_timeout(Duration::from_secs(5)))
+        .acquire(
+            "x",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+        )
         .await
         .expect("the background delete frees the name");
+    next.release().await.unwrap();
+}
+
+/// A grant confirmed only after its lease ran out (replies slower than the lease) is not
+/// handed out as an already-expired guard: the acquire fails with a retryable error and
+/// its key is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_confirmed_after_its_lease_ran_out_is_an_error() {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("late-grant-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        ..EtcdConfig::default()
+    };
+    let locks = EtcdLock::connect(config(proxy.addr())).await.unwrap();
+    let delay = Duration::from_millis(400);
+    proxy.set(Fault::Delay {
+        min: delay,
+        max: delay,
+    });
+    let outcome = locks
+        .acquire(
+            "x",
+            AcquireOptions::new()
+                .fixed_lease(Duration::from_secs(2))
+                .no_wait(),
+        )
+        .await;
+    assert!(
+        matches!(&outcome, Err(e) if e.is_retryable()),
+        "{:?}",
+        outcome.map(|g| (g.is_lost(), g.token()))
+    );
+    proxy.set(Fault::Pass);
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let next = direct
+        .acquire(
+            "x",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("nothing of the late grant blocks the name");
     next.release().await.unwrap();
 }

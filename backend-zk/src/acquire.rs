@@ -72,6 +72,14 @@ pub(crate) async fn acquire(
         };
         delete_own_orphans(&session, &pending, own, &children);
         if index == 0 {
+            if grant_deadline(&session, lease, sent) <= Instant::now() {
+                // Confirmed only after the lease ran out (slow replies): not a grant;
+                // the armed clean-up deletes our node.
+                return Err(Error::unavailable(
+                    BACKEND,
+                    "the lease ran out before the grant was confirmed (ZooKeeper answered too slowly)",
+                ));
+            }
             pending.armed = false;
             return Ok(grant(session, name, path, stat, lease, sent));
         }
@@ -108,6 +116,20 @@ pub(crate) async fn acquire(
     }
 }
 
+/// The end of a fixed lease confirmed by a request sent at `sent`.
+fn fixed_cap(lease: Lease, sent: Instant) -> Option<Instant> {
+    match lease {
+        Lease::Fixed(duration) => Some(sent + duration),
+        Lease::Renewing(_) => None,
+    }
+}
+
+/// The guard's first deadline: the session's, or the fixed lease's end if earlier.
+fn grant_deadline(session: &ZkSession, lease: Lease, sent: Instant) -> Instant {
+    let deadline = session.deadline(sent);
+    fixed_cap(lease, sent).map_or(deadline, |cap| cap.min(deadline))
+}
+
 /// Builds the guard for a granted node whose ownership was confirmed by a request sent
 /// at `sent`.
 fn grant(
@@ -118,12 +140,8 @@ fn grant(
     lease: Lease,
     sent: Instant,
 ) -> LockGuard {
-    let cap = match lease {
-        Lease::Fixed(duration) => Some(sent + duration),
-        Lease::Renewing(_) => None,
-    };
-    let deadline = session.deadline(sent);
-    let liveness = Liveness::new(cap.map_or(deadline, |cap| cap.min(deadline)));
+    let cap = fixed_cap(lease, sent);
+    let liveness = Liveness::new(grant_deadline(&session, lease, sent));
     let token = FencingToken::new(stat.czxid as u64);
     let held = ZkHeld::start(
         name,
