@@ -36,9 +36,9 @@ pub use connect::{SUPPORTED_SCHEMES, connect, connect_config, connect_from_env};
 pub use fencelock_core::layer;
 pub use fencelock_core::{
     AcquireOptions, BoxError, Capabilities, DEFAULT_LEASE, DistributedLock, DistributedLockExt,
-    Error, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Lease, Liveness,
-    FOREVER, LockGuard, LockInfo, LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock, SHORTEST_LEASE,
-    StaleToken, Wait, validate_name,
+    Error, FOREVER, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Lease,
+    Liveness, LockGuard, LockInfo, LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock,
+    SHORTEST_LEASE, StaleToken, Wait, validate_name,
 };
 #[cfg(feature = "metrics")]
 pub use fencelock_core::{Metrics, MetricsOptions};

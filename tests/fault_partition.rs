@@ -42,7 +42,10 @@ async fn partition_of_a_running_holder(
 ) {
     let checker = Checker::new();
     let options = AcquireOptions::new().lease(LEASE).no_wait();
-    let guard = holder.acquire(name, options).await.expect("holder acquires");
+    let guard = holder
+        .acquire(name, options)
+        .await
+        .expect("holder acquires");
     let token = guard.token().get();
     checker.enter("holder", token);
     assert!(checker.write("holder", token));

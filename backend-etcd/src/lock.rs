@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
@@ -211,8 +211,16 @@ impl EtcdLock {
         // a lease granted just before. One that may wait queues on the client's renewing
         // session and moves its key onto a fresh fixed lease when its turn comes.
         let (session, fixed_now) = match lease {
-            Lease::Fixed(ttl) if no_wait => (Session::grant(&inner.client, ttl, false).await?, true),
-            Lease::Fixed(_) => (inner.sessions.get(&inner.client, inner.config.lease).await?, false),
+            Lease::Fixed(ttl) if no_wait => {
+                (Session::grant(&inner.client, ttl, false).await?, true)
+            }
+            Lease::Fixed(_) => (
+                inner
+                    .sessions
+                    .get(&inner.client, inner.config.lease)
+                    .await?,
+                false,
+            ),
             Lease::Renewing(ttl) => (inner.sessions.get(&inner.client, ttl).await?, false),
         };
         let key = own_key(&names, session.lease_id());

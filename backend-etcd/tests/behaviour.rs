@@ -389,7 +389,11 @@ async fn an_own_key_found_on_a_taken_name_is_deleted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     holder.release().await.unwrap();
-    let next = a.try_lock("x").await.unwrap().expect("free after the release");
+    let next = a
+        .try_lock("x")
+        .await
+        .unwrap()
+        .expect("free after the release");
     next.release().await.unwrap();
 }
 

@@ -178,7 +178,15 @@ impl Checker {
     pub fn rejected_writes(&self) -> usize {
         self.history()
             .iter()
-            .filter(|r| matches!(r.event, Event::Write { accepted: false, .. }))
+            .filter(|r| {
+                matches!(
+                    r.event,
+                    Event::Write {
+                        accepted: false,
+                        ..
+                    }
+                )
+            })
             .count()
     }
 

@@ -300,7 +300,11 @@ fn the_fault_proxy_passes_blackholes_delays_and_drops_replies() {
     });
     let start = Instant::now();
     assert!(ping_through(&proxy.addr(), Duration::from_secs(2)));
-    assert!(start.elapsed() >= Duration::from_millis(400), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        start.elapsed()
+    );
 
     proxy.set(Fault::DropReplies);
     assert!(!ping_through(&proxy.addr(), Duration::from_millis(300)));

@@ -63,7 +63,10 @@ async fn acquire_within(lock: &dyn DistributedLock, name: &str, bound: Duration)
         .await
         .unwrap_or_else(|e| panic!("{name}: {e:?}"));
     let took = start.elapsed();
-    assert!(took <= bound, "{name}: granted after {took:?}, bound {bound:?}");
+    assert!(
+        took <= bound,
+        "{name}: granted after {took:?}, bound {bound:?}"
+    );
     guard
 }
 
@@ -90,7 +93,10 @@ pub async fn cancelled_release_frees_the_name(
         result.expect("release");
     }
     let next = acquire_within(other, &name, Duration::from_secs(3)).await;
-    assert!(next.token() > token, "the next holder's token is not larger");
+    assert!(
+        next.token() > token,
+        "the next holder's token is not larger"
+    );
     next.release().await.expect("release");
     let again = acquire_within(lock, &name, Duration::from_secs(3)).await;
     again.release().await.expect("release");

@@ -118,7 +118,10 @@ pub async fn invalid_input_is_rejected(lock: &dyn DistributedLock) {
             .wait_timeout(Duration::MAX),
     ] {
         let err = lock.acquire(&name, options).await.unwrap_err();
-        assert!(matches!(err, Error::InvalidConfig(_)), "{options:?}: {err:?}");
+        assert!(
+            matches!(err, Error::InvalidConfig(_)),
+            "{options:?}: {err:?}"
+        );
     }
     // Nothing was left behind by the failed calls.
     let guard = lock.try_lock(&name).await.expect("try_lock").expect("free");
