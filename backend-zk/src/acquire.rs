@@ -124,9 +124,11 @@ fn fixed_cap(lease: Lease, sent: Instant) -> Option<Instant> {
     }
 }
 
-/// The guard's first deadline: the session's, or the fixed lease's end if earlier.
+/// The guard's first deadline: the session's (from the probe the leader has surely
+/// heard, not this grant's requests: see [`ZkSession::anchor`]), or the fixed lease's
+/// end if earlier.
 fn grant_deadline(session: &ZkSession, lease: Lease, sent: Instant) -> Instant {
-    let deadline = session.deadline(sent);
+    let deadline = session.deadline(session.anchor());
     fixed_cap(lease, sent).map_or(deadline, |cap| cap.min(deadline))
 }
 

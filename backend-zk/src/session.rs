@@ -3,12 +3,14 @@
 //! A session's heartbeats are the renewal of every lock created in it. Each session has
 //! one monitor task that
 //!
-//! - sends a `sync` and a tiny read (`exists /`) every third of the session timeout and,
-//!   when both are answered, moves the deadline of every lock of the session to *send
-//!   time + session timeout − margin*: the leader heard from the session no earlier than
-//!   the send, so it cannot expire the session (and delete the nodes) before that
-//!   deadline (a plain read alone could be answered by a follower cut off from the
-//!   leader);
+//! - sends a `sync` and a tiny read (`exists /`) every quarter of the session timeout
+//!   and, when both are answered, moves the deadline of every lock of the session to
+//!   *send time of the previous answered probe + session timeout − margin*: the leader
+//!   has surely heard from the session by then (a follower reports touches to the leader
+//!   only at the leader's next ping, so the latest probe may not have reached it when a
+//!   partition starts), so it cannot expire the session (and delete the nodes) before
+//!   that deadline; a plain read alone could be answered by a follower cut off from the
+//!   leader, hence the `sync`;
 //! - marks every lock *at risk* while the client is disconnected, and clears the mark on
 //!   reconnection;
 //! - marks every lock *lost* when the session expires, is closed or fails to
@@ -40,6 +42,9 @@ pub(crate) struct ZkSession {
     ended: CancellationToken,
     held: Mutex<HashMap<u64, Registered>>,
     next_id: AtomicU64,
+    /// Send times of the last two answered probes (older, latest): see
+    /// [`anchor`](Self::anchor).
+    confirmed: Mutex<(Instant, Instant)>,
 }
 
 /// A held lock as the monitor sees it.
@@ -65,6 +70,7 @@ impl ZkSession {
             let credentials = format!("{}:{}", auth.user, auth.password);
             connector = connector.with_auth("digest", credentials.as_bytes());
         }
+        let connecting = Instant::now();
         let client = connector.connect(config.hosts()).await.map_err(map)?;
         let negotiated = client.session_timeout();
         if negotiated != timeout {
@@ -82,6 +88,8 @@ impl ZkSession {
             ended: CancellationToken::new(),
             held: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            // Creating a session is a write the leader commits: it heard from us then.
+            confirmed: Mutex::new((connecting, connecting)),
         });
         spawn_monitor(&session);
         Ok(session)
@@ -110,11 +118,28 @@ impl ZkSession {
         &self.runtime
     }
 
-    /// The latest instant this session can be assumed alive by the server if it last
-    /// heard from us at `sent`: `sent + timeout − margin`. The margin (2 % of the timeout)
-    /// covers clock-rate differences between client and server.
-    pub(crate) fn deadline(&self, sent: Instant) -> Instant {
-        sent + self.timeout - self.timeout / 50
+    /// The latest instant this session can be assumed alive by the server if the leader
+    /// last heard from it at `anchor`: `anchor + timeout − margin`. The margin (2 % of the
+    /// timeout) covers clock-rate differences between client and server.
+    pub(crate) fn deadline(&self, anchor: Instant) -> Instant {
+        anchor + self.timeout - self.timeout / 50
+    }
+
+    /// The instant the leader has surely heard from this session since: the send time of
+    /// the *older* of the last two answered probes (or the session's creation).
+    ///
+    /// Not the latest request: a follower touches our session when a request arrives but
+    /// reports touches to the leader only at the leader's next ping (every half tick), so
+    /// a follower cut off right after answering may leave the leader's expiry clock at
+    /// our previous request. Probes are a quarter of the timeout apart, at least half a
+    /// tick (the timeout is at least two ticks), and the later probe's `sync` went
+    /// through the leader after the earlier touch was reported, so the older probe's
+    /// touch has reached the leader.
+    pub(crate) fn anchor(&self) -> Instant {
+        self.confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
     }
 
     /// Completes when the session has expired or was closed.
@@ -173,7 +198,13 @@ impl ZkSession {
         .await;
         match answer {
             Ok(Ok(_)) => {
-                let deadline = self.deadline(sent);
+                let anchor = {
+                    let mut confirmed =
+                        self.confirmed.lock().unwrap_or_else(PoisonError::into_inner);
+                    *confirmed = (confirmed.1, sent);
+                    confirmed.0
+                };
+                let deadline = self.deadline(anchor);
                 for entry in self.held().values() {
                     entry
                         .liveness
@@ -199,7 +230,10 @@ impl std::fmt::Debug for ZkSession {
 fn spawn_monitor(session: &Arc<ZkSession>) {
     let weak: Weak<ZkSession> = Arc::downgrade(session);
     let mut states = session.client.state_watcher();
-    let interval = session.timeout / 3;
+    // A quarter of the timeout: at least half a tick (the timeout is at least two ticks),
+    // so the older of two probes has reached the leader (see `ZkSession::anchor`), and a
+    // server stall of up to 0.4 × the timeout just before a probe costs no loss.
+    let interval = session.timeout / 4;
     session.runtime.spawn(async move {
         let mut next_probe = Instant::now() + interval;
         loop {
