@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 const INSTALL_HINT: &str = "run ./scripts/test, which installs the test servers \
      (apt-get install etcd-server etcd-client zookeeper libslf4j-java redis-server \
      redis-tools protobuf-compiler libprotobuf-dev default-jdk-headless \
-     libcurator-recipes-java openssl); backend tests fail rather than skip \
+     libcurator-recipes-java openssl iproute2 iptables); backend tests fail rather than skip \
      when a server is missing";
 
 /// The full path of `program` found on `PATH` (or in /usr/bin, /usr/sbin), or a panic

@@ -1,5 +1,6 @@
 //! A throwaway single-node `etcd` (and the member type of [`crate::EtcdCluster`]).
 
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use crate::binaries::require_program;
 use crate::launch::with_retries;
 use crate::net::http;
+use crate::netns::in_namespace;
 use crate::port::free_ports;
 use crate::process::at_exit;
 use crate::server::Server;
@@ -27,6 +29,10 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 pub struct EtcdServer {
     core: Server,
     name: String,
+    /// The address it listens on: 127.0.0.1, or its own in a network namespace.
+    ip: Ipv4Addr,
+    /// The network namespace it runs in (see [`crate::NetLab`]), if any.
+    netns: Option<String>,
     client_port: u16,
     peer_port: u16,
     args: Vec<String>,
@@ -44,6 +50,10 @@ pub(crate) struct MemberSpec<'a> {
     pub(crate) token: &'a str,
     pub(crate) clustered: bool,
     pub(crate) extra: &'a [&'a str],
+    /// Where it listens (127.0.0.1 unless in a namespace).
+    pub(crate) ip: Ipv4Addr,
+    /// The network namespace to run in, if any.
+    pub(crate) netns: Option<&'a str>,
 }
 
 impl EtcdServer {
@@ -100,6 +110,8 @@ impl EtcdServer {
                 token: &token,
                 clustered: false,
                 extra: &extra,
+                ip: Ipv4Addr::LOCALHOST,
+                netns: None,
             })?;
             server.wait_up(true)?;
             Ok(server)
@@ -129,8 +141,8 @@ impl EtcdServer {
             .prefix("fencelock-etcd-")
             .tempdir()
             .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-        let client_url = format!("http://127.0.0.1:{}", spec.client_port);
-        let peer_url = format!("http://127.0.0.1:{}", spec.peer_port);
+        let client_url = format!("http://{}:{}", spec.ip, spec.client_port);
+        let peer_url = format!("http://{}:{}", spec.ip, spec.peer_port);
         let mut args: Vec<String> = [
             "--name",
             spec.name,
@@ -166,6 +178,8 @@ impl EtcdServer {
         let server = EtcdServer {
             core: Server::new(dir, "etcd.log"),
             name: spec.name.to_string(),
+            ip: spec.ip,
+            netns: spec.netns.map(str::to_owned),
             client_port: spec.client_port,
             peer_port: spec.peer_port,
             args,
@@ -182,6 +196,9 @@ impl EtcdServer {
         if cfg!(target_arch = "aarch64") {
             // etcd 3.4 refuses to start on arm64 without this.
             command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
+        }
+        if let Some(namespace) = &self.netns {
+            command = in_namespace(namespace, &command);
         }
         self.core
             .process
@@ -204,9 +221,16 @@ impl EtcdServer {
 
     /// The response to `GET /health`, if the member answers.
     fn health_body(&self) -> Option<String> {
-        http(self.client_port, "GET", "/health", "", PROBE_TIMEOUT)
-            .ok()
-            .filter(|r| r.contains("\"health\""))
+        http(
+            self.ip,
+            self.client_port,
+            "GET",
+            "/health",
+            "",
+            PROBE_TIMEOUT,
+        )
+        .ok()
+        .filter(|r| r.contains("\"health\""))
     }
 
     /// Whether `GET /health` says `"health":"true"` (the member sees a leader), or,
@@ -222,6 +246,7 @@ impl EtcdServer {
     /// `(member_id, leader_id)` from `POST /v3/maintenance/status`, as decimal strings.
     pub(crate) fn status(&self) -> Option<(String, String)> {
         let response = http(
+            self.ip,
             self.client_port,
             "POST",
             "/v3/maintenance/status",
@@ -250,14 +275,26 @@ impl EtcdServer {
         self.peer_port
     }
 
-    /// `127.0.0.1:PORT` (client port).
+    /// `127.0.0.1:PORT` (client port); `IP:PORT` for a member in a network namespace.
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.ip, self.client_port)
     }
 
-    /// `http://127.0.0.1:PORT` (client port).
+    /// `http://127.0.0.1:PORT` (client port); `http://IP:PORT` in a network namespace.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.ip, self.client_port)
+    }
+
+    /// The address it listens on: 127.0.0.1, or its own in a network namespace.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    /// The network namespace it runs in, if any (see [`EtcdCluster::start_isolated`]).
+    ///
+    /// [`EtcdCluster::start_isolated`]: crate::EtcdCluster::start_isolated
+    pub fn netns(&self) -> Option<&str> {
+        self.netns.as_deref()
     }
 
     /// Starts the server again on the same ports and data directory (the data

@@ -9,6 +9,9 @@
 //!
 //! For fault tests: [`FaultProxy`] puts partitions, delays and lost replies between a
 //! client and a server, and [`checker`] records fenced writes and checks the history.
+//! [`EtcdCluster::start_isolated`] and [`ZkEnsemble::start_isolated`] put each member in
+//! its own network namespace ([`NetLab`]), so a member can be cut from its peers while
+//! its clients stay connected.
 //!
 //! The library uses only std, `libc` and `tempfile`: no async runtime, no clients.
 //! [`TestCertificates`] makes a private CA and certificates for TLS servers with the
@@ -20,6 +23,7 @@ mod etcd;
 mod etcd_cluster;
 mod launch;
 mod net;
+mod netns;
 mod port;
 mod process;
 mod proxy;
@@ -33,6 +37,7 @@ mod zookeeper;
 
 pub use etcd::EtcdServer;
 pub use etcd_cluster::EtcdCluster;
+pub use netns::NetLab;
 pub use port::{free_port, free_ports, port_open};
 pub use process::process_alive;
 pub use proxy::{Fault, FaultProxy};

@@ -1,4 +1,5 @@
-//! One raw request/response exchange over loopback TCP, for readiness probes.
+//! One raw request/response exchange over TCP (loopback, or a member's address in a
+//! network namespace), for readiness probes.
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -13,8 +14,19 @@ pub(crate) fn exchange(
     timeout: Duration,
     complete: impl Fn(&[u8]) -> bool,
 ) -> io::Result<Vec<u8>> {
+    exchange_at(Ipv4Addr::LOCALHOST, port, request, timeout, complete)
+}
+
+/// [`exchange`] with `ip`:`port` instead of 127.0.0.1:`port`.
+pub(crate) fn exchange_at(
+    ip: Ipv4Addr,
+    port: u16,
+    request: &[u8],
+    timeout: Duration,
+    complete: impl Fn(&[u8]) -> bool,
+) -> io::Result<Vec<u8>> {
     let deadline = Instant::now() + timeout;
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let addr = SocketAddr::from((ip, port));
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_write_timeout(Some(timeout))?;
     stream.write_all(request)?;
@@ -40,9 +52,10 @@ pub(crate) fn exchange(
     }
 }
 
-/// A plain HTTP/1.1 request with `Connection: close`; returns the whole response
-/// (status line, headers and body) as text.
+/// A plain HTTP/1.1 request to `ip`:`port` with `Connection: close`; returns the whole
+/// response (status line, headers and body) as text.
 pub(crate) fn http(
+    ip: Ipv4Addr,
     port: u16,
     method: &str,
     path: &str,
@@ -50,10 +63,10 @@ pub(crate) fn http(
     timeout: Duration,
 ) -> io::Result<String> {
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {ip}:{port}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let answer = exchange(port, request.as_bytes(), timeout, |_| false)?;
+    let answer = exchange_at(ip, port, request.as_bytes(), timeout, |_| false)?;
     Ok(String::from_utf8_lossy(&answer).into_owned())
 }

@@ -1,6 +1,7 @@
 //! A throwaway standalone ZooKeeper (and the member type of [`crate::ZkEnsemble`]).
 
 use std::io;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -8,7 +9,8 @@ use std::time::Duration;
 
 use crate::binaries::{require_file, require_program};
 use crate::launch::with_retries;
-use crate::net::exchange;
+use crate::net::exchange_at;
+use crate::netns::in_namespace;
 use crate::port::free_port;
 use crate::process::at_exit;
 use crate::server::Server;
@@ -46,6 +48,10 @@ admin.enableServer=false
 /// killed server (the page cache outlives the process), not a machine crash.
 pub struct ZkServer {
     core: Server,
+    /// The address it serves clients on: 127.0.0.1, or its own in a network namespace.
+    ip: Ipv4Addr,
+    /// The network namespace it runs in (see [`crate::NetLab`]), if any.
+    netns: Option<String>,
     port: u16,
     main_class: &'static str,
     /// Member of an ensemble: a restart waits only until it answers `ruok`, since it
@@ -98,6 +104,26 @@ impl ZkServer {
         extra_config: &str,
         myid: Option<usize>,
     ) -> Result<ZkServer, String> {
+        Self::spawn_member_at(
+            Ipv4Addr::LOCALHOST,
+            None,
+            port,
+            main_class,
+            extra_config,
+            myid,
+        )
+    }
+
+    /// [`ZkServer::spawn_member`] serving clients on `ip`, run in the network namespace
+    /// `netns` if given.
+    pub(crate) fn spawn_member_at(
+        ip: Ipv4Addr,
+        netns: Option<&str>,
+        port: u16,
+        main_class: &'static str,
+        extra_config: &str,
+        myid: Option<usize>,
+    ) -> Result<ZkServer, String> {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-zk-")
             .tempdir()
@@ -110,12 +136,14 @@ impl ZkServer {
         }
         let config = dir.path().join("zoo.cfg");
         let text = format!(
-            "{BASE_CONFIG}dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n{extra_config}",
+            "{BASE_CONFIG}dataDir={}\nclientPort={port}\nclientPortAddress={ip}\n{extra_config}",
             data.display()
         );
         std::fs::write(&config, text).map_err(|e| format!("cannot write {config:?}: {e}"))?;
         let server = ZkServer {
             core: Server::new(dir, "zookeeper.log"),
+            ip,
+            netns: netns.map(str::to_owned),
             port,
             main_class,
             ensemble: myid.is_some(),
@@ -158,6 +186,9 @@ impl ZkServer {
             .current_dir(self.core.dir.path())
             .env_remove("JAVA_TOOL_OPTIONS")
             .env_remove("JDK_JAVA_OPTIONS");
+        if let Some(namespace) = &self.netns {
+            command = in_namespace(namespace, &command);
+        }
         self.core
             .process
             .start(command, &self.core.log)
@@ -176,7 +207,8 @@ impl ZkServer {
     /// Sends a four-letter-word command (`ruok`, `srvr`, `stat`, `mntr`, `cons`, ...)
     /// and returns the whole answer (1 s timeout).
     pub fn four_letter_word(&self, command: &str) -> io::Result<String> {
-        let answer = exchange(
+        let answer = exchange_at(
+            self.ip,
             self.port,
             command.as_bytes(),
             Duration::from_secs(1),
@@ -201,9 +233,21 @@ impl ZkServer {
         self.port
     }
 
-    /// `127.0.0.1:PORT`.
+    /// `127.0.0.1:PORT`; `IP:PORT` for a member in a network namespace.
     pub fn connect_string(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.ip, self.port)
+    }
+
+    /// The address it serves clients on: 127.0.0.1, or its own in a network namespace.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    /// The network namespace it runs in, if any (see [`ZkEnsemble::start_isolated`]).
+    ///
+    /// [`ZkEnsemble::start_isolated`]: crate::ZkEnsemble::start_isolated
+    pub fn netns(&self) -> Option<&str> {
+        self.netns.as_deref()
     }
 
     /// Starts the server again on the same port and `dataDir` (data and unexpired
