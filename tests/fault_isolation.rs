@@ -172,11 +172,12 @@ async fn isolated_holder(
                 .wait_timeout(deadline.saturating_duration_since(Instant::now()));
             match other.acquire(name, options).await {
                 Ok(next) => break next,
-                // etcd: a request caught in the election ("request timed out"), or the
-                // waiter's own session lost because its keepalives, forwarded by its
-                // member to the cut leader, go unanswered until etcd's request timeout
-                // (6 s here), longer than the 2 s lease. An application acquires again;
-                // so does this client, and the bound below still holds.
+                // etcd: a request caught in the election ("request timed out"). (Before
+                // keepalives were resent on a new stream after one unanswered renew
+                // interval, the waiter's own session was lost here in every run: its
+                // keepalive, forwarded to the cut leader, hung until etcd's 6 s request
+                // timeout.) An application acquires again; so does this client, and the
+                // bound below still holds.
                 Err(e)
                     if (e.is_retryable() || matches!(e, Error::Lost { .. }))
                         && Instant::now() < deadline =>

@@ -197,7 +197,12 @@ async fn keep_alive_loop(
             return;
         };
         let sent = Instant::now();
-        let answer = tokio::time::timeout_at(deadline, async {
+        // An answer is awaited for one renew interval (or until the deadline, if that
+        // comes first), not until the deadline: a keepalive forwarded to a leader that
+        // was cut off hangs there until etcd's request timeout, and is sent again on a
+        // new stream, which a new leader can answer.
+        let patience = deadline.min(sent + interval);
+        let answer = tokio::time::timeout_at(patience, async {
             keeper.keep_alive().await?;
             stream.message().await
         })
@@ -230,9 +235,22 @@ async fn keep_alive_loop(
                 }
                 next = Instant::now() + Duration::from_millis(100).min(interval);
             }
-            Err(_) => {
+            Err(_) if Instant::now() >= deadline => {
                 session.mark_lost("no keepalive answer from etcd before the lease deadline");
                 return;
+            }
+            Err(_) => {
+                tracing::debug!(lease = id, "etcd keepalive unanswered; resending on a new stream");
+                match tokio::time::timeout_at(deadline, client.lease_client().keep_alive(id)).await
+                {
+                    Ok(Ok((k, s))) => (keeper, stream) = (k, s),
+                    Ok(Err(_)) => {}
+                    Err(_) => {
+                        session.mark_lost(&timed_out("a keepalive").to_string());
+                        return;
+                    }
+                }
+                next = Instant::now();
             }
         }
         drop(session);
