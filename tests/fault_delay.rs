@@ -142,3 +142,51 @@ async fn redlock_deadlines_are_anchored_at_send() {
     let proxies: Vec<&FaultProxy> = proxies.iter().collect();
     anchored_at_send(&*holder, &*other, &proxies).await;
 }
+
+/// A wait timeout bounds the whole acquire, also against a server that stopped
+/// answering (blackholed): `Err(Timeout)` (or a retryable error) within the timeout and
+/// a small bound, on every backend, and nothing is left once it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_timeout_bounds_an_acquire_against_a_hung_server() {
+    let etcd = EtcdServer::shared();
+    let zk = ZkServer::shared();
+    let redis = RedisServer::shared();
+    let cases = [
+        ("etcd", etcd.endpoint(), "etcd://{}/{p}"),
+        ("zk", zk.connect_string(), "zk://{}/{p}?min_lease=2s"),
+        ("redis", redis.addr(), "redis://{}?prefix={p}:"),
+    ];
+    for (backend, upstream, template) in cases {
+        let proxy = FaultProxy::start(&upstream);
+        let prefix = unique(backend);
+        let url = |host: &str| template.replace("{}", host).replace("{p}", &prefix);
+        let locks = fencelock::connect(&url(&proxy.addr())).await.unwrap();
+        proxy.set(Fault::Blackhole);
+        let limit = Duration::from_secs(1);
+        let started = Instant::now();
+        let outcome = locks
+            .acquire("x", AcquireOptions::new().wait_timeout(limit))
+            .await;
+        let took = started.elapsed();
+        assert!(
+            matches!(&outcome, Err(fencelock::Error::Timeout { .. }))
+                || matches!(&outcome, Err(e) if e.is_retryable()),
+            "{backend}: {:?}",
+            outcome.map(|g| g.token())
+        );
+        assert!(
+            took <= limit + Duration::from_millis(300),
+            "{backend}: a 1 s wait took {took:?} against a hung server"
+        );
+        proxy.set(Fault::Pass);
+        let direct = fencelock::connect(&url(&upstream)).await.unwrap();
+        let guard = direct
+            .acquire(
+                "x",
+                AcquireOptions::new().wait_timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{backend}: the name stays blocked: {e:?}"));
+        guard.release().await.unwrap();
+    }
+}

@@ -116,14 +116,10 @@ impl Cleanup {
         self.state == KeyState::Absent && self.fixed_lease.is_none()
     }
 
-    /// One attempt right away, bounded by the clean-up timeout. Returns whether everything
-    /// is undone; the caller keeps the clean-up armed otherwise.
-    async fn try_once(&self) -> bool {
-        self.is_empty()
-            || matches!(
-                tokio::time::timeout(self.timeout, self.run()).await,
-                Ok(Ok(()))
-            )
+    /// One attempt right away, bounded by `limit`. Returns whether everything is undone;
+    /// the caller keeps the clean-up armed otherwise.
+    async fn try_once(&self, limit: Duration) -> bool {
+        self.is_empty() || matches!(tokio::time::timeout(limit, self.run()).await, Ok(Ok(())))
     }
 
     async fn run(&self) -> Result<(), Error> {
@@ -159,6 +155,10 @@ impl Cleanup {
     }
 }
 
+/// How long past its wait timeout a waiter that gives up may spend deleting its key
+/// before returning; the rest goes to the background.
+pub(crate) const GIVE_UP_GRACE: Duration = Duration::from_millis(200);
+
 /// A clean-up that stays armed until its work is confirmed done: dropping it (an error,
 /// a timeout, a cancelled future at any await point) hands the clean-up to the background.
 /// Everything that can leave a key or lease behind holds its [`Cleanup`] through this,
@@ -177,11 +177,13 @@ impl Armed {
             .expect("an armed clean-up is present until disarmed")
     }
 
-    /// Undoes everything now, bounded by the clean-up timeout; if that attempt fails (or
-    /// this future is dropped first), the clean-up goes on in the background.
+    /// Undoes everything now, for at most [`GIVE_UP_GRACE`]: a waiter that gives up
+    /// deletes its key before returning (a healthy etcd answers in milliseconds), but
+    /// its wait timeout is not stretched by a server that hangs. If that attempt fails
+    /// (or this future is dropped first), the clean-up goes on in the background.
     pub(crate) async fn finish_now(mut self) {
         if let Some(cleanup) = &self.0 {
-            if cleanup.try_once().await {
+            if cleanup.try_once(GIVE_UP_GRACE.min(cleanup.timeout)).await {
                 // Done: dropping it now returns the gate turn.
                 self.0 = None;
             }

@@ -210,18 +210,25 @@ impl EtcdLock {
         // does not wait is granted or refused by its create, so its key goes straight onto
         // a lease granted just before. One that may wait queues on the client's renewing
         // session and moves its key onto a fresh fixed lease when its turn comes.
+        // Every step is bounded by the caller's wait, also when etcd hangs (a request
+        // caught in an election waits for etcd's own request timeout).
         let (session, fixed_now) = match lease {
             Lease::Fixed(ttl) if no_wait => {
                 (Session::grant(&inner.client, ttl, false).await?, true)
             }
             Lease::Fixed(_) => (
-                inner
-                    .sessions
-                    .get(&inner.client, inner.config.lease)
-                    .await?,
+                within(
+                    deadline,
+                    inner.sessions.get(&inner.client, inner.config.lease),
+                    timed_out,
+                )
+                .await??,
                 false,
             ),
-            Lease::Renewing(ttl) => (inner.sessions.get(&inner.client, ttl).await?, false),
+            Lease::Renewing(ttl) => (
+                within(deadline, inner.sessions.get(&inner.client, ttl), timed_out).await??,
+                false,
+            ),
         };
         let key = own_key(&names, session.lease_id());
         let cleanup = Cleanup {
@@ -256,9 +263,12 @@ impl EtcdLock {
                     name: name.to_owned(),
                 })?
         } else {
-            let (mine, first) = self
-                .create_and_read_first(&key, &names, session.lease_id(), &mut pending)
-                .await?;
+            let (mine, first) = within(
+                deadline,
+                self.create_and_read_first(&key, &names, session.lease_id(), &mut pending),
+                timed_out,
+            )
+            .await??;
             if first != mine {
                 let waiting = async {
                     wait::for_turn(&inner.client, &names, mine, &session, name).await?;

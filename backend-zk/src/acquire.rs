@@ -277,8 +277,9 @@ struct Pending {
 }
 
 /// Upper bound on deleting a waiter's node before returning a timeout; past it the
-/// deletion continues in the background.
-pub(crate) const GIVE_UP_DELETE: std::time::Duration = std::time::Duration::from_secs(5);
+/// deletion continues in the background. A healthy server answers in milliseconds; a
+/// hung one must not stretch the caller's wait timeout by more than this.
+pub(crate) const GIVE_UP_DELETE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// A waiter whose time ran out deletes its node before returning, so a process that exits
 /// right after the timeout leaves nothing that would block the name until its session
