@@ -142,16 +142,41 @@ impl Cleanup {
             KeyState::Created(revision) => delete_incarnation(&self.client, &self.key, revision)
                 .await
                 .map(drop),
-            // The create's answer was lost: no newer incarnation can exist while we hold
-            // the gate turn, so deleting by key is exact.
-            KeyState::Unknown => self
-                .client
-                .kv_client()
-                .delete(self.key.as_str(), None)
-                .await
-                .map(drop)
-                .map_err(map),
+            // The create's answer was lost: no newer incarnation of ours can appear while
+            // we hold the gate turn, so deleting by key is exact.
+            KeyState::Unknown => self.delete_unanswered_create().await,
         }
+    }
+
+    /// Deletes our key when the create that may have made it was not answered (dropped
+    /// in flight, or its reply lost). The create may still be applied *after* this
+    /// delete: etcd proposes concurrent requests of one client in either order. So the
+    /// key is looked at again for a moment afterwards, and a key created after our delete
+    /// is deleted too. The gate turn, held until this clean-up ends, keeps this client's
+    /// own next acquire of the name from creating the key meanwhile.
+    async fn delete_unanswered_create(&self) -> Result<(), Error> {
+        let mut kv = self.client.kv_client();
+        let deleted_at = kv
+            .delete(self.key.as_str(), None)
+            .await
+            .map_err(map)?
+            .header()
+            .map_or(0, |h| h.revision());
+        for pause in [20, 50, 100, 200, 400] {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let late = kv
+                .get(self.key.as_str(), None)
+                .await
+                .map_err(map)?
+                .kvs()
+                .first()
+                .map(|kv| kv.create_revision())
+                .filter(|revision| *revision > deleted_at);
+            if let Some(revision) = late {
+                delete_incarnation(&self.client, &self.key, revision).await?;
+            }
+        }
+        Ok(())
     }
 }
 
