@@ -55,7 +55,15 @@ pub(crate) struct Cleanup {
     pub(crate) session: Option<Arc<Session>>,
     pub(crate) fixed_lease: Option<i64>,
     pub(crate) permit: Option<GatePermit>,
+    /// A create that was sent and is still running in its own task: it is never
+    /// abandoned, so the clean-up learns from its answer exactly which incarnation of our
+    /// key exists (`Some(revision)`), or that none does (`None`). `Err` means etcd did not
+    /// answer: then the key is deleted by name.
+    pub(crate) create: Option<InFlightCreate>,
 }
+
+/// A create sent in its own task; see [`Cleanup::create`].
+pub(crate) type InFlightCreate = tokio::task::JoinHandle<Result<Option<i64>, ()>>;
 
 impl std::fmt::Debug for Cleanup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,6 +91,19 @@ impl Cleanup {
         let permit = self.permit.take();
         let runtime = self.runtime.clone();
         runtime.spawn(async move {
+            // A create still in flight would race a delete by name (etcd may apply it
+            // after the delete): wait for its answer and delete exactly what it made.
+            if let Some(create) = self.create.take() {
+                match tokio::time::timeout(self.timeout, create).await {
+                    Ok(Ok(Ok(Some(revision)))) => self.state = KeyState::Created(revision),
+                    Ok(Ok(Ok(None))) => self.state = KeyState::Absent,
+                    _ => {}
+                }
+                if self.is_empty() {
+                    drop(permit);
+                    return;
+                }
+            }
             let give_up = self.session.as_ref().map(|s| Instant::now() + s.ttl() * 3);
             let mut backoff = Duration::from_millis(100);
             loop {
@@ -142,41 +163,16 @@ impl Cleanup {
             KeyState::Created(revision) => delete_incarnation(&self.client, &self.key, revision)
                 .await
                 .map(drop),
-            // The create's answer was lost: no newer incarnation of ours can appear while
-            // we hold the gate turn, so deleting by key is exact.
-            KeyState::Unknown => self.delete_unanswered_create().await,
-        }
-    }
-
-    /// Deletes our key when the create that may have made it was not answered (dropped
-    /// in flight, or its reply lost). The create may still be applied *after* this
-    /// delete: etcd proposes concurrent requests of one client in either order. So the
-    /// key is looked at again for a moment afterwards, and a key created after our delete
-    /// is deleted too. The gate turn, held until this clean-up ends, keeps this client's
-    /// own next acquire of the name from creating the key meanwhile.
-    async fn delete_unanswered_create(&self) -> Result<(), Error> {
-        let mut kv = self.client.kv_client();
-        let deleted_at = kv
-            .delete(self.key.as_str(), None)
-            .await
-            .map_err(map)?
-            .header()
-            .map_or(0, |h| h.revision());
-        for pause in [20, 50, 100, 200, 400] {
-            tokio::time::sleep(Duration::from_millis(pause)).await;
-            let late = kv
-                .get(self.key.as_str(), None)
+            // The create's answer was lost: no newer incarnation can exist while we hold
+            // the gate turn, so deleting by key is exact.
+            KeyState::Unknown => self
+                .client
+                .kv_client()
+                .delete(self.key.as_str(), None)
                 .await
-                .map_err(map)?
-                .kvs()
-                .first()
-                .map(|kv| kv.create_revision())
-                .filter(|revision| *revision > deleted_at);
-            if let Some(revision) = late {
-                delete_incarnation(&self.client, &self.key, revision).await?;
-            }
+                .map(drop)
+                .map_err(map),
         }
-        Ok(())
     }
 }
 

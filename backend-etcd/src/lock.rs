@@ -241,6 +241,7 @@ impl EtcdLock {
             session: (!fixed_now).then(|| session.clone()),
             fixed_lease: fixed_now.then(|| session.lease_id()),
             permit: None,
+            create: None,
         };
         // Until the guard exists, dropping this (error, timeout, cancellation) undoes it all.
         let mut pending = Armed::new(cleanup);
@@ -414,14 +415,37 @@ impl EtcdLock {
 
     /// Sends a transaction that may create our key: until its answer arrives, whether the
     /// key exists is unknown (and a clean-up must delete by key).
+    ///
+    /// The transaction runs in its own task, recorded in the clean-up: if this future is
+    /// dropped before the answer, the clean-up waits for it and deletes exactly the
+    /// incarnation it made (our put keeps a stale key's create revision, or creates one
+    /// at the transaction's revision).
     async fn send_create(&self, txn: Txn, pending: &mut Armed) -> Result<TxnResponse, Error> {
         pending.get().state = KeyState::Unknown;
-        self.inner
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| stale(e, pending))
+        let client = self.inner.client.clone();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let create = self.inner.runtime.spawn(async move {
+            let response = client.kv_client().txn(txn).await;
+            let ours = match &response {
+                Ok(response) => Ok(Some(match response.op_responses().first() {
+                    Some(TxnOpResponse::Put(put)) if put.prev_key().is_some() => {
+                        put.prev_key().map_or(0, |stale| stale.create_revision())
+                    }
+                    _ => response.header().map_or(0, |h| h.revision()),
+                })),
+                Err(_) => Err(()),
+            };
+            let _ = answer.send(response);
+            ours
+        });
+        pending.get().create = Some(create);
+        let response = answered.await.unwrap_or_else(|_| {
+            Err(etcd_client::Error::InvalidArgs(
+                "the create task ended without an answer".into(),
+            ))
+        });
+        pending.get().create = None;
+        response.map_err(|e| stale(e, pending))
     }
 
     /// One round trip: create our key only if no key exists under the name (through the
@@ -437,12 +461,30 @@ impl EtcdLock {
         pending: &mut Armed,
     ) -> Result<Option<i64>, Error> {
         pending.get().state = KeyState::Unknown;
-        let created = self
-            .inner
-            .batcher
-            .create_if_free(names, key, lease_id)
-            .await
-            .map_err(|e| stale(e, pending))?;
+        // In its own task, recorded in the clean-up (see `send_create`).
+        let (batcher, names_owned, key_owned) =
+            (self.inner.batcher.clone(), names.to_owned(), key.to_owned());
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let create = self.inner.runtime.spawn(async move {
+            let created = batcher
+                .create_if_free(&names_owned, &key_owned, lease_id)
+                .await;
+            let ours = match &created {
+                Ok(Created::Granted(revision)) => Ok(Some(*revision)),
+                Ok(Created::Taken { ours }) => Ok(*ours),
+                Err(_) => Err(()),
+            };
+            let _ = answer.send(created);
+            ours
+        });
+        pending.get().create = Some(create);
+        let created = answered.await.unwrap_or_else(|_| {
+            Err(etcd_client::Error::InvalidArgs(
+                "the create task ended without an answer".into(),
+            ))
+        });
+        pending.get().create = None;
+        let created = created.map_err(|e| stale(e, pending))?;
         let (state, granted) = match created {
             Created::Granted(revision) => (KeyState::Created(revision), Some(revision)),
             Created::Taken { ours: Some(stale) } => (KeyState::Created(stale), None),

@@ -240,7 +240,10 @@ async fn keep_alive_loop(
                 return;
             }
             Err(_) => {
-                tracing::debug!(lease = id, "etcd keepalive unanswered; resending on a new stream");
+                tracing::debug!(
+                    lease = id,
+                    "etcd keepalive unanswered; resending on a new stream"
+                );
                 match tokio::time::timeout_at(deadline, client.lease_client().keep_alive(id)).await
                 {
                     Ok(Ok((k, s))) => (keeper, stream) = (k, s),
