@@ -199,8 +199,10 @@ impl ZkSession {
         match answer {
             Ok(Ok(_)) => {
                 let anchor = {
-                    let mut confirmed =
-                        self.confirmed.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut confirmed = self
+                        .confirmed
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
                     *confirmed = (confirmed.1, sent);
                     confirmed.0
                 };
