@@ -18,11 +18,41 @@ pub(crate) fn map(error: etcd_client::Error) -> Error {
         ),
         _ => false,
     };
-    if retryable {
+    // A certificate the client refuses (wrong name, unknown issuer) reaches us as an
+    // "unavailable" transport status: it is a misconfiguration, never an outage.
+    if retryable && !is_certificate_rejection(&error) {
         Error::unavailable(BACKEND, error)
     } else {
         Error::backend(BACKEND, false, error)
     }
+}
+
+/// Whether `error` (or anything in its source chain) is rustls refusing the server's
+/// certificate.
+fn is_certificate_rejection(error: &etcd_client::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if text.contains("invalid peer certificate") || text.contains("NotValidForName") {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// Whether a mapped error came from [`is_permission_denied`].
+pub(crate) fn is_refused(error: &Error) -> bool {
+    use std::error::Error as _;
+    error
+        .source()
+        .and_then(|source| source.downcast_ref::<etcd_client::Error>())
+        .is_some_and(is_permission_denied)
+}
+
+/// Whether etcd refused a request for lack of permission (RBAC): it did nothing.
+pub(crate) fn is_permission_denied(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.code() as i32 == tonic_code::PERMISSION_DENIED)
 }
 
 /// Whether etcd refused a request because the lease it names no longer exists (revoked
@@ -53,4 +83,5 @@ mod tonic_code {
     pub const RESOURCE_EXHAUSTED: i32 = 8;
     pub const ABORTED: i32 = 10;
     pub const UNAVAILABLE: i32 = 14;
+    pub const PERMISSION_DENIED: i32 = 7;
 }

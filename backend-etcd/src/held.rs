@@ -110,6 +110,9 @@ impl Cleanup {
                 let attempt = tokio::time::timeout(self.timeout, self.run()).await;
                 let error = match attempt {
                     Ok(Ok(())) => break,
+                    // A delete RBAC refuses would be refused forever; a key we may not
+                    // delete is one we could not have created.
+                    Ok(Err(error)) if crate::error::is_refused(&error) => break,
                     Ok(Err(error)) => error,
                     Err(_) => timed_out("a clean-up"),
                 };

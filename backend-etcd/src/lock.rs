@@ -433,6 +433,8 @@ impl EtcdLock {
                     }
                     _ => response.header().map_or(0, |h| h.revision()),
                 })),
+                // Refused by RBAC: nothing was created.
+                Err(e) if crate::error::is_permission_denied(e) => Ok(None),
                 Err(_) => Err(()),
             };
             let _ = answer.send(response);
@@ -472,6 +474,8 @@ impl EtcdLock {
             let ours = match &created {
                 Ok(Created::Granted(revision)) => Ok(Some(*revision)),
                 Ok(Created::Taken { ours }) => Ok(*ours),
+                // Refused by RBAC: nothing was created.
+                Err(e) if crate::error::is_permission_denied(e) => Ok(None),
                 Err(_) => Err(()),
             };
             let _ = answer.send(created);
@@ -517,6 +521,12 @@ impl EtcdLock {
 /// Maps a create's error; a lease etcd no longer knows means the session is gone, and
 /// nothing was created.
 fn stale(error: etcd_client::Error, pending: &mut Armed) -> Error {
+    if crate::error::is_permission_denied(&error) {
+        // Refused by RBAC: etcd did nothing, and there is nothing to clean up (a delete
+        // would be refused the same way).
+        pending.get().state = KeyState::Absent;
+        return map(error);
+    }
     if crate::error::is_lease_not_found(&error) {
         pending.get().state = KeyState::Absent;
         if let Some(session) = &pending.get().session {

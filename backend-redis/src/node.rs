@@ -483,8 +483,12 @@ pub(crate) fn map_err(err: RedisError) -> Error {
         ) | ErrorKind::ClusterConnectionNotFound
             | ErrorKind::MasterNameNotFoundBySentinel
     );
+    // redis-rs' cluster client wraps a failed AUTH of its first connections in an I/O
+    // error ("Failed to create initial connections - Io: Password authentication
+    // failed"): a wrong password is never an outage to retry.
     let auth = matches!(err.kind(), ErrorKind::AuthenticationFailed)
-        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
+        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || err.to_string().contains("authentication failed");
     if auth || is_certificate_rejection(&err) {
         Error::backend(BACKEND, false, err)
     } else if needs_reconnect(&err) || retryable {
