@@ -20,11 +20,22 @@ pub const SENTINEL_SERVICE: &str = "fencelock";
 pub struct RedisSentinel {
     process: ServerProcess,
     port: u16,
+    /// The Sentinel's own `requirepass`, if any.
+    password: Option<String>,
     _dir: TempDir,
 }
 
+/// What the Sentinels of a set need to know besides the master's port.
+#[derive(Clone, Copy, Default)]
+struct SentinelAuth<'a> {
+    /// The password of the monitored master and replica (`sentinel auth-pass`).
+    master: Option<&'a str>,
+    /// The Sentinels' own password (`requirepass` and `sentinel sentinel-pass`).
+    sentinel: Option<&'a str>,
+}
+
 impl RedisSentinel {
-    fn start(master_port: u16) -> Self {
+    fn start(master_port: u16, auth: SentinelAuth<'_>) -> Self {
         let program = require_program("redis-server", "redis-server");
         with_retries("redis sentinel", || {
             let dir = tempfile::Builder::new()
@@ -33,7 +44,7 @@ impl RedisSentinel {
                 .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
             let port = free_port();
             let conf: PathBuf = dir.path().join("sentinel.conf");
-            let text = format!(
+            let mut text = format!(
                 "port {port}\nbind 127.0.0.1\ndaemonize no\nprotected-mode no\ndir {dir}\n\
                  sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {master_port} 2\n\
                  sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
@@ -41,11 +52,22 @@ impl RedisSentinel {
                  sentinel parallel-syncs {SENTINEL_SERVICE} 1\n",
                 dir = dir.path().display()
             );
+            if let Some(password) = auth.master {
+                text.push_str(&format!(
+                    "sentinel auth-pass {SENTINEL_SERVICE} {password}\n"
+                ));
+            }
+            if let Some(password) = auth.sentinel {
+                text.push_str(&format!(
+                    "requirepass {password}\nsentinel sentinel-pass {password}\n"
+                ));
+            }
             std::fs::write(&conf, text).map_err(|e| format!("cannot write {conf:?}: {e}"))?;
             let log = dir.path().join("sentinel.log");
             let sentinel = RedisSentinel {
                 process: ServerProcess::new(),
                 port,
+                password: auth.sentinel.map(str::to_owned),
                 _dir: dir,
             };
             let mut command = Command::new(&program);
@@ -61,10 +83,9 @@ impl RedisSentinel {
                 &what,
                 Duration::from_secs(15),
                 || {
-                    exchange(port, b"PING\r\n", Duration::from_millis(500), |a| {
-                        a.ends_with(b"\r\n")
-                    })
-                    .is_ok_and(|a| a.starts_with(b"+PONG"))
+                    sentinel
+                        .exchange("PING\r\n", |a| a.ends_with(b"\r\n"))
+                        .is_some_and(|a| a.starts_with(b"+PONG"))
                 },
             );
             if let Err(e) = result {
@@ -80,16 +101,30 @@ impl RedisSentinel {
         self.port
     }
 
+    /// Sends `request` (after an `AUTH` with the Sentinel's password, if it has one, whose
+    /// `+OK` is cut from the answer) and reads until `complete` says the answer is whole.
+    fn exchange(&self, request: &str, complete: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
+        const OK: &[u8] = b"+OK\r\n";
+        let timeout = Duration::from_millis(500);
+        match &self.password {
+            None => exchange(self.port, request.as_bytes(), timeout, complete).ok(),
+            Some(password) => {
+                let request = format!("AUTH {password}\r\n{request}",);
+                let answer = exchange(self.port, request.as_bytes(), timeout, |a| {
+                    a.strip_prefix(OK).is_some_and(&complete)
+                })
+                .ok()?;
+                answer.strip_prefix(OK).map(<[u8]>::to_vec)
+            }
+        }
+    }
+
     /// The master address this Sentinel currently reports, as `127.0.0.1:PORT`.
     pub fn master_addr(&self) -> Option<String> {
         let request = format!("SENTINEL get-master-addr-by-name {SENTINEL_SERVICE}\r\n");
-        let answer = exchange(
-            self.port,
-            request.as_bytes(),
-            Duration::from_millis(500),
-            |a| a.iter().filter(|&&b| b == b'\n').count() >= 5 || a.starts_with(b"*-1"),
-        )
-        .ok()?;
+        let answer = self.exchange(&request, |a| {
+            a.iter().filter(|&&b| b == b'\n').count() >= 5 || a.starts_with(b"*-1")
+        })?;
         let text = String::from_utf8_lossy(&answer);
         let lines: Vec<&str> = text.split("\r\n").collect();
         (lines.len() >= 5 && lines[0] == "*2").then(|| format!("{}:{}", lines[2], lines[4]))
@@ -102,8 +137,8 @@ impl Drop for RedisSentinel {
     }
 }
 
-/// A master, one replica and three Sentinels (quorum 2, down-after 1 s). Killed when
-/// dropped.
+/// A master, one replica and three Sentinels (quorum 2, down-after 1 s), optionally
+/// with passwords ([`RedisSentinelSet::start_with_password`]). Killed when dropped.
 ///
 /// ```no_run
 /// let set = fencelock_testkit::RedisSentinelSet::start();
@@ -113,34 +148,66 @@ pub struct RedisSentinelSet {
     master: RedisServer,
     replica: RedisServer,
     sentinels: Vec<RedisSentinel>,
+    password: Option<String>,
 }
 
 impl RedisSentinelSet {
     /// Starts everything and waits until the replica is in sync and every Sentinel
     /// knows the master and the replica.
     pub fn start() -> Self {
-        let master = RedisServer::start();
+        Self::start_set(SentinelAuth::default())
+    }
+
+    /// Like [`RedisSentinelSet::start`], with the master and the replica started with
+    /// `--requirepass PASSWORD --masterauth PASSWORD` (clients authenticate as the
+    /// `default` user; the replica, and after a failover the old master, authenticate to
+    /// their master) and the Sentinels configured with `sentinel auth-pass`. With
+    /// `sentinel_password`, the Sentinels also require that password themselves
+    /// (`requirepass`; `sentinel sentinel-pass` among each other).
+    pub fn start_with_password(password: &str, sentinel_password: Option<&str>) -> Self {
+        Self::start_set(SentinelAuth {
+            master: Some(password),
+            sentinel: sentinel_password,
+        })
+    }
+
+    fn start_set(auth: SentinelAuth<'_>) -> Self {
+        let auth_args: Vec<&str> = match auth.master {
+            Some(password) => vec!["--requirepass", password, "--masterauth", password],
+            None => Vec::new(),
+        };
+        let master = RedisServer::start_with(&auth_args);
         let port = master.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
+        replica_args.extend(&auth_args);
+        let replica = RedisServer::start_with(&replica_args);
         let sentinels: Vec<RedisSentinel> = (0..3)
-            .map(|_| RedisSentinel::start(master.port()))
+            .map(|_| RedisSentinel::start(master.port(), auth))
             .collect();
         let set = RedisSentinelSet {
             master,
             replica,
             sentinels,
+            password: auth.master.map(str::to_owned),
         };
         let cli = require_program("redis-cli", "redis-tools");
+        let with_password = |password: Option<&str>| {
+            let mut command = Command::new(&cli);
+            if let Some(password) = password {
+                command.args(["--no-auth-warning", "-a", password]);
+            }
+            command
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let synced = Command::new(&cli)
+            let synced = with_password(set.password.as_deref())
                 .args(["-p", &set.replica.port().to_string(), "info", "replication"])
                 .output()
                 .is_ok_and(|o| {
                     String::from_utf8_lossy(&o.stdout).contains("master_link_status:up")
                 });
             let known = set.sentinels.iter().all(|s| {
-                Command::new(&cli)
+                with_password(s.password.as_deref())
                     .args([
                         "-p",
                         &s.port().to_string(),
@@ -149,7 +216,9 @@ impl RedisSentinelSet {
                         SENTINEL_SERVICE,
                     ])
                     .output()
-                    .is_ok_and(|o| !o.stdout.trim_ascii().is_empty())
+                    .is_ok_and(|o| {
+                        !o.stdout.trim_ascii().is_empty() && !o.stdout.starts_with(b"NOAUTH")
+                    })
                     && s.master_addr().is_some()
             });
             if synced && known {
@@ -176,6 +245,12 @@ impl RedisSentinelSet {
     /// The Sentinels.
     pub fn sentinels(&self) -> &[RedisSentinel] {
         &self.sentinels
+    }
+
+    /// The password of the master and the replica
+    /// ([`RedisSentinelSet::start_with_password`]).
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
     }
 
     /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/fencelock`.

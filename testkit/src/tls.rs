@@ -25,6 +25,21 @@ pub struct TestCertificates {
 impl TestCertificates {
     /// Makes a new CA and the server and client certificates it signs.
     pub fn generate() -> Self {
+        Self::make("/CN=localhost", "IP:127.0.0.1,DNS:localhost")
+    }
+
+    /// Like [`TestCertificates::generate`], but the server certificate is valid only for
+    /// the names in `subject_alt_names` (openssl's `subjectAltName` syntax, e.g.
+    /// `"DNS:elsewhere.test"` or `"DNS:localhost"`), and its subject is
+    /// `CN=fencelock test server`. For tests of a client connecting by a name the
+    /// certificate does not list: the CA is trusted, only the name is wrong.
+    pub fn generate_for(subject_alt_names: &str) -> Self {
+        Self::make("/CN=fencelock test server", subject_alt_names)
+    }
+
+    /// A new CA, a server certificate with `server_subject` and `server_names` as its
+    /// subject alternative names, and the client certificate.
+    fn make(server_subject: &str, server_names: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-certs-")
             .tempdir()
@@ -49,8 +64,8 @@ impl TestCertificates {
         ]);
         certs.sign(
             "server",
-            "/CN=localhost",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+            server_subject,
+            &format!("subjectAltName={server_names}\nextendedKeyUsage=serverAuth\n"),
         );
         certs.sign(
             "client",
@@ -126,7 +141,8 @@ impl TestCertificates {
         self.dir.path().join("ca.pem")
     }
 
-    /// The server certificate (`server.pem`), for `127.0.0.1` and `localhost`.
+    /// The server certificate (`server.pem`), for `127.0.0.1` and `localhost` (for the
+    /// names given to [`TestCertificates::generate_for`], if made by it).
     pub fn server_cert(&self) -> PathBuf {
         self.dir.path().join("server.pem")
     }
