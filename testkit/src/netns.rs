@@ -259,16 +259,14 @@ impl std::fmt::Debug for NetLab {
     }
 }
 
-/// `command` rewritten as `ip netns exec NAMESPACE PROGRAM ARGS...`, with the same
-/// environment changes and working directory.
+/// `command` rewritten as `nsenter --net=/run/netns/NAMESPACE PROGRAM ARGS...` (like
+/// `ip netns exec`, but without remounting `/`, which a chroot cannot), with the same
+/// environment changes and working directory. `nsenter` execs the program, so the
+/// child's pid is the program's.
 pub(crate) fn in_namespace(namespace: &str, command: &Command) -> Command {
-    let mut wrapped = Command::new(require_program("ip", "iproute2"));
+    let mut wrapped = Command::new(require_program("nsenter", "util-linux"));
     wrapped
-        .args([
-            OsStr::new("netns"),
-            OsStr::new("exec"),
-            OsStr::new(namespace),
-        ])
+        .arg(format!("--net=/run/netns/{namespace}"))
         .arg(command.get_program())
         .args(command.get_args());
     for (key, value) in command.get_envs() {
@@ -299,8 +297,36 @@ where
         .map(|a| a.as_ref().to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ");
-    let output = Command::new(require_program("ip", "iproute2"))
-        .args(&args)
+    // `ip -n NS ...` and `ip netns exec NS ...` remount `/` and `/sys` for the namespace,
+    // which fails where `/` is not a mount point (a chroot, such as the fresh-machine
+    // test's); `nsenter --net` only switches the network namespace, which is all the
+    // lab needs.
+    let texts: Vec<String> = args
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
+    let mut command = match texts.as_slice() {
+        [n, namespace, rest @ ..] if n == "-n" => {
+            let mut c = Command::new(require_program("nsenter", "util-linux"));
+            c.arg(format!("--net=/run/netns/{namespace}"))
+                .arg(require_program("ip", "iproute2"))
+                .args(rest);
+            c
+        }
+        [netns, exec, namespace, program, rest @ ..] if netns == "netns" && exec == "exec" => {
+            let mut c = Command::new(require_program("nsenter", "util-linux"));
+            c.arg(format!("--net=/run/netns/{namespace}"))
+                .arg(program)
+                .args(rest);
+            c
+        }
+        _ => {
+            let mut c = Command::new(require_program("ip", "iproute2"));
+            c.args(&args);
+            c
+        }
+    };
+    let output = command
         .output()
         .map_err(|e| format!("`ip {shown}` could not run: {e}"))?;
     if output.status.success() {
