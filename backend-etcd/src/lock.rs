@@ -421,24 +421,46 @@ impl EtcdLock {
     /// incarnation it made (our put keeps a stale key's create revision, or creates one
     /// at the transaction's revision).
     async fn send_create(&self, txn: Txn, pending: &mut Armed) -> Result<TxnResponse, Error> {
-        pending.get().state = KeyState::Unknown;
         let client = self.inner.client.clone();
+        self.create_in_task(
+            pending,
+            async move { client.kv_client().txn(txn).await },
+            // Our put keeps a stale key's create revision, or creates one now.
+            |response| {
+                let now = response.header().map_or(0, |h| h.revision());
+                Some(match response.op_responses().first() {
+                    Some(TxnOpResponse::Put(put)) => {
+                        put.prev_key().map_or(now, |stale| stale.create_revision())
+                    }
+                    _ => now,
+                })
+            },
+        )
+        .await
+    }
+
+    /// Sends `request`, which may create our key, in a task of its own recorded in the
+    /// clean-up, and returns its answer. Until the answer arrives our key's state is
+    /// unknown; if this future is dropped first, the clean-up waits for the task and
+    /// deletes exactly the incarnation `ours` reads from the answer (`None`: none).
+    async fn create_in_task<T: Send + 'static>(
+        &self,
+        pending: &mut Armed,
+        request: impl std::future::Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        ours: fn(&T) -> Option<i64>,
+    ) -> Result<T, Error> {
+        pending.get().state = KeyState::Unknown;
         let (answer, answered) = tokio::sync::oneshot::channel();
         let create = self.inner.runtime.spawn(async move {
-            let response = client.kv_client().txn(txn).await;
-            let ours = match &response {
-                Ok(response) => Ok(Some(match response.op_responses().first() {
-                    Some(TxnOpResponse::Put(put)) if put.prev_key().is_some() => {
-                        put.prev_key().map_or(0, |stale| stale.create_revision())
-                    }
-                    _ => response.header().map_or(0, |h| h.revision()),
-                })),
+            let response = request.await;
+            let made = match &response {
+                Ok(value) => Ok(ours(value)),
                 // Refused by RBAC: nothing was created.
                 Err(e) if crate::error::is_permission_denied(e) => Ok(None),
                 Err(_) => Err(()),
             };
             let _ = answer.send(response);
-            ours
+            made
         });
         pending.get().create = Some(create);
         let response = answered.await.unwrap_or_else(|_| {
@@ -462,33 +484,17 @@ impl EtcdLock {
         lease_id: i64,
         pending: &mut Armed,
     ) -> Result<Option<i64>, Error> {
-        pending.get().state = KeyState::Unknown;
-        // In its own task, recorded in the clean-up (see `send_create`).
-        let (batcher, names_owned, key_owned) =
-            (self.inner.batcher.clone(), names.to_owned(), key.to_owned());
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        let create = self.inner.runtime.spawn(async move {
-            let created = batcher
-                .create_if_free(&names_owned, &key_owned, lease_id)
-                .await;
-            let ours = match &created {
-                Ok(Created::Granted(revision)) => Ok(Some(*revision)),
-                Ok(Created::Taken { ours }) => Ok(*ours),
-                // Refused by RBAC: nothing was created.
-                Err(e) if crate::error::is_permission_denied(e) => Ok(None),
-                Err(_) => Err(()),
-            };
-            let _ = answer.send(created);
-            ours
-        });
-        pending.get().create = Some(create);
-        let created = answered.await.unwrap_or_else(|_| {
-            Err(etcd_client::Error::InvalidArgs(
-                "the create task ended without an answer".into(),
-            ))
-        });
-        pending.get().create = None;
-        let created = created.map_err(|e| stale(e, pending))?;
+        let (batcher, names, key) = (self.inner.batcher.clone(), names.to_owned(), key.to_owned());
+        let created = self
+            .create_in_task(
+                pending,
+                async move { batcher.create_if_free(&names, &key, lease_id).await },
+                |created| match created {
+                    Created::Granted(revision) => Some(*revision),
+                    Created::Taken { ours } => *ours,
+                },
+            )
+            .await?;
         let (state, granted) = match created {
             Created::Granted(revision) => (KeyState::Created(revision), Some(revision)),
             Created::Taken { ours: Some(stale) } => (KeyState::Created(stale), None),
