@@ -381,3 +381,103 @@ async fn f18_cluster_failover_loses_an_unreplicated_grant_and_fencing_stops_the_
     checker.assert_loss_reported_in_time();
     assert_eq!(checker.rejected_writes(), 1);
 }
+
+/// A grant that reached the replica survives the failover: the holder keeps the lock
+/// (its renewals go on at the promoted replica, which had never run the scripts, and no
+/// loss is reported), others are refused while it holds, and the next token is larger.
+/// The scripts reach the promoted replica as `EVAL` from the call it refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f18_cluster_failover_keeps_a_replicated_grant() {
+    let setup = Setup::start().await;
+    let checker = Checker::new();
+    // Renewals every 4 s; the failover (node timeout 2 s) ends well inside one lease.
+    let lease = Duration::from_secs(12);
+    let a_locks = fencelock::connect(&setup.url).await.unwrap();
+    let before = a_locks.lock(NAME).await.unwrap();
+    let before_token = before.token().get();
+    before.release().await.unwrap();
+    let a = a_locks
+        .acquire(NAME, AcquireOptions::new().lease(lease))
+        .await
+        .unwrap();
+    let a_token = a.token().get();
+    assert!(a_token > before_token);
+    checker.enter("A", a_token);
+    assert!(checker.write("A", a_token));
+    assert!(setup.replicated().await, "the replica did not catch up");
+    assert!(
+        get_local(setup.replica(), KEY).await.is_some(),
+        "the replica has A's key"
+    );
+
+    let failover = setup.fail_over().await;
+    println!("failover took {failover:?}");
+    // A renewal after the failover reached the promoted replica: its TTL is back near the
+    // full lease.
+    let renewed = wait_until(
+        "A's renewal on the promoted replica",
+        lease / 3 + Duration::from_secs(5),
+        || async {
+            let mut conn = conn(setup.replica()).await;
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(KEY)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            pttl > (lease - lease / 6).as_millis() as i64
+        },
+    )
+    .await;
+    println!("renewed on the promoted replica {renewed:?} after the failover");
+    assert!(
+        !a.is_lost(),
+        "A lost a replicated grant: {:?}",
+        a.lost_reason()
+    );
+
+    let b_locks = fencelock::connect(&setup.url)
+        .await
+        .expect("connect after the failover (the dead master is one of the seeds)");
+    let refused = settled(|| b_locks.try_lock(NAME)).await.unwrap();
+    assert!(refused.is_none(), "B was granted a lock A holds");
+    assert!(checker.write("A", a_token), "A still writes");
+    checker.exit("A", a_token);
+    assert!(!a.is_lost(), "{:?}", a.lost_reason());
+    a.release()
+        .await
+        .expect("A's release on the promoted replica");
+    let b = settled(|| b_locks.try_lock(NAME))
+        .await
+        .unwrap()
+        .expect("free after A's release");
+    let b_token = b.token().get();
+    checker.enter("B", b_token);
+    assert!(b_token > a_token, "B {b_token} after A {a_token}");
+    assert!(checker.write("B", b_token));
+    checker.exit("B", b_token);
+    b.release().await.unwrap();
+    assert_eq!(get_local(setup.replica(), KEY).await, None, "a key is left");
+    // The promoted replica had never run a script (a replica applies a script's writes,
+    // not the script): the first call there was refused with NOSCRIPT and sent again as
+    // EVAL to it, never as a SCRIPT LOAD routed by the client's view of the cluster.
+    let stats: String = redis::cmd("INFO")
+        .arg("all")
+        .query_async(&mut conn(setup.replica()).await)
+        .await
+        .unwrap();
+    assert!(
+        stats.contains("errorstat_NOSCRIPT:"),
+        "no NOSCRIPT:\n{stats}"
+    );
+    assert!(stats.contains("cmdstat_eval:"), "no EVAL:\n{stats}");
+    assert!(
+        !stats.contains("cmdstat_script|load:"),
+        "a SCRIPT LOAD reached the promoted replica:\n{stats}"
+    );
+
+    checker.assert_no_overlap();
+    checker.assert_no_stale_write_accepted();
+    checker.assert_no_lost_update(3);
+    checker.assert_tokens_increase();
+    assert_eq!(checker.rejected_writes(), 0);
+}

@@ -11,10 +11,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
-    RedisConnectionInfo, RedisError, ScriptInvocation, ServerErrorKind,
+    RedisConnectionInfo, RedisError, ServerErrorKind,
 };
 
 use crate::config::{Endpoint, RedisConfig, RedisTls, Topology};
+use crate::scripts::Call;
 
 pub(crate) const BACKEND: &str = "redis";
 
@@ -348,43 +349,39 @@ fn needs_reconnect(err: &RedisError) -> bool {
 }
 
 impl Node {
-    /// Runs a script (EVALSHA, loading it on NOSCRIPT).
-    pub(crate) async fn invoke<T: FromRedisValue>(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<T, Error> {
-        match self {
-            Node::Single { conn, .. } => invocation
-                .invoke_async(&mut conn.clone())
-                .await
-                .map_err(map_err),
-            Node::Cluster { conn, .. } => invocation
-                .invoke_async(&mut conn.clone())
-                .await
-                .map_err(map_err),
-            Node::Sentinel(node) => {
-                let mut conn = node.connection().await?;
-                invocation.invoke_async(&mut conn).await.map_err(|e| {
-                    node.forget_on(&e);
-                    map_err(e)
-                })
+    /// Runs a script: `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL` (see
+    /// [`scripts`](crate::scripts)). `NOSCRIPT` means the script did not run, so the
+    /// call is applied at most once.
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, call: &Call) -> Result<T, Error> {
+        match self.send(&call.evalsha()).await? {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.query(&call.eval()).await
             }
+            reply => reply.map_err(map_err),
         }
     }
 
     /// Runs a plain command.
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
-        match self {
-            Node::Single { conn, .. } => cmd.query_async(&mut conn.clone()).await.map_err(map_err),
-            Node::Cluster { conn, .. } => cmd.query_async(&mut conn.clone()).await.map_err(map_err),
+        self.send(cmd).await?.map_err(map_err)
+    }
+
+    /// Sends `cmd`: the outer error is a failure to reach the deployment (a Sentinel
+    /// that names no master), the inner one the command's own.
+    async fn send<T: FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<Result<T, RedisError>, Error> {
+        Ok(match self {
+            Node::Single { conn, .. } => cmd.query_async(&mut conn.clone()).await,
+            Node::Cluster { conn, .. } => cmd.query_async(&mut conn.clone()).await,
             Node::Sentinel(node) => {
                 let mut conn = node.connection().await?;
-                cmd.query_async(&mut conn).await.map_err(|e| {
-                    node.forget_on(&e);
-                    map_err(e)
+                cmd.query_async(&mut conn).await.inspect_err(|e| {
+                    node.forget_on(e);
                 })
             }
-        }
+        })
     }
 
     /// `PING`: fails (not retryable) when the server wants a password it did not get.

@@ -1,4 +1,9 @@
-//! The Lua scripts: each lock operation is one `EVALSHA` (loaded on `NOSCRIPT`).
+//! The Lua scripts: each lock operation is one `EVALSHA`. A server that does not know
+//! the script (`NOSCRIPT`: it restarted, or it is a replica promoted by a failover) gets
+//! the same call as `EVAL` with the script's text, which also caches it there. The
+//! fallback is sent to the server that refused, routed by the call's keys like the
+//! `EVALSHA` was: a `SCRIPT LOAD` would go wherever the client's (possibly outdated)
+//! view of a cluster sends it.
 //!
 //! # Token scheme
 //!
@@ -29,7 +34,72 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, Script, ToRedisArgs};
+
+/// A Lua script: its text and its SHA1.
+pub(crate) struct Lua {
+    code: String,
+    hash: String,
+}
+
+impl Lua {
+    fn new(code: &str) -> Lua {
+        Lua {
+            hash: Script::new(code).get_hash().to_owned(),
+            code: code.to_owned(),
+        }
+    }
+
+    /// A call of this script, to be given its keys and arguments.
+    pub(crate) fn prepare_invoke(&'static self) -> Call {
+        Call {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Lua`] script with its keys and arguments, sendable as `EVALSHA` or
+/// `EVAL` (see the module documentation).
+pub(crate) struct Call {
+    lua: &'static Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    /// Appends a key (`KEYS[n]`).
+    pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Call {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    /// Appends an argument (`ARGV[n]`).
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Call {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA sha1 numkeys keys... args...`.
+    pub(crate) fn evalsha(&self) -> Cmd {
+        self.command("EVALSHA", &self.lua.hash)
+    }
+
+    /// `EVAL script numkeys keys... args...`.
+    pub(crate) fn eval(&self) -> Cmd {
+        self.command("EVAL", &self.lua.code)
+    }
+
+    fn command(&self, verb: &str, script: &str) -> Cmd {
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(script).arg(self.keys.len());
+        for part in self.keys.iter().chain(&self.args) {
+            cmd.arg(&part[..]);
+        }
+        cmd
+    }
+}
 
 /// KEYS: lock, token, waiter marker. ARGV: owner, lease ms, token ttl ms, mark (`1`
 /// when the caller will wait if the lock is taken).
@@ -42,8 +112,8 @@ use redis::Script;
 /// counter at or above the clock needs a fourth command.
 ///
 /// A refused try of a caller that will wait sets the waiter marker (see [`RELEASE`]).
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         (r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local t = redis.call('TIME')
@@ -104,8 +174,8 @@ return {0, pttl}
 /// `SET NX PX` and one `SET ... GET` that records the proposal and returns the old
 /// counter (Redis 6.2 or later), and returns the proposal as given; only a counter at or
 /// above the proposal needs a third.
-pub(crate) static ACQUIRE_PROPOSED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static ACQUIRE_PROPOSED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         (r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local c = tonumber(redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3], 'GET') or '0') or 0
@@ -126,8 +196,8 @@ end
 
 /// KEYS: token. ARGV: token, token ttl ms. Raises the counter to at least `token`
 /// (Redlock: makes a majority remember the highest token granted).
-pub(crate) static RAISE_TOKEN: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RAISE_TOKEN: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local c = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 if c < tonumber(ARGV[1]) then
@@ -154,8 +224,8 @@ return 1
 /// the key): this is a release sent again after its first send was applied (redis-rs
 /// re-sends after a dropped connection), or an expiry no other holder followed. Nothing
 /// can have overlapped, so it is not a loss.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
@@ -174,8 +244,8 @@ return 0
 
 /// KEYS: lock keys (one slot). ARGV: owner, lease ms for each key in turn.
 /// Returns one integer per key: 1 renewed, 0 missing or another owner.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local r = {}
 for i, k in ipairs(KEYS) do
@@ -192,8 +262,8 @@ return r
 });
 
 /// KEYS: lock, token. Returns `{owner or false, pttl, counter or false}`.
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
 ",

@@ -265,3 +265,57 @@ async fn only_awaited_releases_publish() {
         assert!(!exists, "{key} was left behind");
     }
 }
+
+/// A server that forgot the scripts (`SCRIPT FLUSH`, as after a restart or on a replica
+/// promoted by a failover) costs no lock call: renewal, release and acquire each answer
+/// `NOSCRIPT` once and are sent again as `EVAL`, to the same server. No `SCRIPT LOAD` is
+/// sent (on a cluster it would go wherever the client's outdated view sends it, and the
+/// retried `EVALSHA` failed again on the promoted replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_forgot_the_scripts_gets_them_as_eval() {
+    let server = RedisServer::start();
+    let locks = locks(&format!("{}?prefix=fx:", server.url())).await;
+    let mut conn = raw(&server).await;
+    let flush = async |conn: &mut redis::aio::MultiplexedConnection| {
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(conn)
+            .await
+            .unwrap();
+    };
+    let lease = Duration::from_millis(1500);
+    let guard = locks
+        .acquire("forgetful", AcquireOptions::new().lease(lease))
+        .await
+        .unwrap();
+    flush(&mut conn).await;
+    // Renewals (every lease / 3) run against the flushed cache; without them the key
+    // would be gone by now.
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    let pttl: i64 = conn.pttl("fx:{forgetful}").await.unwrap();
+    assert!(pttl > 500, "the renewal did not reach the key: PTTL {pttl}");
+    flush(&mut conn).await;
+    let token = guard.token();
+    guard.release().await.unwrap();
+    flush(&mut conn).await;
+    let next = locks.try_lock("forgetful").await.unwrap().expect("free");
+    assert!(next.token() > token);
+    next.release().await.unwrap();
+
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        !stats.contains("cmdstat_script|load"),
+        "a SCRIPT LOAD was sent:\n{stats}"
+    );
+    assert!(
+        stats.contains("cmdstat_eval:"),
+        "no EVAL was sent:\n{stats}"
+    );
+    let keys: Vec<String> = conn.keys("*forgetful*").await.unwrap();
+    assert!(keys.iter().all(|k| k.ends_with(":token")), "{keys:?}");
+}
