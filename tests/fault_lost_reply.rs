@@ -20,10 +20,10 @@
 //! `f9_etcd_cancelled_create_leaves_no_orphan` is (b) on fresh names, where an orphan
 //! would not be cleaned up by the client's next acquire.
 //!
-//! Redis Sentinel and Cluster take part in (b) only: their clients learn the servers'
-//! addresses from Sentinel or `CLUSTER SLOTS` and connect to them directly, so a proxy
-//! in front of one client is bypassed. The lost-reply path of their acquire is the
-//! single-server one (the same script and clean-up in the same engine).
+//! Redis Sentinel and Cluster clients learn the servers' addresses from the deployment,
+//! so there the servers announce their proxies (testkit's `start_behind_proxy` and
+//! `start_behind_proxies`), both clients connect through them, and B's connections are
+//! exempted from the fault before A connects.
 #![cfg(all(feature = "etcd", feature = "zookeeper", feature = "redis"))]
 
 use std::sync::Arc;
@@ -341,18 +341,38 @@ async fn f9_redlock() {
     cancel_at_grant("redlock", [&*a, &*b], "race").await;
 }
 
+/// Sentinel: the Sentinels name the master's proxy; B's connections (and the
+/// Sentinels' and the replica's links) are exempt from the fault, A's are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f9_redis_sentinel_and_cluster() {
-    let set = RedisSentinelSet::start();
-    let cluster = RedisCluster::start(3);
-    let sentinel = format!("{}?prefix={}:", set.url(), unique("sentinel"));
-    let cluster = format!("{}?prefix={}:", cluster.url(), unique("cluster"));
-    let (s1, s2) = (connect(&sentinel).await, connect(&sentinel).await);
-    let (c1, c2) = (connect(&cluster).await, connect(&cluster).await);
-    tokio::join!(
-        cancel_at_grant("sentinel", [&*s1, &*s2], "race"),
-        cancel_at_grant("cluster", [&*c1, &*c2], "race"),
-    );
+async fn f9_redis_sentinel() {
+    let set = tokio::task::spawn_blocking(RedisSentinelSet::start_behind_proxy)
+        .await
+        .unwrap();
+    let proxy = set.proxy().expect("a proxy in front of the master");
+    let url = format!("{}?prefix={}:", set.url(), unique("sentinel"));
+    let b = connect(&url).await;
+    assert!(proxy.exempt_open_connections() >= 8);
+    let a = connect(&url).await;
+    lost_acquire_reply("sentinel", &a, &*b, &[proxy], &[proxy], "lost", REDIS_BOUND).await;
+    cancel_at_grant("sentinel", [&*a, &*b], "race").await;
+}
+
+/// Cluster: every node announces its proxy; B's connections are exempt, and A reaches
+/// every node (and subscribes) through the proxies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f9_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_behind_proxies(3, 0))
+        .await
+        .unwrap();
+    let prefix = unique("cluster");
+    let b = connect(&format!("{}?prefix={prefix}:", cluster.url())).await;
+    let proxies: Vec<&FaultProxy> = cluster.proxies().iter().collect();
+    for proxy in &proxies {
+        assert!(proxy.exempt_open_connections() >= 1);
+    }
+    let a = connect(&format!("{}?prefix={prefix}:", cluster.proxied_url())).await;
+    lost_acquire_reply("cluster", &a, &*b, &proxies, &proxies, "lost", REDIS_BOUND).await;
+    cancel_at_grant("cluster", [&*a, &*b], "race").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,13 +10,21 @@
 //! - its `release()` after the heal is `Err(Lost)`;
 //! - nothing of it remains: the name is free and has no waiters after the new holder
 //!   releases.
+//!
+//! Sentinel and Cluster clients learn the servers' addresses from the deployment, so
+//! there the servers announce their proxies (testkit's `start_behind_proxy` and
+//! `start_behind_proxies`), every client connects through them, and the other client's
+//! connections (and the servers' own links) are exempted from the fault before the
+//! holder connects.
 #![cfg(all(feature = "etcd", feature = "zookeeper", feature = "redis"))]
 
 use std::time::Duration;
 
 use fencelock::{AcquireOptions, DistributedLock, Error};
 use fencelock_testkit::checker::Checker;
-use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer};
+use fencelock_testkit::{
+    EtcdServer, Fault, FaultProxy, RedisCluster, RedisSentinelSet, RedisServer, ZkServer,
+};
 use tokio::time::Instant;
 
 const LEASE: Duration = Duration::from_secs(2);
@@ -185,6 +193,54 @@ async fn f4_redlock() {
         .await
         .unwrap();
     let proxies: Vec<&FaultProxy> = proxies.iter().collect();
+    partition_of_a_running_holder(&*holder, &*other, &proxies, "stock").await;
+}
+
+/// Sentinel: the Sentinels name the master's proxy; the holder's connections to it are
+/// cut (the Sentinels', the replica's and the other client's are exempt, so no failover
+/// follows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f4_redis_sentinel() {
+    let set = tokio::task::spawn_blocking(RedisSentinelSet::start_behind_proxy)
+        .await
+        .unwrap();
+    let proxy = set.proxy().expect("a proxy in front of the master");
+    let url = format!("{}?prefix={}:", set.url(), unique("sentinel"));
+    let other = fencelock::connect(&url).await.unwrap();
+    let exempt = proxy.exempt_open_connections();
+    // The other client's, the replica's and each Sentinel's two links.
+    assert!(exempt >= 8, "only {exempt} connections to exempt");
+    let holder = fencelock::connect(&url).await.unwrap();
+    partition_of_a_running_holder(&*holder, &*other, &[proxy], "stock").await;
+    assert_eq!(
+        set.sentinels()[0].master_addr(),
+        Some(proxy.addr()),
+        "a failover happened"
+    );
+}
+
+/// Cluster: every node announces its proxy; all of the holder's connections (commands
+/// to every master, and unlock subscriptions through its seeds) are cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f4_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_behind_proxies(3, 0))
+        .await
+        .unwrap();
+    let prefix = unique("cluster");
+    let other = fencelock::connect(&format!("{}?prefix={prefix}:", cluster.url()))
+        .await
+        .unwrap();
+    let proxies: Vec<&FaultProxy> = cluster.proxies().iter().collect();
+    for proxy in &proxies {
+        assert!(
+            proxy.exempt_open_connections() >= 1,
+            "{} unused",
+            proxy.addr()
+        );
+    }
+    let holder = fencelock::connect(&format!("{}?prefix={prefix}:", cluster.proxied_url()))
+        .await
+        .unwrap();
     partition_of_a_running_holder(&*holder, &*other, &proxies, "stock").await;
 }
 

@@ -10,8 +10,11 @@
 //!   - ZooKeeper: its session expires on the server while it is cut off; the waiter
 //!     returns `Err(Lost)` before the heal, when its client gives the session up (7/5 of
 //!     the session timeout after it last heard from the server), + 250 ms; never `Ok`.
-//!   - Redis and Redlock have no queue and no waiter session: the partitioned waiter is
-//!     never granted while the holder holds.
+//!   - Redis (single, Sentinel, Cluster) and Redlock have no queue and no waiter
+//!     session: the partitioned waiter is never granted while the holder holds. Sentinel
+//!     and Cluster servers announce their proxies (testkit's `start_behind_proxy` and
+//!     `start_behind_proxies`); the holder's and the next waiter's connections are
+//!     exempted from the fault before the waiter connects.
 //!   - Migration (target-first, etcd first): as etcd.
 //!
 //!   Then the holder releases and the next waiter, queued after the heal, is granted
@@ -28,7 +31,8 @@
 //!     granted: N is granted once V's lease or session expires, within that bound of
 //!     the kill (etcd: lease + 500 ms, its lessor's expiry round; ZooKeeper: session
 //!     timeout + 2 ticks), plus 1 s.
-//!   - Redis and Redlock (no queue): N is granted within 1 s of the release.
+//!   - Redis (single, Sentinel, Cluster) and Redlock (no queue): N is granted within
+//!     1 s of the release.
 #![cfg(all(feature = "etcd", feature = "zookeeper", feature = "redis"))]
 
 use std::io::{BufRead, BufReader};
@@ -39,7 +43,9 @@ use std::time::Duration;
 
 use fencelock::{AcquireOptions, DistributedLock, Error, MigrationPhase};
 use fencelock_testkit::checker::{Checker, LOSS_BOUND};
-use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer};
+use fencelock_testkit::{
+    EtcdServer, Fault, FaultProxy, RedisCluster, RedisSentinelSet, RedisServer, ZkServer,
+};
 use tokio::time::Instant;
 
 /// The lease (etcd, Redis) and session timeout (ZooKeeper) of every client.
@@ -661,6 +667,63 @@ async fn f10_redlock_partitioned_waiter_is_not_granted_while_held() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f10_redis_sentinel_partitioned_waiter_is_not_granted_while_held() {
+    if std::env::var(WAITER_ENV).is_ok() {
+        return;
+    }
+    let set = tokio::task::spawn_blocking(RedisSentinelSet::start_behind_proxy)
+        .await
+        .unwrap();
+    let proxy = set.proxy().expect("a proxy in front of the master");
+    let url = format!("{}?prefix={}:", set.url(), unique("f10-sentinel"));
+    let holder = fencelock::connect(&url).await.unwrap();
+    let next = fencelock::connect(&url).await.unwrap();
+    assert!(proxy.exempt_open_connections() >= 9);
+    let waiter = fencelock::connect(&url).await.unwrap();
+    partitioned_waiter(
+        &*holder,
+        &*waiter,
+        &*next,
+        &[proxy],
+        Queue::None,
+        "stock",
+        WaiterEnd::NotGrantedWhileHeld,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f10_redis_cluster_partitioned_waiter_is_not_granted_while_held() {
+    if std::env::var(WAITER_ENV).is_ok() {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_behind_proxies(3, 0))
+        .await
+        .unwrap();
+    let prefix = unique("f10-cluster");
+    let direct = format!("{}?prefix={prefix}:", cluster.url());
+    let holder = fencelock::connect(&direct).await.unwrap();
+    let next = fencelock::connect(&direct).await.unwrap();
+    let proxies: Vec<&FaultProxy> = cluster.proxies().iter().collect();
+    for proxy in &proxies {
+        assert!(proxy.exempt_open_connections() >= 2);
+    }
+    let waiter = fencelock::connect(&format!("{}?prefix={prefix}:", cluster.proxied_url()))
+        .await
+        .unwrap();
+    partitioned_waiter(
+        &*holder,
+        &*waiter,
+        &*next,
+        &proxies,
+        Queue::None,
+        "stock",
+        WaiterEnd::NotGrantedWhileHeld,
+    )
+    .await;
+}
+
 /// The migration layer in its target-first phase, whose first leg (where waiters
 /// queue) is etcd: the waiter's etcd session is lost while it is cut off, and so is its
 /// acquire.
@@ -762,6 +825,52 @@ async fn f11_redlock_killed_middle_waiter() {
             .collect::<Vec<_>>()
             .join(",")
     );
+    let holder = fencelock::connect(&url).await.unwrap();
+    let next = fencelock::connect(&url).await.unwrap();
+    dead_middle_waiter(
+        &*holder,
+        &*next,
+        &url,
+        Queue::None,
+        "stock",
+        Duration::from_millis(100),
+        HandOver::AfterRelease(HAND_OVER),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f11_redis_sentinel_killed_middle_waiter() {
+    if std::env::var(WAITER_ENV).is_ok() {
+        return;
+    }
+    let set = tokio::task::spawn_blocking(RedisSentinelSet::start)
+        .await
+        .unwrap();
+    let url = format!("{}?prefix={}:", set.url(), unique("f11-sentinel"));
+    let holder = fencelock::connect(&url).await.unwrap();
+    let next = fencelock::connect(&url).await.unwrap();
+    dead_middle_waiter(
+        &*holder,
+        &*next,
+        &url,
+        Queue::None,
+        "stock",
+        Duration::from_millis(100),
+        HandOver::AfterRelease(HAND_OVER),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f11_redis_cluster_killed_middle_waiter() {
+    if std::env::var(WAITER_ENV).is_ok() {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3))
+        .await
+        .unwrap();
+    let url = format!("{}?prefix={}:", cluster.url(), unique("f11-cluster"));
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
     dead_middle_waiter(

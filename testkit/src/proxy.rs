@@ -58,8 +58,9 @@ struct Shared {
     upstream: SocketAddr,
     fault: Mutex<Fault>,
     changed: Condvar,
-    /// Both sockets of every open connection, to close them on reset.
-    connections: Mutex<Vec<(TcpStream, TcpStream)>>,
+    /// Both sockets of every open connection, to close them on reset, and whether it is
+    /// exempt from faults.
+    connections: Mutex<Vec<Connection>>,
     stopped: AtomicBool,
     accepted: AtomicU64,
     bytes_up: AtomicU64,
@@ -67,14 +68,30 @@ struct Shared {
     dropped_down: AtomicU64,
 }
 
+/// One proxied connection: the client-side and server-side sockets.
+struct Connection {
+    client: TcpStream,
+    server: TcpStream,
+    exempt: Arc<AtomicBool>,
+}
+
 impl Shared {
+    fn connections(&self) -> MutexGuard<'_, Vec<Connection>> {
+        self.connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn fault(&self) -> MutexGuard<'_, Fault> {
         self.fault.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits while the proxy is blackholed (or until it stops); returns the fault then
-    /// in force.
-    fn wait_unless_blackholed(&self) -> Fault {
+    /// in force. An exempt connection never waits and sees [`Fault::Pass`].
+    fn wait_unless_blackholed(&self, exempt: &AtomicBool) -> Fault {
+        if exempt.load(Ordering::SeqCst) {
+            return Fault::Pass;
+        }
         let mut fault = self.fault();
         while *fault == Fault::Blackhole && !self.stopped.load(Ordering::SeqCst) {
             fault = self
@@ -140,19 +157,43 @@ impl FaultProxy {
         *self.shared.fault()
     }
 
-    /// Closes every open connection, both sides (clients see the connection end and
-    /// reconnect, through the proxy, under the fault then in force).
+    /// Closes every open connection that is not exempt
+    /// ([`exempt_open_connections`](FaultProxy::exempt_open_connections)), both sides
+    /// (clients see the connection end and reconnect, through the proxy, under the fault
+    /// then in force).
     pub fn reset_connections(&self) {
-        let connections = std::mem::take(
-            &mut *self
-                .shared
-                .connections
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        for (client, server) in connections {
-            let _ = client.shutdown(Shutdown::Both);
-            let _ = server.shutdown(Shutdown::Both);
+        self.close(|c| !c.exempt.load(Ordering::SeqCst));
+    }
+
+    /// Exempts the connections open now from every fault, for as long as they stay
+    /// open; returns how many connections the proxy has accepted and not reset (closed
+    /// ones included). Connections opened later are not exempt.
+    ///
+    /// For clients whose servers announce the proxy's address (Sentinel, Redis
+    /// Cluster), so that every client connects through it: connect the clients that must
+    /// keep working (and the servers' own links through the proxy), exempt their
+    /// connections, then connect the client to cut off and set the fault.
+    pub fn exempt_open_connections(&self) -> usize {
+        let connections = self.shared.connections();
+        for c in connections.iter() {
+            c.exempt.store(true, Ordering::SeqCst);
+        }
+        self.shared.changed.notify_all();
+        connections.len()
+    }
+
+    fn close(&self, which: impl Fn(&Connection) -> bool) {
+        let closing: Vec<Connection> = {
+            let mut connections = self.shared.connections();
+            let (closing, kept) = std::mem::take(&mut *connections)
+                .into_iter()
+                .partition(|c| which(c));
+            *connections = kept;
+            closing
+        };
+        for c in closing {
+            let _ = c.client.shutdown(Shutdown::Both);
+            let _ = c.server.shutdown(Shutdown::Both);
         }
     }
 
@@ -181,7 +222,7 @@ impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.shared.stopped.store(true, Ordering::SeqCst);
         self.shared.changed.notify_all();
-        self.reset_connections();
+        self.close(|_| true);
         // Wake the accept loop so it sees `stopped`.
         let _ = TcpStream::connect_timeout(
             &SocketAddr::from(([127, 0, 0, 1], self.port)),
@@ -193,14 +234,15 @@ impl Drop for FaultProxy {
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     loop {
         // Under a blackhole, connections wait in the listen backlog, unanswered.
-        shared.wait_unless_blackholed();
+        let new = AtomicBool::new(false);
+        shared.wait_unless_blackholed(&new);
         let Ok((client, _)) = listener.accept() else {
             continue;
         };
         if shared.stopped.load(Ordering::SeqCst) {
             return;
         }
-        shared.wait_unless_blackholed();
+        shared.wait_unless_blackholed(&new);
         let Ok(server) = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(2))
         else {
             let _ = client.shutdown(Shutdown::Both);
@@ -217,23 +259,25 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         ) else {
             continue;
         };
-        shared
-            .connections
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((c3, s3));
+        let exempt = Arc::new(AtomicBool::new(false));
+        shared.connections().push(Connection {
+            client: c3,
+            server: s3,
+            exempt: exempt.clone(),
+        });
         let (up, down) = (shared.clone(), shared.clone());
+        let up_exempt = exempt.clone();
         let _ = thread::Builder::new()
             .name("fault-proxy-up".into())
-            .spawn(move || pump(client, server, &up, false));
+            .spawn(move || pump(client, server, &up, &up_exempt, false));
         let _ = thread::Builder::new()
             .name("fault-proxy-down".into())
-            .spawn(move || pump(s2, c2, &down, true));
+            .spawn(move || pump(s2, c2, &down, &exempt, true));
     }
 }
 
 /// Copies `from` → `to` under the fault in force; `reply` is the server → client side.
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, reply: bool) {
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, exempt: &AtomicBool, reply: bool) {
     let mut buf = vec![0u8; 64 * 1024];
     static STREAMS: AtomicU64 = AtomicU64::new(1);
     let mut seed = std::time::SystemTime::now()
@@ -249,7 +293,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, reply: bool) {
         if shared.stopped.load(Ordering::SeqCst) {
             break;
         }
-        match shared.wait_unless_blackholed() {
+        match shared.wait_unless_blackholed(exempt) {
             Fault::DropReplies if reply => {
                 shared.dropped_down.fetch_add(n as u64, Ordering::SeqCst);
                 continue;

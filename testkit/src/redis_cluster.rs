@@ -3,8 +3,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::RedisServer;
 use crate::binaries::require_program;
+use crate::{FaultProxy, RedisServer};
 
 /// A Redis Cluster of `n` masters, created with `redis-cli --cluster create`, each node a
 /// [`RedisServer`] in cluster mode (`--cluster-node-timeout 2000`). Killed when dropped.
@@ -24,6 +24,9 @@ pub struct RedisCluster {
     /// The nodes created as replicas.
     replicas: Vec<RedisServer>,
     password: Option<String>,
+    /// One proxy per node, in the order of `nodes` then `replicas`
+    /// ([`RedisCluster::start_behind_proxies`]).
+    proxies: Vec<FaultProxy>,
 }
 
 impl RedisCluster {
@@ -51,6 +54,82 @@ impl RedisCluster {
         Self::start_cluster(masters, replicas_per_master, Some(password))
     }
 
+    /// Like [`RedisCluster::start_with_replicas`], with a [`FaultProxy`] in front of every
+    /// node, which the node announces as its address (`cluster-announce-port`): clients
+    /// (`CLUSTER SLOTS`, redirections) and replication links go through the proxies, the
+    /// cluster bus does not. Returns once every node announces its proxy and every
+    /// replica replicates through its master's proxy.
+    ///
+    /// To cut one client off: connect the clients that must keep working, call
+    /// [`FaultProxy::exempt_open_connections`] on every proxy, connect the client to cut
+    /// off (with [`RedisCluster::proxied_url`] as its seeds, so that its unlock
+    /// subscriptions go through the proxies too), then set the fault.
+    pub fn start_behind_proxies(masters: usize, replicas_per_master: usize) -> Self {
+        let mut cluster = Self::start_cluster(masters, replicas_per_master, None);
+        cluster.proxies = cluster
+            .all_nodes()
+            .map(|node| FaultProxy::start(&node.addr()))
+            .collect();
+        for (node, proxy) in cluster.all_nodes().zip(&cluster.proxies) {
+            let port = proxy.port().to_string();
+            assert!(
+                cluster
+                    .cli(node, &["config", "set", "cluster-announce-port", &port])
+                    .is_some(),
+                "fencelock-testkit: cannot set cluster-announce-port on {}",
+                node.addr()
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.announces_proxies() {
+            assert!(
+                Instant::now() < deadline,
+                "fencelock-testkit: the Redis Cluster did not announce its proxies"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    }
+
+    /// Whether every node lists every node at its proxy's port, every replica's
+    /// replication link goes to its master's proxy and is up, and the cluster is ok.
+    fn announces_proxies(&self) -> bool {
+        let proxy_ports: Vec<u16> = self.proxies.iter().map(FaultProxy::port).collect();
+        let listed = self.all_nodes().all(|node| {
+            self.cli(node, &["cluster", "nodes"]).is_some_and(|text| {
+                let lines: Vec<NodeLine> = text.lines().filter_map(NodeLine::parse).collect();
+                lines.len() == proxy_ports.len()
+                    && lines.iter().all(|line| proxy_ports.contains(&line.port))
+            })
+        });
+        let replicating = self.replicas.iter().all(|node| {
+            self.cli(node, &["info", "replication"])
+                .is_some_and(|text| {
+                    text.contains("master_link_status:up")
+                        && text.lines().any(|line| {
+                            line.trim()
+                                .strip_prefix("master_port:")
+                                .and_then(|p| p.parse().ok())
+                                .is_some_and(|p| proxy_ports.contains(&p))
+                        })
+                })
+        });
+        listed && replicating && self.running_nodes_ok()
+    }
+
+    /// The proxies of [`RedisCluster::start_behind_proxies`], one per node: the masters
+    /// as created, then the replicas.
+    pub fn proxies(&self) -> &[FaultProxy] {
+        &self.proxies
+    }
+
+    /// `redis+cluster://` with every node's proxy as a seed
+    /// ([`RedisCluster::start_behind_proxies`]).
+    pub fn proxied_url(&self) -> String {
+        let hosts: Vec<String> = self.proxies.iter().map(FaultProxy::addr).collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
     fn start_cluster(masters: usize, replicas_per_master: usize, password: Option<&str>) -> Self {
         assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
         let mut args = vec![
@@ -72,6 +151,7 @@ impl RedisCluster {
             nodes,
             replicas,
             password: password.map(str::to_owned),
+            proxies: Vec::new(),
         };
         let mut create = cluster.cli_command();
         create.arg("--cluster").arg("create");
@@ -200,8 +280,17 @@ impl RedisCluster {
         Some(text.lines().filter_map(NodeLine::parse).collect())
     }
 
+    /// The node on `port`, or behind the proxy on `port`.
     fn server_on(&self, port: u16) -> Option<&RedisServer> {
-        self.all_nodes().find(|node| node.port() == port)
+        self.all_nodes()
+            .zip(
+                self.proxies
+                    .iter()
+                    .map(|p| Some(p.port()))
+                    .chain(std::iter::repeat(None)),
+            )
+            .find(|(node, proxy)| node.port() == port || *proxy == Some(port))
+            .map(|(node, _)| node)
     }
 
     /// The node that is master of `slot` now, as the cluster sees it (a master not
@@ -223,7 +312,10 @@ impl RedisCluster {
         };
         let Some(id) = lines
             .iter()
-            .find(|line| line.port == master.port())
+            .find(|line| {
+                self.server_on(line.port)
+                    .is_some_and(|n| n.port() == master.port())
+            })
             .map(|line| line.id.clone())
         else {
             return Vec::new();

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::RedisServer;
 use crate::binaries::require_program;
 use crate::launch::{wait_ready, with_retries};
 use crate::net::exchange;
 use crate::port::free_port;
 use crate::process::ServerProcess;
+use crate::{FaultProxy, RedisServer};
 
 /// The master name the Sentinels monitor.
 pub const SENTINEL_SERVICE: &str = "fencelock";
@@ -149,13 +149,27 @@ pub struct RedisSentinelSet {
     replica: RedisServer,
     sentinels: Vec<RedisSentinel>,
     password: Option<String>,
+    /// The proxy in front of the master ([`RedisSentinelSet::start_behind_proxy`]).
+    proxy: Option<FaultProxy>,
 }
 
 impl RedisSentinelSet {
     /// Starts everything and waits until the replica is in sync and every Sentinel
     /// knows the master and the replica.
     pub fn start() -> Self {
-        Self::start_set(SentinelAuth::default())
+        Self::start_set(SentinelAuth::default(), false)
+    }
+
+    /// Like [`RedisSentinelSet::start`], with a [`FaultProxy`] in front of the master:
+    /// the Sentinels monitor the proxy's address and the replica replicates through it,
+    /// so every client the Sentinels send to the master connects through the proxy.
+    ///
+    /// To cut one client off: connect the clients that must keep working, call
+    /// [`FaultProxy::exempt_open_connections`] (which also exempts the Sentinels' and
+    /// the replica's links, so that no failover follows), connect the client to cut
+    /// off, then set the fault.
+    pub fn start_behind_proxy() -> Self {
+        Self::start_set(SentinelAuth::default(), true)
     }
 
     /// Like [`RedisSentinelSet::start`], with the master and the replica started with
@@ -165,30 +179,36 @@ impl RedisSentinelSet {
     /// `sentinel_password`, the Sentinels also require that password themselves
     /// (`requirepass`; `sentinel sentinel-pass` among each other).
     pub fn start_with_password(password: &str, sentinel_password: Option<&str>) -> Self {
-        Self::start_set(SentinelAuth {
-            master: Some(password),
-            sentinel: sentinel_password,
-        })
+        Self::start_set(
+            SentinelAuth {
+                master: Some(password),
+                sentinel: sentinel_password,
+            },
+            false,
+        )
     }
 
-    fn start_set(auth: SentinelAuth<'_>) -> Self {
+    fn start_set(auth: SentinelAuth<'_>, behind_proxy: bool) -> Self {
         let auth_args: Vec<&str> = match auth.master {
             Some(password) => vec!["--requirepass", password, "--masterauth", password],
             None => Vec::new(),
         };
         let master = RedisServer::start_with(&auth_args);
-        let port = master.port().to_string();
+        let proxy = behind_proxy.then(|| FaultProxy::start(&master.addr()));
+        let announced = proxy.as_ref().map_or(master.port(), FaultProxy::port);
+        let port = announced.to_string();
         let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
         replica_args.extend(&auth_args);
         let replica = RedisServer::start_with(&replica_args);
         let sentinels: Vec<RedisSentinel> = (0..3)
-            .map(|_| RedisSentinel::start(master.port(), auth))
+            .map(|_| RedisSentinel::start(announced, auth))
             .collect();
         let set = RedisSentinelSet {
             master,
             replica,
             sentinels,
             password: auth.master.map(str::to_owned),
+            proxy,
         };
         let cli = require_program("redis-cli", "redis-tools");
         let with_password = |password: Option<&str>| {
@@ -230,6 +250,11 @@ impl RedisSentinelSet {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The proxy in front of the master ([`RedisSentinelSet::start_behind_proxy`]).
+    pub fn proxy(&self) -> Option<&FaultProxy> {
+        self.proxy.as_ref()
     }
 
     /// The initial master.
