@@ -35,7 +35,7 @@ use fencelock_testkit::{EtcdServer, RedisCluster, RedisSentinelSet, RedisServer}
 
 /// The ACL rules of the least-privilege user on a single server or Redlock instance, as
 /// in backend-redis/README.md ("Least-privilege ACL").
-const LEAST_PRIVILEGE: &str = "~fencelock:* &fencelock:* -@all +evalsha +script|load +ping \
+const LEAST_PRIVILEGE: &str = "~fencelock:* &fencelock:* -@all +evalsha +eval +ping \
                                +get +set +del +pexpire +pttl +time +publish +subscribe \
                                +unsubscribe";
 /// What Redis Cluster needs on top (redis-rs asks for the slot map and sends `READONLY`,

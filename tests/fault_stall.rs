@@ -431,10 +431,10 @@ async fn f5_f6_redis_cluster() {
 /// are stuck on the stalled master for the whole command timeout), and the next holder,
 /// a client connected before the stall, is granted at the resume.
 ///
-/// Where: on the master its connection still leads to, the old one, which after the
-/// resume goes on acting as a master for about 10 s until the Sentinels demote it (they
-/// wait 4 × their 2 s publish period before reconfiguring a returning old master). See
-/// docs/faults.md ("Known limits") for the split brain this allows.
+/// Where: on the promoted replica. The old master, after the resume, goes on acting as a
+/// master for about 10 s until the Sentinels demote it, but both clients dropped their
+/// connections to it on the Sentinels' `+switch-master` (see
+/// `backend-redis/tests/failover.rs::a_returning_old_master_grants_nothing_after_the_failover`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f5_f6_redis_sentinel() {
     let set = RedisSentinelSet::start();

@@ -38,6 +38,7 @@ mod lock;
 mod node;
 mod renewal;
 mod scripts;
+mod sentinel;
 mod subscriber;
 
 use std::sync::Arc;

@@ -2,20 +2,21 @@
 //! cluster; plus how to open a pub/sub connection to it.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock_core::Error;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection, PubSub};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSub};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
-    RedisConnectionInfo, RedisError, ServerErrorKind,
+    Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo,
+    RedisError, ServerErrorKind,
 };
 
 use crate::config::{Endpoint, RedisConfig, RedisTls, Topology};
 use crate::scripts::Call;
+use crate::sentinel::SentinelNode;
 
 pub(crate) const BACKEND: &str = "redis";
 
@@ -33,14 +34,9 @@ pub(crate) enum Node {
         conn: ClusterConnection,
         seeds: Arc<[Client]>,
     },
-    /// The master named by Sentinels, re-resolved after connection errors.
+    /// The master named by Sentinels, re-resolved after connection errors and whenever
+    /// the Sentinels switch masters (see [`crate::sentinel`]).
     Sentinel(Arc<SentinelNode>),
-}
-
-pub(crate) struct SentinelNode {
-    sentinel: tokio::sync::Mutex<SentinelClient>,
-    current: Mutex<Option<MultiplexedConnection>>,
-    timeout: Duration,
 }
 
 impl fmt::Debug for Node {
@@ -178,11 +174,16 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
                 SentinelServerType::Master,
             )
             .map_err(map_err)?;
-            let node = Arc::new(SentinelNode {
-                sentinel: tokio::sync::Mutex::new(sentinel),
-                current: Mutex::new(None),
-                timeout: config.timeout,
-            });
+            let watched = sentinels
+                .iter()
+                .map(|e| client_with(e, None, RedisConnectionInfo::default()))
+                .collect::<Result<Vec<_>, _>>()?;
+            let node = Arc::new(SentinelNode::new(
+                sentinel,
+                watched,
+                service.clone(),
+                config.timeout,
+            ));
             let node = Node::Sentinel(node);
             node.ping().await?;
             Ok(vec![node])
@@ -297,42 +298,9 @@ fn client_with(
 }
 
 impl SentinelNode {
-    async fn connection(&self) -> Result<MultiplexedConnection, Error> {
-        if let Some(conn) = self.lock_current().clone() {
-            return Ok(conn);
-        }
-        let mut sentinel = self.sentinel.lock().await;
-        if let Some(conn) = self.lock_current().clone() {
-            return Ok(conn);
-        }
-        let client = sentinel.async_get_client().await.map_err(map_err)?;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(map_err)?;
-        *self.lock_current() = Some(conn.clone());
-        Ok(conn)
-    }
-
-    async fn client(&self) -> Result<Client, Error> {
-        self.sentinel
-            .lock()
-            .await
-            .async_get_client()
-            .await
-            .map_err(map_err)
-    }
-
-    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
-        self.current.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn forget_on(&self, err: &RedisError) {
         if needs_reconnect(err) {
-            *self.lock_current() = None;
+            self.forget();
         }
     }
 }

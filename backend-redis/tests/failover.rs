@@ -297,3 +297,72 @@ async fn failover_with_replica_check_refuses_the_unreplicated_grant() {
     kept.release().await.unwrap();
     b.release().await.unwrap();
 }
+
+/// A master that stalls past the Sentinels' down-after and returns after the failover
+/// goes on acting as a master for about 10 s, until the Sentinels demote it. A client
+/// connected to it before the stall, idle during it (so no command failed), must not be
+/// granted a lock there while a client connected after the failover is granted the same
+/// lock on the promoted replica: the client follows the Sentinels' `+switch-master` and
+/// drops its connection to the old master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_old_master_grants_nothing_after_the_failover() {
+    let set = start_set().await;
+    let url = format!("{}?prefix=ret:", set.url());
+    let early = fencelock_redis::connect(&url).await.unwrap();
+    let warm = early.try_lock("warm").await.unwrap().expect("free");
+    warm.release().await.unwrap();
+
+    let s = set.clone();
+    tokio::task::spawn_blocking(move || s.master().pause())
+        .await
+        .unwrap();
+    let want = set.replica().addr();
+    let failover = wait_until("Sentinel failover", Duration::from_secs(20), || {
+        let (set, want) = (set.clone(), want.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                set.sentinels()
+                    .iter()
+                    .all(|s| s.master_addr().as_deref() == Some(want.as_str()))
+            })
+            .await
+            .unwrap()
+        }
+    })
+    .await;
+    let s = set.clone();
+    tokio::task::spawn_blocking(move || s.master().resume())
+        .await
+        .unwrap();
+    // The scenario: the old master still believes it is one.
+    assert!(
+        info_replication(set.master()).await.contains("role:master"),
+        "the old master was demoted at once"
+    );
+    println!("failover took {failover:?}");
+
+    let late = fencelock_redis::connect(&url).await.unwrap();
+    let lease = Duration::from_secs(2);
+    let a = early
+        .acquire("stock", AcquireOptions::new().lease(lease).no_wait())
+        .await
+        .expect("the early client acquires");
+    assert!(
+        exists(set.replica(), "ret:{stock}").await,
+        "the early client was granted the lock on the old master, not the promoted replica"
+    );
+    let b = late.try_lock("stock").await.unwrap();
+    assert!(
+        b.is_none(),
+        "two holders: the late client was granted it too"
+    );
+    let a_token = a.token();
+    a.release().await.unwrap();
+    let b = late
+        .try_lock("stock")
+        .await
+        .unwrap()
+        .expect("free after release");
+    assert!(b.token() > a_token);
+    b.release().await.unwrap();
+}
