@@ -392,6 +392,8 @@ async fn f23_redis_wrong_acl_password_runs_nothing_although_default_needs_none()
     let port = server.port();
     for url in [
         format!("redis://app:wrong-pw@127.0.0.1:{port}"),
+        // A database number: redis-rs pipelines SELECT behind AUTH on a connection.
+        format!("redis://app:wrong-pw@127.0.0.1:{port}/3"),
         format!("redlock://app:wrong-pw@127.0.0.1:{port}"),
     ] {
         reset_stats(&mut admin).await;
@@ -476,7 +478,8 @@ async fn f23_redis_sentinel_wrong_acl_password_runs_nothing() {
     let mut master = raw(&set.master().url()).await;
     for node in [set.master(), set.replica()] {
         let mut admin = raw(&node.url()).await;
-        let rules = format!("{LEAST_PRIVILEGE} {SENTINEL_EXTRA}");
+        // `+select` for the database-number case.
+        let rules = format!("{LEAST_PRIVILEGE} {SENTINEL_EXTRA} +select");
         acl_setuser(&mut admin, "app", "right-pw", &rules).await;
     }
     reset_stats(&mut master).await;
@@ -487,6 +490,8 @@ async fn f23_redis_sentinel_wrong_acl_password_runs_nothing() {
         )
     };
     let refused = connect_fails(&url("wrong-pw"), "wrong-pw").await;
+    // A database number: redis-rs pipelines SELECT behind AUTH on a connection.
+    let refused_db = connect_fails(&format!("{}?db=3", url("wrong-pw")), "wrong-pw").await;
     let commands = commands_seen(&mut master).await;
     none_of("sentinel master", &commands, LOCK_CLIENT_COMMANDS, false);
     assert!(
@@ -503,7 +508,16 @@ async fn f23_redis_sentinel_wrong_acl_password_runs_nothing() {
         .expect("sentinel");
     lock_handover(&*first, &*second, "acl-sentinel").await;
     only_auth_failures("sentinel master", &acl_log(&mut master).await, "app");
-    assert_hard(&[&refused]);
+    let db = fencelock::connect(&format!("{}?db=3", url("right-pw")))
+        .await
+        .expect("sentinel, database 3");
+    db.lock("acl-sentinel-db")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_hard(&[&refused, &refused_db]);
 }
 
 /// Like [`only_auth_failures`], but an empty log is fine.

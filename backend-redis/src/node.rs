@@ -10,8 +10,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSub};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo,
-    RedisError, ServerErrorKind,
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, ServerErrorKind,
 };
 
 use crate::config::{Endpoint, RedisConfig, RedisTls, Topology};
@@ -94,6 +94,21 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
     };
     match &config.topology {
         Topology::Single { endpoint, db, .. } => {
+            if *db != 0 && config.password.is_some() {
+                // redis-rs pipelines SELECT behind AUTH, so after a failed AUTH the
+                // server would run SELECT (as `default`, if that user needs no password).
+                // A first connection without SELECT checks the credentials alone.
+                let probe = client_with(endpoint, tls.as_ref(), redis_info(config, 0))?;
+                let probe_config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(config.timeout))
+                    .set_response_timeout(Some(config.timeout));
+                drop(
+                    probe
+                        .get_multiplexed_async_connection_with_config(&probe_config)
+                        .await
+                        .map_err(map_err)?,
+                );
+            }
             let node = single(endpoint, tls.as_ref(), *db).await?;
             node.ping().await?;
             Ok(vec![node])
@@ -161,19 +176,29 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             service,
             db,
         } => {
-            let sentinel = SentinelClient::build(
-                sentinels
-                    .iter()
-                    .map(|e| ConnectionAddr::Tcp(e.host.clone(), e.port))
-                    .collect(),
-                service.clone(),
-                Some(
-                    SentinelNodeConnectionInfo::default()
-                        .set_redis_connection_info(redis_info(config, *db)),
-                ),
-                SentinelServerType::Master,
-            )
-            .map_err(map_err)?;
+            let sentinel_client = |db: i64| {
+                SentinelClient::build(
+                    sentinels
+                        .iter()
+                        .map(|e| ConnectionAddr::Tcp(e.host.clone(), e.port))
+                        .collect(),
+                    service.clone(),
+                    Some(
+                        SentinelNodeConnectionInfo::default()
+                            .set_redis_connection_info(redis_info(config, db)),
+                    ),
+                    SentinelServerType::Master,
+                )
+                .map_err(map_err)
+            };
+            if *db != 0 && config.password.is_some() {
+                // As for a single server: the credentials alone first, without SELECT.
+                tokio::time::timeout(config.timeout * 2, sentinel_client(0)?.async_get_client())
+                    .await
+                    .map_err(|_| Error::unavailable(BACKEND, "no Sentinel named a master in time"))?
+                    .map_err(map_err)?;
+            }
+            let sentinel = sentinel_client(*db)?;
             let watched = sentinels
                 .iter()
                 .map(|e| client_with(e, None, RedisConnectionInfo::default()))
