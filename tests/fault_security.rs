@@ -795,29 +795,39 @@ async fn f23_redis_sentinel_with_passwords() {
         .expect("release on the promoted master");
 }
 
-/// Sentinels that require a password themselves (`requirepass` on the Sentinels, here
-/// the same password as the master's). fencelock-redis sends the URL's credentials to
-/// the master only, never to the Sentinels (there is no URL option for a Sentinel
-/// password), so it cannot use such a deployment: `connect` fails, and nothing reaches
-/// the master. The Sentinels' `NOAUTH` is a non-retryable error.
+/// Sentinels that require a password themselves (`requirepass` on the Sentinels), other
+/// than the master's. `sentinel_password=` is sent to the Sentinels, the URL's password
+/// to the master. Without it, or with a wrong one, `connect` fails with a non-retryable
+/// error and nothing reaches the master; the secret never shows. With it, locks and a
+/// pub/sub hand-over work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f23_redis_password_protected_sentinels_are_refused() {
-    let set = RedisSentinelSet::start_with_password("s3cret-all", Some("s3cret-all"));
+async fn f23_redis_password_protected_sentinels() {
+    let set = RedisSentinelSet::start_with_password("s3cret-master", Some("s3cret-sentinel"));
     let mut master = raw(&admin_url(set.master(), set.password())).await;
     reset_stats(&mut master).await;
     let url = set
         .url()
-        .replace("redis+sentinel://", "redis+sentinel://:s3cret-all@");
-    let refused = connect_fails(&url, "s3cret-all").await;
+        .replace("redis+sentinel://", "redis+sentinel://:s3cret-master@");
+    let missing = connect_fails(&url, "s3cret-master").await;
     assert!(
-        chain(&refused.err).contains("NOAUTH"),
+        chain(&missing.err).contains("NOAUTH"),
         "{}",
-        chain(&refused.err)
+        chain(&missing.err)
     );
+    let wrong = connect_fails(&format!("{url}?sentinel_password=not-it"), "not-it").await;
     let commands = commands_seen(&mut master).await;
     none_of("master", &commands, LOCK_CLIENT_COMMANDS, true);
     // A deployment the client cannot use is a hard error, not one to retry forever.
-    assert_hard(&[&refused]);
+    assert_hard(&[&missing, &wrong]);
+
+    let right = format!("{url}?sentinel_password=s3cret-sentinel");
+    let first = fencelock::connect(&right)
+        .await
+        .expect("the Sentinels' password");
+    let shown = format!("{first:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    let second = fencelock::connect(&right).await.unwrap();
+    lock_handover(&*first, &*second, "sentinel-pass").await;
 }
 
 /// A Cluster of 3 masters with a replica each, every node with `requirepass` and

@@ -103,7 +103,9 @@ impl RedisTls {
 /// `wait_replicas=N` and `wait_timeout=DUR` (replica check after acquiring),
 /// `timeout=DUR` (connect and response timeout, default 2 s),
 /// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h),
-/// `db=N` (Sentinel only), and for `rediss://` only `ca=PATH`, `cert=PATH`, `key=PATH`
+/// `db=N`, `sentinel_username=USER` and `sentinel_password=PASS` (the Sentinels' own
+/// credentials, when they require a password) (Sentinel only), and for `rediss://` only
+/// `ca=PATH`, `cert=PATH`, `key=PATH`
 /// (see [`RedisTls`]). Durations are `250ms`, `2s`, `5m` or plain milliseconds.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -127,6 +129,12 @@ pub struct RedisConfig {
     /// TLS settings; only for a single server with `tls: true` (`rediss://`), empty
     /// otherwise.
     pub tls: RedisTls,
+    /// ACL user name for the Sentinels themselves (`sentinel_username=`), if they require
+    /// one; Sentinel only.
+    pub sentinel_username: Option<String>,
+    /// Password for the Sentinels themselves (`sentinel_password=`), if they require one
+    /// (`requirepass` on the Sentinels); Sentinel only. Never printed.
+    pub sentinel_password: Option<String>,
 }
 
 impl RedisConfig {
@@ -142,6 +150,8 @@ impl RedisConfig {
             timeout: Duration::from_secs(2),
             token_ttl: Duration::from_secs(24 * 3600),
             tls: RedisTls::default(),
+            sentinel_username: None,
+            sentinel_password: None,
         }
     }
 
@@ -242,6 +252,8 @@ impl RedisConfig {
                 "wait_timeout" => config.wait_timeout = parse_duration(&value).map_err(&bad)?,
                 "timeout" => config.timeout = parse_duration(&value).map_err(&bad)?,
                 "token_ttl" => config.token_ttl = parse_duration(&value).map_err(&bad)?,
+                "sentinel_username" => config.sentinel_username = Some(value.into_owned()),
+                "sentinel_password" => config.sentinel_password = Some(value.into_owned()),
                 "ca" => config.tls.ca = Some(value.into_owned()),
                 "cert" => config.tls.cert = Some(value.into_owned()),
                 "key" => config.tls.key = Some(value.into_owned()),
@@ -337,6 +349,13 @@ impl RedisConfig {
             }
             other => return Err(bad(format!("`{other}` is not a Redis scheme"))),
         };
+        if (config.sentinel_username.is_some() || config.sentinel_password.is_some())
+            && !matches!(config.topology, Topology::Sentinel { .. })
+        {
+            return Err(bad(
+                "sentinel_username and sentinel_password are for redis+sentinel:// only".into(),
+            ));
+        }
         config.check_tls()?;
         Ok(config)
     }
@@ -354,6 +373,11 @@ impl fmt::Debug for RedisConfig {
             .field("timeout", &self.timeout)
             .field("token_ttl", &self.token_ttl)
             .field("tls", &self.tls)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
             .finish()
     }
 }
@@ -602,5 +626,28 @@ mod tests {
         let c = RedisConfig::from_url("redis://:only@h:1").unwrap();
         assert_eq!(c.password.as_deref(), Some("only"));
         assert_eq!(c.username, None);
+    }
+
+    #[test]
+    fn sentinel_credentials_are_for_sentinel_only_and_never_show() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://s:1/m?sentinel_username=watch&sentinel_password=s3nt%26x",
+        )
+        .unwrap();
+        assert_eq!(c.sentinel_username.as_deref(), Some("watch"));
+        assert_eq!(c.sentinel_password.as_deref(), Some("s3nt&x"));
+        assert!(!format!("{c:?}").contains("s3nt"));
+        let err = RedisConfig::from_url("redis+sentinel://s:1/m?sentinel_password=s3nt&bad=1")
+            .unwrap_err();
+        assert!(!format!("{err} {err:?}").contains("s3nt"), "{err}");
+        for url in [
+            "redis://h:1?sentinel_password=x",
+            "redis+cluster://h:1?sentinel_username=u",
+            "redlock://a:1?sentinel_password=x",
+        ] {
+            let err = RedisConfig::from_url(url).unwrap_err();
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+            assert!(err.to_string().contains("redis+sentinel"), "{err}");
+        }
     }
 }

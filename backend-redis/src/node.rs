@@ -176,12 +176,26 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             service,
             db,
         } => {
+            // The Sentinels' own credentials, if they require them.
+            let mut sentinel_info = RedisConnectionInfo::default().set_skip_set_lib_name();
+            if let Some(user) = &config.sentinel_username {
+                sentinel_info = sentinel_info.set_username(user);
+            }
+            if let Some(password) = &config.sentinel_password {
+                sentinel_info = sentinel_info.set_password(password);
+            }
+            let sentinel_addrs = sentinels
+                .iter()
+                .map(|e| {
+                    ConnectionAddr::Tcp(e.host.clone(), e.port)
+                        .into_connection_info()
+                        .map(|info| info.set_redis_settings(sentinel_info.clone()))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(map_err)?;
             let sentinel_client = |db: i64| {
                 SentinelClient::build(
-                    sentinels
-                        .iter()
-                        .map(|e| ConnectionAddr::Tcp(e.host.clone(), e.port))
-                        .collect(),
+                    sentinel_addrs.clone(),
                     service.clone(),
                     Some(
                         SentinelNodeConnectionInfo::default()
@@ -201,7 +215,7 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             let sentinel = sentinel_client(*db)?;
             let watched = sentinels
                 .iter()
-                .map(|e| client_with(e, None, RedisConnectionInfo::default()))
+                .map(|e| client_with(e, None, sentinel_info.clone()))
                 .collect::<Result<Vec<_>, _>>()?;
             let node = Arc::new(SentinelNode::new(
                 sentinel,

@@ -26,9 +26,7 @@ pub fn redact_url(url: &str) -> String {
         let pairs: Vec<String> = query
             .split('&')
             .map(|pair| match pair.split_once('=') {
-                Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {
-                    format!("{key}=***")
-                }
+                Some((key, _)) if is_secret(key) => format!("{key}=***"),
                 Some((key, value)) => format!("{key}={}", redact_nested(value)),
                 None => pair.to_owned(),
             })
@@ -36,6 +34,15 @@ pub fn redact_url(url: &str) -> String {
         out.push_str(&pairs.join("&"));
     }
     out
+}
+
+/// Whether the query parameter `key` holds a secret: one of [`SECRET_PARAMS`], or a
+/// name ending in `_` and one of them (`sentinel_password`).
+fn is_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    SECRET_PARAMS
+        .iter()
+        .any(|secret| key == *secret || key.ends_with(&format!("_{secret}")))
 }
 
 /// A query value that is itself a URL (the legs of `migrate://`), redacted whether it is
@@ -100,6 +107,15 @@ mod tests {
                 "zk://h/chroot?digest=u&password=***",
             ),
             ("redis://u:p@ss@h", "redis://u:***@h"),
+            (
+                "redis+sentinel://s1,s2/m?sentinel_password=s3cret&db=1",
+                "redis+sentinel://s1,s2/m?sentinel_password=***&db=1",
+            ),
+            (
+                "x://h?Sentinel_Password=s3cret",
+                "x://h?Sentinel_Password=***",
+            ),
+            ("x://h?passwords_on=1", "x://h?passwords_on=1"),
             ("not a url:p@ss", "not a url:p@ss"),
             (
                 "migrate://?legacy=redis%3A%2F%2F%3As3cret%40h%3A1&phase=legacy",
