@@ -9,7 +9,8 @@
 //! - the partitioned holder's late fenced write is rejected (C2);
 //! - its `release()` after the heal is `Err(Lost)`;
 //! - nothing of it remains: the name is free and has no waiters after the new holder
-//!   releases.
+//!   releases, and within 3 s no key, node or subscribed channel of the scenario is
+//!   left on the servers (C5).
 //!
 //! Sentinel and Cluster clients learn the servers' addresses from the deployment, so
 //! there the servers announce their proxies (testkit's `start_behind_proxy` and
@@ -27,17 +28,14 @@ use fencelock_testkit::{
 };
 use tokio::time::Instant;
 
+mod common;
+use common::Servers;
+
 const LEASE: Duration = Duration::from_secs(2);
 const PARTITION: Duration = Duration::from_secs(6);
 
 fn unique(name: &str) -> String {
-    format!("f4-{name}-{:x}-{:x}", std::process::id(), fastrand_u64())
-}
-
-fn fastrand_u64() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    common::unique(&format!("f4-{name}"))
 }
 
 /// The scenario on `holder` (connected through `proxies`) and `other` (connected
@@ -47,6 +45,7 @@ async fn partition_of_a_running_holder(
     other: &dyn DistributedLock,
     proxies: &[&FaultProxy],
     name: &str,
+    servers: &Servers<'_>,
 ) {
     let checker = Checker::new();
     let options = AcquireOptions::new().lease(LEASE).no_wait();
@@ -57,6 +56,10 @@ async fn partition_of_a_running_holder(
     let token = guard.token().get();
     checker.enter("holder", token);
     assert!(checker.write("holder", token));
+    // The leftover probe sees a held lock (so its empty answer at the end means
+    // something).
+    let held = tokio::task::block_in_place(|| servers.left());
+    assert!(!held.is_empty(), "the probe does not see the holder's lock");
     // Let a renewal or two happen first.
     tokio::time::sleep(LEASE / 2).await;
     assert!(!guard.is_lost(), "lost before the partition");
@@ -135,6 +138,7 @@ async fn partition_of_a_running_holder(
         assert!(Instant::now() < deadline, "left behind: {info:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    servers.assert_nothing_left_within("F4", Duration::from_secs(3));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +152,8 @@ async fn f4_etcd() {
     let other = fencelock::connect(&format!("etcd://{}/{prefix}?lease=2s", server.endpoint()))
         .await
         .unwrap();
-    partition_of_a_running_holder(&*holder, &*other, &[&proxy], "stock").await;
+    let servers = Servers::Etcd(server, &prefix);
+    partition_of_a_running_holder(&*holder, &*other, &[&proxy], "stock", &servers).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +166,8 @@ async fn f4_zookeeper() {
     let other = fencelock::connect(&url(&server.connect_string()))
         .await
         .unwrap();
-    partition_of_a_running_holder(&*holder, &*other, &[&proxy], "stock").await;
+    let servers = Servers::Zk(server, &chroot);
+    partition_of_a_running_holder(&*holder, &*other, &[&proxy], "stock", &servers).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +181,8 @@ async fn f4_redis() {
     let other = fencelock::connect(&format!("{}?prefix={prefix}:", server.url()))
         .await
         .unwrap();
-    partition_of_a_running_holder(&*holder, &*other, &[&proxy], "stock").await;
+    let servers = Servers::redis(server, &prefix);
+    partition_of_a_running_holder(&*holder, &*other, &[&proxy], "stock", &servers).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,7 +192,8 @@ async fn f4_redlock() {
         .iter()
         .map(|s| FaultProxy::start(&s.addr()))
         .collect();
-    let via = |addrs: Vec<String>| format!("redlock://{}", addrs.join(","));
+    let prefix = unique("redlock");
+    let via = |addrs: Vec<String>| format!("redlock://{}?prefix={prefix}:", addrs.join(","));
     let holder = fencelock::connect(&via(proxies.iter().map(FaultProxy::addr).collect()))
         .await
         .unwrap();
@@ -193,7 +201,8 @@ async fn f4_redlock() {
         .await
         .unwrap();
     let proxies: Vec<&FaultProxy> = proxies.iter().collect();
-    partition_of_a_running_holder(&*holder, &*other, &proxies, "stock").await;
+    let servers = Servers::Redis(servers.iter().map(RedisServer::port).collect(), &prefix);
+    partition_of_a_running_holder(&*holder, &*other, &proxies, "stock", &servers).await;
 }
 
 /// Sentinel: the Sentinels name the master's proxy; the holder's connections to it are
@@ -205,13 +214,15 @@ async fn f4_redis_sentinel() {
         .await
         .unwrap();
     let proxy = set.proxy().expect("a proxy in front of the master");
-    let url = format!("{}?prefix={}:", set.url(), unique("sentinel"));
+    let prefix = unique("sentinel");
+    let url = format!("{}?prefix={prefix}:", set.url());
     let other = fencelock::connect(&url).await.unwrap();
     let exempt = proxy.exempt_open_connections();
     // The other client's, the replica's and each Sentinel's two links.
     assert!(exempt >= 8, "only {exempt} connections to exempt");
     let holder = fencelock::connect(&url).await.unwrap();
-    partition_of_a_running_holder(&*holder, &*other, &[proxy], "stock").await;
+    let servers = Servers::redis(set.master(), &prefix);
+    partition_of_a_running_holder(&*holder, &*other, &[proxy], "stock", &servers).await;
     assert_eq!(
         set.sentinels()[0].master_addr(),
         Some(proxy.addr()),
@@ -241,7 +252,11 @@ async fn f4_redis_cluster() {
     let holder = fencelock::connect(&format!("{}?prefix={prefix}:", cluster.proxied_url()))
         .await
         .unwrap();
-    partition_of_a_running_holder(&*holder, &*other, &proxies, "stock").await;
+    let servers = Servers::Redis(
+        cluster.nodes().iter().map(RedisServer::port).collect(),
+        &prefix,
+    );
+    partition_of_a_running_holder(&*holder, &*other, &proxies, "stock", &servers).await;
 }
 
 /// The migration layer in its mixed phases: both legs of the holder are cut.
@@ -271,7 +286,17 @@ async fn f4_migration() {
         let other = fencelock::connect(&url(&redis.addr(), &etcd.endpoint()))
             .await
             .unwrap();
-        partition_of_a_running_holder(&*holder, &*other, &[&redis_proxy, &etcd_proxy], "stock")
-            .await;
+        let servers = Servers::Both(
+            Box::new(Servers::redis(redis, &prefix)),
+            Box::new(Servers::Etcd(etcd, &prefix)),
+        );
+        partition_of_a_running_holder(
+            &*holder,
+            &*other,
+            &[&redis_proxy, &etcd_proxy],
+            "stock",
+            &servers,
+        )
+        .await;
     }
 }

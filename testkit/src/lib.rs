@@ -8,7 +8,8 @@
 //! skipped test: run `./scripts/test` to install them.
 //!
 //! For fault tests: [`FaultProxy`] puts partitions, delays and lost replies between a
-//! client and a server, and [`checker`] records fenced writes and checks the history.
+//! client and a server, [`checker`] records fenced writes and checks the history, and
+//! [`leftovers`] reads what a scenario left on the servers.
 //! [`EtcdCluster::start_isolated`] and [`ZkEnsemble::start_isolated`] put each member in
 //! its own network namespace ([`NetLab`]), so a member can be cut from its peers while
 //! its clients stay connected.
@@ -22,6 +23,7 @@ pub mod checker;
 mod etcd;
 mod etcd_cluster;
 mod launch;
+pub mod leftovers;
 mod net;
 mod netns;
 mod port;
