@@ -33,10 +33,14 @@ use fencelock::{
     AcquireOptions, DistributedLock, DistributedLockExt, MigrationPhase, Retry, RetryPolicy,
 };
 use fencelock_testkit::checker::Checker;
+use fencelock_testkit::leftovers;
 use fencelock_testkit::{
     EtcdServer, Fault, FaultProxy, RedisCluster, RedisSentinelSet, RedisServer, ZkServer,
 };
 use tokio::time::Instant;
+
+mod common;
+use common::Servers;
 
 const LEASE: Duration = Duration::from_secs(2);
 /// How long A's acquire is given under the fault before it is dropped.
@@ -45,17 +49,14 @@ const DROP_AFTER: Duration = Duration::from_secs(1);
 const CP_BOUND: Duration = Duration::from_secs(1);
 /// The bound on clean-up for Redis: one lease.
 const REDIS_BOUND: Duration = LEASE;
+/// How soon nothing of a scenario may be left on the servers (C5): a Redis waiter
+/// marker lives two seconds at least.
+const LEFT_BOUND: Duration = Duration::from_secs(3);
 
 type Lock = Arc<dyn DistributedLock>;
 
 fn unique(name: &str) -> String {
-    format!("f9-{name}-{:x}-{:x}", std::process::id(), nanos())
-}
-
-fn nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    common::unique(&format!("f9-{name}"))
 }
 
 fn options() -> AcquireOptions {
@@ -67,7 +68,7 @@ struct Rng(u64);
 
 impl Rng {
     fn new() -> Self {
-        Rng(nanos() | 1)
+        Rng(common::nanos() | 1)
     }
 
     fn below(&mut self, n: u64) -> u64 {
@@ -293,13 +294,23 @@ async fn connect(url: &str) -> Lock {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f9_etcd() {
-    let server = EtcdServer::shared();
+    // A server of its own: its leases are checked too.
+    let server = EtcdServer::start();
     let proxy = FaultProxy::start(&server.endpoint());
     let prefix = unique("etcd");
     let a = connect(&format!("etcd://{}/{prefix}?lease=2s", proxy.addr())).await;
     let b = connect(&format!("etcd://{}/{prefix}?lease=2s", server.endpoint())).await;
     lost_acquire_reply("etcd", &a, &*b, &[&proxy], &[&proxy], "lost", CP_BOUND).await;
     cancel_at_grant("etcd", [&*a, &*b], "race").await;
+    Servers::Etcd(&server, &prefix).assert_nothing_left_within("etcd F9", LEFT_BOUND);
+    // The clients' session leases end with the clients (revoked, or at the latest when
+    // their 2 s TTL runs out). The server is this test's own, so every lease is theirs.
+    drop((a, b));
+    tokio::task::block_in_place(|| {
+        leftovers::assert_none_within("etcd F9 leases", LEASE + Duration::from_secs(1), || {
+            leftovers::etcd_leases(&server.endpoint())
+        })
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,6 +323,7 @@ async fn f9_zookeeper() {
     let b = connect(&url(&server.connect_string())).await;
     lost_acquire_reply("zookeeper", &a, &*b, &[&proxy], &[&proxy], "lost", CP_BOUND).await;
     cancel_at_grant("zookeeper", [&*a, &*b], "race").await;
+    Servers::Zk(server, &chroot).assert_nothing_left_within("ZooKeeper F9", LEFT_BOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,6 +335,7 @@ async fn f9_redis() {
     let b = connect(&format!("{}?prefix={prefix}:", server.url())).await;
     lost_acquire_reply("redis", &a, &*b, &[&proxy], &[&proxy], "lost", REDIS_BOUND).await;
     cancel_at_grant("redis", [&*a, &*b], "race").await;
+    Servers::redis(server, &prefix).assert_nothing_left_within("Redis F9", LEFT_BOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,6 +352,8 @@ async fn f9_redlock() {
     let proxies: Vec<&FaultProxy> = proxies.iter().collect();
     lost_acquire_reply("redlock", &a, &*b, &proxies, &proxies, "lost", REDIS_BOUND).await;
     cancel_at_grant("redlock", [&*a, &*b], "race").await;
+    Servers::Redis(servers.iter().map(RedisServer::port).collect(), &prefix)
+        .assert_nothing_left_within("Redlock F9", LEFT_BOUND);
 }
 
 /// Sentinel: the Sentinels name the master's proxy; B's connections (and the
@@ -349,12 +364,14 @@ async fn f9_redis_sentinel() {
         .await
         .unwrap();
     let proxy = set.proxy().expect("a proxy in front of the master");
-    let url = format!("{}?prefix={}:", set.url(), unique("sentinel"));
+    let prefix = unique("sentinel");
+    let url = format!("{}?prefix={prefix}:", set.url());
     let b = connect(&url).await;
     assert!(proxy.exempt_open_connections() >= 8);
     let a = connect(&url).await;
     lost_acquire_reply("sentinel", &a, &*b, &[proxy], &[proxy], "lost", REDIS_BOUND).await;
     cancel_at_grant("sentinel", [&*a, &*b], "race").await;
+    Servers::redis(set.master(), &prefix).assert_nothing_left_within("Sentinel F9", LEFT_BOUND);
 }
 
 /// Cluster: every node announces its proxy; B's connections are exempt, and A reaches
@@ -373,6 +390,11 @@ async fn f9_redis_cluster() {
     let a = connect(&format!("{}?prefix={prefix}:", cluster.proxied_url())).await;
     lost_acquire_reply("cluster", &a, &*b, &proxies, &proxies, "lost", REDIS_BOUND).await;
     cancel_at_grant("cluster", [&*a, &*b], "race").await;
+    Servers::Redis(
+        cluster.nodes().iter().map(RedisServer::port).collect(),
+        &prefix,
+    )
+    .assert_nothing_left_within("Cluster F9", LEFT_BOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,6 +444,11 @@ async fn f9_migration() {
             if only_second {
                 cancel_at_grant(&label, [&*a, &*b], "race").await;
             }
+            Servers::Both(
+                Box::new(Servers::redis(redis, &prefix)),
+                Box::new(Servers::Etcd(etcd, &prefix)),
+            )
+            .assert_nothing_left_within(&label, LEFT_BOUND);
         }
     }
 }

@@ -48,6 +48,9 @@ use fencelock_testkit::{
 };
 use tokio::time::Instant;
 
+mod common;
+use common::Servers;
+
 /// The lease (etcd, Redis) and session timeout (ZooKeeper) of every client.
 const LEASE: Duration = Duration::from_secs(2);
 /// How long the waiter stays partitioned in F10: 3 × the lease.
@@ -60,13 +63,7 @@ const ZK_TICK_MS: u64 = 500;
 const WAITER_ENV: &str = "FENCELOCK_QUEUE_WAITER";
 
 fn unique(name: &str) -> String {
-    format!("q-{name}-{:x}-{:x}", std::process::id(), nanos())
-}
-
-fn nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    common::unique(&format!("q-{name}"))
 }
 
 /// How a backend keeps its waiters.
@@ -104,8 +101,14 @@ impl Queue {
     }
 }
 
-/// Waits until `name` is free and (where the backend counts them) has no waiters.
-async fn assert_clean(lock: &dyn DistributedLock, name: &str, within: Duration) {
+/// Waits until `name` is free and (where the backend counts them) has no waiters, and
+/// nothing of the scenario is left on the servers (C5).
+async fn assert_clean(
+    lock: &dyn DistributedLock,
+    name: &str,
+    within: Duration,
+    servers: &Servers<'_>,
+) {
     let deadline = Instant::now() + within;
     loop {
         let info = lock.inspect(name).await.expect("inspect");
@@ -115,6 +118,7 @@ async fn assert_clean(lock: &dyn DistributedLock, name: &str, within: Duration) 
         assert!(Instant::now() < deadline, "left behind on {name}: {info:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    servers.assert_nothing_left_within(name, within);
 }
 
 fn options() -> AcquireOptions {
@@ -149,6 +153,7 @@ async fn partitioned_waiter(
     queue: Queue,
     name: &str,
     end: WaiterEnd,
+    servers: &Servers<'_>,
 ) {
     let checker = Checker::new();
     let held = holder
@@ -261,7 +266,7 @@ async fn partitioned_waiter(
         .expect("the next waiter releases");
     checker.assert_no_overlap();
     checker.assert_tokens_increase();
-    assert_clean(next, name, Duration::from_secs(3)).await;
+    assert_clean(next, name, Duration::from_secs(3), servers).await;
 }
 
 /// A line for the parent, straight to the stdout pipe (not through the harness's
@@ -366,6 +371,7 @@ async fn dead_middle_waiter(
     name: &str,
     release_after_kill: Duration,
     bound: HandOver,
+    servers: &Servers<'_>,
 ) {
     let checker = Checker::new();
     let held = holder
@@ -432,7 +438,7 @@ async fn dead_middle_waiter(
         .expect("the next waiter releases");
     checker.assert_no_overlap();
     checker.assert_tokens_increase();
-    assert_clean(next, name, Duration::from_secs(3)).await;
+    assert_clean(next, name, Duration::from_secs(3), servers).await;
 }
 
 /// The bound on F11's hand-over.
@@ -453,6 +459,7 @@ async fn dead_middle_waiter_both_orders(
     child_url: &str,
     queue: Queue,
     expiry: Duration,
+    servers: &Servers<'_>,
 ) {
     dead_middle_waiter(
         holder,
@@ -462,6 +469,7 @@ async fn dead_middle_waiter_both_orders(
         "late-release",
         expiry + Duration::from_millis(500),
         HandOver::AfterRelease(HAND_OVER),
+        servers,
     )
     .await;
     dead_middle_waiter(
@@ -472,6 +480,7 @@ async fn dead_middle_waiter_both_orders(
         "early-release",
         Duration::from_millis(100),
         HandOver::AfterKill(expiry + HAND_OVER),
+        servers,
     )
     .await;
 }
@@ -506,6 +515,7 @@ async fn f10_etcd_partitioned_waiter_is_lost_never_granted() {
         .await
         .unwrap();
     let next = fencelock::connect(&direct).await.unwrap();
+    let servers = Servers::Etcd(server, &prefix);
     partitioned_waiter(
         &*holder,
         &*waiter,
@@ -514,6 +524,7 @@ async fn f10_etcd_partitioned_waiter_is_lost_never_granted() {
         Queue::Etcd,
         "stock",
         WaiterEnd::Lost(ETCD_WAITER_LOST),
+        &servers,
     )
     .await;
 }
@@ -582,7 +593,8 @@ async fn f10_etcd_revoked_waiter_is_lost_never_granted() {
     granted.release().await.unwrap();
     checker.assert_no_overlap();
     checker.assert_tokens_increase();
-    assert_clean(&next, "stock", Duration::from_secs(3)).await;
+    let servers = Servers::Etcd(server, &prefix);
+    assert_clean(&next, "stock", Duration::from_secs(3), &servers).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -599,6 +611,7 @@ async fn f10_zookeeper_expired_waiter_is_lost_never_granted() {
         .await
         .unwrap();
     let next = fencelock::connect(&direct).await.unwrap();
+    let servers = Servers::Zk(server, &chroot);
     partitioned_waiter(
         &*holder,
         &*waiter,
@@ -607,6 +620,7 @@ async fn f10_zookeeper_expired_waiter_is_lost_never_granted() {
         Queue::ZooKeeper,
         "stock",
         WaiterEnd::Lost(ZK_WAITER_LOST),
+        &servers,
     )
     .await;
 }
@@ -625,6 +639,7 @@ async fn f10_redis_partitioned_waiter_is_not_granted_while_held() {
         .await
         .unwrap();
     let next = fencelock::connect(&direct).await.unwrap();
+    let servers = Servers::redis(server, &prefix);
     partitioned_waiter(
         &*holder,
         &*waiter,
@@ -633,6 +648,7 @@ async fn f10_redis_partitioned_waiter_is_not_granted_while_held() {
         Queue::None,
         "stock",
         WaiterEnd::NotGrantedWhileHeld,
+        &servers,
     )
     .await;
 }
@@ -647,7 +663,8 @@ async fn f10_redlock_partitioned_waiter_is_not_granted_while_held() {
         .iter()
         .map(|s| FaultProxy::start(&s.addr()))
         .collect();
-    let via = |addrs: Vec<String>| format!("redlock://{}", addrs.join(","));
+    let prefix = unique("f10-redlock");
+    let via = |addrs: Vec<String>| format!("redlock://{}?prefix={prefix}:", addrs.join(","));
     let direct = via(servers.iter().map(RedisServer::addr).collect());
     let holder = fencelock::connect(&direct).await.unwrap();
     let waiter = fencelock::connect(&via(proxies.iter().map(FaultProxy::addr).collect()))
@@ -655,6 +672,7 @@ async fn f10_redlock_partitioned_waiter_is_not_granted_while_held() {
         .unwrap();
     let next = fencelock::connect(&direct).await.unwrap();
     let proxies: Vec<&FaultProxy> = proxies.iter().collect();
+    let servers = Servers::Redis(servers.iter().map(RedisServer::port).collect(), &prefix);
     partitioned_waiter(
         &*holder,
         &*waiter,
@@ -663,6 +681,7 @@ async fn f10_redlock_partitioned_waiter_is_not_granted_while_held() {
         Queue::None,
         "stock",
         WaiterEnd::NotGrantedWhileHeld,
+        &servers,
     )
     .await;
 }
@@ -676,11 +695,13 @@ async fn f10_redis_sentinel_partitioned_waiter_is_not_granted_while_held() {
         .await
         .unwrap();
     let proxy = set.proxy().expect("a proxy in front of the master");
-    let url = format!("{}?prefix={}:", set.url(), unique("f10-sentinel"));
+    let prefix = unique("f10-sentinel");
+    let url = format!("{}?prefix={prefix}:", set.url());
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
     assert!(proxy.exempt_open_connections() >= 9);
     let waiter = fencelock::connect(&url).await.unwrap();
+    let servers = Servers::redis(set.master(), &prefix);
     partitioned_waiter(
         &*holder,
         &*waiter,
@@ -689,6 +710,7 @@ async fn f10_redis_sentinel_partitioned_waiter_is_not_granted_while_held() {
         Queue::None,
         "stock",
         WaiterEnd::NotGrantedWhileHeld,
+        &servers,
     )
     .await;
 }
@@ -712,6 +734,10 @@ async fn f10_redis_cluster_partitioned_waiter_is_not_granted_while_held() {
     let waiter = fencelock::connect(&format!("{}?prefix={prefix}:", cluster.proxied_url()))
         .await
         .unwrap();
+    let servers = Servers::Redis(
+        cluster.nodes().iter().map(RedisServer::port).collect(),
+        &prefix,
+    );
     partitioned_waiter(
         &*holder,
         &*waiter,
@@ -720,6 +746,7 @@ async fn f10_redis_cluster_partitioned_waiter_is_not_granted_while_held() {
         Queue::None,
         "stock",
         WaiterEnd::NotGrantedWhileHeld,
+        &servers,
     )
     .await;
 }
@@ -746,6 +773,10 @@ async fn f10_migration_partitioned_waiter_is_lost_never_granted() {
         .await
         .unwrap();
     let next = fencelock::connect(&direct).await.unwrap();
+    let servers = Servers::Both(
+        Box::new(Servers::redis(redis, &prefix)),
+        Box::new(Servers::Etcd(etcd, &prefix)),
+    );
     partitioned_waiter(
         &*holder,
         &*waiter,
@@ -754,6 +785,7 @@ async fn f10_migration_partitioned_waiter_is_lost_never_granted() {
         Queue::Etcd,
         "stock",
         WaiterEnd::Lost(ETCD_WAITER_LOST),
+        &servers,
     )
     .await;
 }
@@ -772,10 +804,13 @@ async fn f11_etcd_killed_middle_waiter() {
         return;
     }
     let server = EtcdServer::shared();
-    let url = etcd_url(&server.endpoint(), &unique("f11-etcd"));
+    let prefix = unique("f11-etcd");
+    let url = etcd_url(&server.endpoint(), &prefix);
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
-    dead_middle_waiter_both_orders(&*holder, &*next, &url, Queue::Etcd, ETCD_EXPIRY).await;
+    let servers = Servers::Etcd(server, &prefix);
+    dead_middle_waiter_both_orders(&*holder, &*next, &url, Queue::Etcd, ETCD_EXPIRY, &servers)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -784,10 +819,20 @@ async fn f11_zookeeper_killed_middle_waiter() {
         return;
     }
     let server = ZkServer::shared();
-    let url = zk_url(&server.connect_string(), &unique("f11-zk"));
+    let chroot = unique("f11-zk");
+    let url = zk_url(&server.connect_string(), &chroot);
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
-    dead_middle_waiter_both_orders(&*holder, &*next, &url, Queue::ZooKeeper, ZK_EXPIRY).await;
+    let servers = Servers::Zk(server, &chroot);
+    dead_middle_waiter_both_orders(
+        &*holder,
+        &*next,
+        &url,
+        Queue::ZooKeeper,
+        ZK_EXPIRY,
+        &servers,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -796,9 +841,11 @@ async fn f11_redis_killed_middle_waiter() {
         return;
     }
     let server = RedisServer::shared();
-    let url = format!("{}?prefix={}:", server.url(), unique("f11-redis"));
+    let prefix = unique("f11-redis");
+    let url = format!("{}?prefix={prefix}:", server.url());
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
+    let servers = Servers::redis(server, &prefix);
     dead_middle_waiter(
         &*holder,
         &*next,
@@ -807,6 +854,7 @@ async fn f11_redis_killed_middle_waiter() {
         "stock",
         Duration::from_millis(100),
         HandOver::AfterRelease(HAND_OVER),
+        &servers,
     )
     .await;
 }
@@ -817,8 +865,9 @@ async fn f11_redlock_killed_middle_waiter() {
         return;
     }
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let prefix = unique("f11-redlock");
     let url = format!(
-        "redlock://{}",
+        "redlock://{}?prefix={prefix}:",
         servers
             .iter()
             .map(RedisServer::addr)
@@ -827,6 +876,7 @@ async fn f11_redlock_killed_middle_waiter() {
     );
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
+    let servers = Servers::Redis(servers.iter().map(RedisServer::port).collect(), &prefix);
     dead_middle_waiter(
         &*holder,
         &*next,
@@ -835,6 +885,7 @@ async fn f11_redlock_killed_middle_waiter() {
         "stock",
         Duration::from_millis(100),
         HandOver::AfterRelease(HAND_OVER),
+        &servers,
     )
     .await;
 }
@@ -847,9 +898,11 @@ async fn f11_redis_sentinel_killed_middle_waiter() {
     let set = tokio::task::spawn_blocking(RedisSentinelSet::start)
         .await
         .unwrap();
-    let url = format!("{}?prefix={}:", set.url(), unique("f11-sentinel"));
+    let prefix = unique("f11-sentinel");
+    let url = format!("{}?prefix={prefix}:", set.url());
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
+    let servers = Servers::redis(set.master(), &prefix);
     dead_middle_waiter(
         &*holder,
         &*next,
@@ -858,6 +911,7 @@ async fn f11_redis_sentinel_killed_middle_waiter() {
         "stock",
         Duration::from_millis(100),
         HandOver::AfterRelease(HAND_OVER),
+        &servers,
     )
     .await;
 }
@@ -870,9 +924,14 @@ async fn f11_redis_cluster_killed_middle_waiter() {
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3))
         .await
         .unwrap();
-    let url = format!("{}?prefix={}:", cluster.url(), unique("f11-cluster"));
+    let prefix = unique("f11-cluster");
+    let url = format!("{}?prefix={prefix}:", cluster.url());
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
+    let servers = Servers::Redis(
+        cluster.nodes().iter().map(RedisServer::port).collect(),
+        &prefix,
+    );
     dead_middle_waiter(
         &*holder,
         &*next,
@@ -881,6 +940,7 @@ async fn f11_redis_cluster_killed_middle_waiter() {
         "stock",
         Duration::from_millis(100),
         HandOver::AfterRelease(HAND_OVER),
+        &servers,
     )
     .await;
 }
@@ -893,8 +953,14 @@ async fn f11_migration_killed_middle_waiter() {
     }
     let redis = RedisServer::shared();
     let etcd = EtcdServer::shared();
-    let url = migration_url(&unique("f11-migrate"), &redis.addr(), &etcd.endpoint());
+    let prefix = unique("f11-migrate");
+    let url = migration_url(&prefix, &redis.addr(), &etcd.endpoint());
     let holder = fencelock::connect(&url).await.unwrap();
     let next = fencelock::connect(&url).await.unwrap();
-    dead_middle_waiter_both_orders(&*holder, &*next, &url, Queue::Etcd, ETCD_EXPIRY).await;
+    let servers = Servers::Both(
+        Box::new(Servers::redis(redis, &prefix)),
+        Box::new(Servers::Etcd(etcd, &prefix)),
+    );
+    dead_middle_waiter_both_orders(&*holder, &*next, &url, Queue::Etcd, ETCD_EXPIRY, &servers)
+        .await;
 }
