@@ -33,6 +33,9 @@ use fencelock_testkit::{
 };
 use tokio::time::Instant;
 
+mod common;
+use common::Servers;
+
 const LEASE: Duration = Duration::from_secs(2);
 /// F5: 0.4 × lease.
 const SHORT_STALL: Duration = Duration::from_millis(800);
@@ -40,12 +43,12 @@ const SHORT_STALL: Duration = Duration::from_millis(800);
 const LONG_STALL: Duration = Duration::from_secs(6);
 /// F6: how soon after the resume the next holder must be granted (but on ZooKeeper).
 const AFTER_RESUME: Duration = Duration::from_secs(1);
+/// How soon nothing of a scenario may be left on the servers (C5): a Redis waiter
+/// marker lives two seconds at least.
+const LEFT_BOUND: Duration = Duration::from_secs(3);
 
 fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    format!("stall-{name}-{:x}-{nanos:x}", std::process::id())
+    common::unique(&format!("stall-{name}"))
 }
 
 fn options() -> AcquireOptions {
@@ -125,6 +128,7 @@ async fn short_stall(
     other: &dyn DistributedLock,
     stall: &Stall<'_>,
     name: &str,
+    servers: &Servers<'_>,
 ) {
     let checker = Checker::new();
     let guard = holder
@@ -187,6 +191,7 @@ async fn short_stall(
     checker.assert_no_lost_update(2);
     checker.assert_tokens_increase();
     checker.assert_loss_reported_in_time();
+    servers.assert_nothing_left_within(label, LEFT_BOUND);
 }
 
 /// F6 on `holder`; `other`, connected before the stall, acquires after the resume
@@ -198,6 +203,7 @@ async fn long_stall(
     stall: &Stall<'_>,
     name: &str,
     next_within: Duration,
+    servers: &Servers<'_>,
 ) {
     let checker = Checker::new();
     let guard = holder
@@ -292,18 +298,34 @@ async fn long_stall(
         assert!(Instant::now() < deadline, "{label}: left behind: {info:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    servers.assert_nothing_left_within(label, LEFT_BOUND);
 }
 
 /// F5, then F6 on another name, with two clients connected before either.
-async fn both(label: &str, url: String, stall: Stall<'_>, next_within: Duration) {
+async fn both(
+    label: &str,
+    url: String,
+    stall: Stall<'_>,
+    next_within: Duration,
+    servers: Servers<'_>,
+) {
     let holder = fencelock::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("{label}: connect: {e:?}"));
     let other = fencelock::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("{label}: connect: {e:?}"));
-    short_stall(label, &*holder, &*other, &stall, "short").await;
-    long_stall(label, &*holder, &*other, &stall, "long", next_within).await;
+    short_stall(label, &*holder, &*other, &stall, "short", &servers).await;
+    long_stall(
+        label,
+        &*holder,
+        &*other,
+        &stall,
+        "long",
+        next_within,
+        &servers,
+    )
+    .await;
 }
 
 /// etcd: after the resume the leader revokes the expired leases at once (its lease TTLs
@@ -311,8 +333,17 @@ async fn both(label: &str, url: String, stall: Stall<'_>, next_within: Duration)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f5_f6_etcd() {
     let server = EtcdServer::start();
-    let url = format!("etcd://{}/{}?lease=2s", server.endpoint(), unique("etcd"));
-    both("etcd", url, Stall::Stop(vec![&server]), AFTER_RESUME).await;
+    let prefix = unique("etcd");
+    let url = format!("etcd://{}/{prefix}?lease=2s", server.endpoint());
+    let servers = Servers::Etcd(&server, &prefix);
+    both(
+        "etcd",
+        url,
+        Stall::Stop(vec![&server]),
+        AFTER_RESUME,
+        servers,
+    )
+    .await;
 }
 
 /// ZooKeeper: at the resume the server expires the sessions whose timeout ran out
@@ -326,13 +357,14 @@ async fn f5_f6_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f5_f6_zookeeper() {
     let server = ZkServer::start();
+    let chroot = unique("zk");
     let url = format!(
-        "zk://{}/{}?session_timeout=2s&min_lease=2s",
+        "zk://{}/{chroot}?session_timeout=2s&min_lease=2s",
         server.connect_string(),
-        unique("zk")
     );
     let bound = LEASE + Duration::from_millis(1500);
-    both("zookeeper", url, Stall::Stop(vec![&server]), bound).await;
+    let servers = Servers::Zk(&server, &chroot);
+    both("zookeeper", url, Stall::Stop(vec![&server]), bound, servers).await;
 }
 
 /// A single Redis server, stalled three ways (a server each, at once). Redis keeps the
@@ -342,25 +374,29 @@ async fn f5_f6_redis() {
     let stop = RedisServer::start();
     let pause = RedisServer::start();
     let sleep = RedisServer::start_with(&["--enable-debug-command", "local"]);
-    let url = |server: &RedisServer| format!("{}?prefix={}:", server.url(), unique("redis"));
+    let prefix = unique("redis");
+    let url = |server: &RedisServer| format!("{}?prefix={prefix}:", server.url());
     tokio::join!(
         both(
             "redis SIGSTOP",
             url(&stop),
             Stall::Stop(vec![&stop]),
-            AFTER_RESUME
+            AFTER_RESUME,
+            Servers::redis(&stop, &prefix),
         ),
         both(
             "redis CLIENT PAUSE",
             url(&pause),
             Stall::ClientPause(pause.url()),
-            AFTER_RESUME
+            AFTER_RESUME,
+            Servers::redis(&pause, &prefix),
         ),
         both(
             "redis DEBUG SLEEP",
             url(&sleep),
             Stall::DebugSleep(sleep.url()),
-            AFTER_RESUME
+            AFTER_RESUME,
+            Servers::redis(&sleep, &prefix),
         ),
     );
 }
@@ -370,26 +406,26 @@ async fn f5_f6_redis() {
 async fn f5_f6_redlock() {
     let all: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let majority: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let prefix = unique("redlock");
     let url = |servers: &[RedisServer]| {
         let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
-        format!(
-            "redlock://{}?prefix={}:",
-            hosts.join(","),
-            unique("redlock")
-        )
+        format!("redlock://{}?prefix={prefix}:", hosts.join(","))
     };
+    let ports = |servers: &[RedisServer]| servers.iter().map(RedisServer::port).collect();
     tokio::join!(
         both(
             "redlock (3 of 3 stalled)",
             url(&all),
             Stall::Stop(all.iter().map(|s| &**s).collect()),
-            AFTER_RESUME
+            AFTER_RESUME,
+            Servers::Redis(ports(&all), &prefix),
         ),
         both(
             "redlock (2 of 3 stalled)",
             url(&majority),
             Stall::Stop(majority[..2].iter().map(|s| &**s).collect()),
-            AFTER_RESUME
+            AFTER_RESUME,
+            Servers::Redis(ports(&majority), &prefix),
         ),
     );
 }
@@ -419,10 +455,15 @@ async fn f5_f6_redis_cluster() {
     let other = fencelock::connect(&url).await.unwrap();
     let short = cluster_owner(&cluster, &format!("{prefix}:{{short}}")).await;
     let stall = Stall::Stop(vec![short]);
-    short_stall("cluster", &*holder, &*other, &stall, "short").await;
+    let servers = Servers::Redis(
+        cluster.nodes().iter().map(RedisServer::port).collect(),
+        &prefix,
+    );
+    short_stall("cluster", &*holder, &*other, &stall, "short", &servers).await;
     let long = cluster_owner(&cluster, &format!("{prefix}:{{long}}")).await;
     let stall = Stall::Stop(vec![long]);
-    long_stall("cluster", &*holder, &*other, &stall, "long", AFTER_RESUME).await;
+    let (label, next) = ("cluster", AFTER_RESUME);
+    long_stall(label, &*holder, &*other, &stall, "long", next, &servers).await;
 }
 
 /// Redis Sentinel (master, replica, 3 Sentinels with down-after 1 s): the master is
@@ -438,12 +479,16 @@ async fn f5_f6_redis_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f5_f6_redis_sentinel() {
     let set = RedisSentinelSet::start();
-    let url = format!("{}?prefix={}:", set.url(), unique("sentinel"));
+    let prefix = unique("sentinel");
+    let url = format!("{}?prefix={prefix}:", set.url());
+    // Both servers: the replica is master after the long stall.
+    let servers = Servers::Redis(vec![set.master().port(), set.replica().port()], &prefix);
     both(
         "sentinel",
         url,
         Stall::Stop(vec![set.master()]),
         AFTER_RESUME,
+        servers,
     )
     .await;
 }
@@ -454,8 +499,8 @@ async fn f5_f6_redis_sentinel() {
 async fn f5_f6_migration() {
     let legacy_first = (RedisServer::start(), EtcdServer::start());
     let target_first = (RedisServer::start(), EtcdServer::start());
+    let prefix = unique("migrate");
     let url = |phase, (redis, etcd): &(RedisServer, EtcdServer)| {
-        let prefix = unique("migrate");
         fencelock::migration_url(
             phase,
             &format!("{}?layout=raw&prefix={prefix}:", redis.url()),
@@ -467,13 +512,21 @@ async fn f5_f6_migration() {
             "migration legacy-first",
             url(MigrationPhase::LegacyFirst, &legacy_first),
             Stall::Stop(vec![&legacy_first.0, &legacy_first.1]),
-            AFTER_RESUME
+            AFTER_RESUME,
+            Servers::Both(
+                Box::new(Servers::redis(&legacy_first.0, &prefix)),
+                Box::new(Servers::Etcd(&legacy_first.1, &prefix)),
+            ),
         ),
         both(
             "migration target-first",
             url(MigrationPhase::TargetFirst, &target_first),
             Stall::Stop(vec![&target_first.0, &target_first.1]),
-            AFTER_RESUME
+            AFTER_RESUME,
+            Servers::Both(
+                Box::new(Servers::redis(&target_first.0, &prefix)),
+                Box::new(Servers::Etcd(&target_first.1, &prefix)),
+            ),
         ),
     );
 }
