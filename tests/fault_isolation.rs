@@ -38,8 +38,12 @@ use std::time::Duration;
 
 use fencelock::{AcquireOptions, DistributedLock, Error};
 use fencelock_testkit::checker::{Checker, LOSS_BOUND};
+use fencelock_testkit::leftovers;
 use fencelock_testkit::{EtcdCluster, NetLab, ZkEnsemble};
 use tokio::time::Instant;
+
+mod common;
+use common::Servers;
 
 /// The lease (etcd) and session timeout (ZooKeeper) of every client.
 const LEASE: Duration = Duration::from_secs(2);
@@ -54,18 +58,12 @@ const ETCD_ELECTION: Duration = Duration::from_millis(500);
 const ZK_TICK: Duration = Duration::from_millis(500);
 
 fn unique(name: &str) -> String {
-    format!("iso-{name}-{:x}-{:x}", std::process::id(), nanos())
-}
-
-fn nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    common::unique(&format!("iso-{name}"))
 }
 
 /// A small random pause (0..20 ms) inside the critical section.
 fn jitter() -> Duration {
-    Duration::from_millis(nanos() % 20)
+    Duration::from_millis(common::nanos() % 20)
 }
 
 /// A counter that checks fencing tokens on reads and writes, as the fence store of the
@@ -515,6 +513,7 @@ async fn f19_etcd_leader_isolated_from_its_followers() {
 
     let phase1 = isolated_holder(&*holder, &*other, net, leader, "stock").await;
     eprintln!("F19 etcd phase 1: {phase1:?}");
+    let first_prefix = prefix.clone();
     // The lease outlives the old leader: the new leader, elected within 2 election
     // timeouts of the cut, renews every lease on promotion to its TTL plus an election
     // timeout, and its lessor revokes expired leases in rounds of 500 ms. So the
@@ -558,6 +557,19 @@ async fn f19_etcd_leader_isolated_from_its_followers() {
         phase2.errors,
         started.elapsed()
     );
+    // Nothing of either phase is left (C5), and with the clients gone, no lease: the
+    // cluster is this test's own.
+    drop(clients);
+    let leader = cluster.wait_for_leader(Duration::from_secs(10));
+    let member = cluster.member(leader);
+    let bound = LEASE + Duration::from_secs(2);
+    Servers::Etcd(member, &first_prefix).assert_nothing_left_within("F19 phase 1", bound);
+    Servers::Etcd(member, &prefix).assert_nothing_left_within("F19 phase 2", bound);
+    tokio::task::block_in_place(|| {
+        leftovers::assert_none_within("F19 leases", bound, || {
+            leftovers::etcd_leases(&member.endpoint())
+        })
+    });
 }
 
 /// F20: the ZooKeeper follower the holder's client is connected to is cut from the
@@ -582,6 +594,7 @@ async fn f20_zookeeper_follower_cut_from_the_quorum() {
 
     let phase1 = isolated_holder(&*holder, &*other, net, follower, "stock").await;
     eprintln!("F20 ZooKeeper phase 1: {phase1:?}");
+    let first_chroot = chroot.clone();
     // The leader expires the holder's session once it has not heard of it for the
     // session timeout (sessions expire in tickTime buckets, and the follower forwards
     // its clients' pings once a tick): session + 2 ticks + 1 s of slack.
@@ -644,4 +657,10 @@ async fn f20_zookeeper_follower_cut_from_the_quorum() {
         phase2.errors,
         started.elapsed()
     );
+    // Nothing of either phase is left (C5): the leader lists every ephemeral node.
+    drop(clients);
+    let leader = ensemble.member(ensemble.wait_for_leader(Duration::from_secs(20)));
+    let bound = LEASE + ZK_TICK * 2 + Duration::from_secs(1);
+    Servers::Zk(leader, &first_chroot).assert_nothing_left_within("F20 phase 1", bound);
+    Servers::Zk(leader, &chroot).assert_nothing_left_within("F20 phase 2", bound);
 }
