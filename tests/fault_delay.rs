@@ -14,20 +14,24 @@ use fencelock_testkit::checker::Checker;
 use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer};
 use tokio::time::Instant;
 
+mod common;
+use common::Servers;
+
 const LEASE: Duration = Duration::from_secs(2);
 const DELAY: Duration = Duration::from_millis(150);
 
 fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("delay-{name}-{:x}-{nanos:x}", std::process::id())
+    common::unique(&format!("delay-{name}"))
 }
+
+/// How soon nothing of a scenario may be left on the servers (C5).
+const LEFT_BOUND: Duration = Duration::from_secs(3);
 
 async fn anchored_at_send(
     holder: &dyn DistributedLock,
     other: &dyn DistributedLock,
     proxies: &[&FaultProxy],
+    servers: &Servers<'_>,
 ) {
     let checker = Checker::new();
     for proxy in proxies {
@@ -82,6 +86,7 @@ async fn anchored_at_send(
     for proxy in proxies {
         proxy.set(Fault::Pass);
     }
+    servers.assert_nothing_left_within("slow replies", LEFT_BOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +100,13 @@ async fn etcd_deadlines_are_anchored_at_send() {
     let other = fencelock::connect(&format!("etcd://{}/{prefix}", server.endpoint()))
         .await
         .unwrap();
-    anchored_at_send(&*holder, &*other, &[&proxy]).await;
+    anchored_at_send(
+        &*holder,
+        &*other,
+        &[&proxy],
+        &Servers::Etcd(server, &prefix),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,7 +119,7 @@ async fn zookeeper_deadlines_are_anchored_at_send() {
     let other = fencelock::connect(&url(&server.connect_string()))
         .await
         .unwrap();
-    anchored_at_send(&*holder, &*other, &[&proxy]).await;
+    anchored_at_send(&*holder, &*other, &[&proxy], &Servers::Zk(server, &chroot)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,7 +133,13 @@ async fn redis_deadlines_are_anchored_at_send() {
     let other = fencelock::connect(&format!("{}?prefix={prefix}:", server.url()))
         .await
         .unwrap();
-    anchored_at_send(&*holder, &*other, &[&proxy]).await;
+    anchored_at_send(
+        &*holder,
+        &*other,
+        &[&proxy],
+        &Servers::redis(server, &prefix),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,7 +149,9 @@ async fn redlock_deadlines_are_anchored_at_send() {
         .iter()
         .map(|s| FaultProxy::start(&s.addr()))
         .collect();
-    let via = |addrs: Vec<String>| format!("redlock://{}?timeout=3s", addrs.join(","));
+    let prefix = unique("redlock");
+    let via =
+        |addrs: Vec<String>| format!("redlock://{}?timeout=3s&prefix={prefix}:", addrs.join(","));
     let holder = fencelock::connect(&via(proxies.iter().map(FaultProxy::addr).collect()))
         .await
         .unwrap();
@@ -140,7 +159,8 @@ async fn redlock_deadlines_are_anchored_at_send() {
         .await
         .unwrap();
     let proxies: Vec<&FaultProxy> = proxies.iter().collect();
-    anchored_at_send(&*holder, &*other, &proxies).await;
+    let servers = Servers::Redis(servers.iter().map(RedisServer::port).collect(), &prefix);
+    anchored_at_send(&*holder, &*other, &proxies, &servers).await;
 }
 
 /// A wait timeout bounds the whole acquire, also against a server that stopped
@@ -188,5 +208,11 @@ async fn a_wait_timeout_bounds_an_acquire_against_a_hung_server() {
             .await
             .unwrap_or_else(|e| panic!("{backend}: the name stays blocked: {e:?}"));
         guard.release().await.unwrap();
+        let servers = match backend {
+            "etcd" => Servers::Etcd(etcd, &prefix),
+            "zk" => Servers::Zk(zk, &prefix),
+            _ => Servers::redis(redis, &prefix),
+        };
+        servers.assert_nothing_left_within(backend, LEFT_BOUND);
     }
 }

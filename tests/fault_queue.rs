@@ -113,7 +113,7 @@ async fn assert_clean(
     loop {
         let info = lock.inspect(name).await.expect("inspect");
         if !info.is_held() && matches!(info.waiters, None | Some(0)) {
-            return;
+            break;
         }
         assert!(Instant::now() < deadline, "left behind on {name}: {info:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -145,6 +145,7 @@ const ZK_WAITER_LOST: Duration = Duration::from_millis(2000 * 7 / 5 + 250);
 /// F10: `holder` holds `name`; `waiter` (connected through `proxies`) queues and is
 /// partitioned for [`PARTITION`]; after the heal `next` queues and the holder
 /// releases.
+#[allow(clippy::too_many_arguments)] // the scenario's parts, each named at the call
 async fn partitioned_waiter(
     holder: &dyn DistributedLock,
     waiter: &dyn DistributedLock,
@@ -363,6 +364,7 @@ impl Drop for WaiterProcess {
 /// waits behind it (N); V is killed, and `release_after_kill` later the holder
 /// releases. N must be granted no later than `bound` after the release (when the
 /// release came after V's lease ran out) or after the kill (when it came before).
+#[allow(clippy::too_many_arguments)] // the scenario's parts, each named at the call
 async fn dead_middle_waiter(
     holder: &dyn DistributedLock,
     next: &dyn DistributedLock,
