@@ -70,15 +70,17 @@ impl Config {
     /// Reads a URL: `SCHEME://...`, with the facade's options (`require=`) taken out of
     /// its query.
     ///
-    /// Checks the syntax the facade needs, and for `migrate://` the whole migration
-    /// (phase, epochs, both leg URLs). Whether the scheme is known and compiled in, and
-    /// the backend's own settings, are checked by [`connect_config`](crate::connect_config).
+    /// Checks the whole URL without connecting: the facade's options, the backend's own
+    /// URL with the backend's parser (hosts, ports, options, values), and for
+    /// `migrate://` the whole migration (phase, epochs, both leg URLs). Whether the
+    /// scheme is known and compiled in is checked by
+    /// [`connect_config`](crate::connect_config).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] (password redacted) for a URL without a scheme or with a
-    /// malformed option; [`Error::InvalidConfig`] for an unknown requirement or a bad
-    /// migration setting.
+    /// [`Error::InvalidUrl`] (password redacted) for a malformed URL: no scheme, a bad
+    /// host or port, an unknown or malformed option; [`Error::InvalidConfig`] for an
+    /// unknown requirement, a value out of range or a bad migration setting.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let url = url.trim();
         let invalid = |reason: &str| Error::InvalidUrl {
@@ -128,6 +130,8 @@ impl Config {
         };
         if scheme.eq_ignore_ascii_case(migrate::SCHEME) {
             migrate::MigrationSpec::parse(&config.url)?;
+        } else {
+            crate::connect::check_backend_url(&config.url)?;
         }
         Ok(config)
     }

@@ -223,6 +223,11 @@ pub async fn connect_from_env() -> Result<Arc<dyn DistributedLock>, Error> {
 }
 
 fn memory(url: &str) -> Result<MemoryLock, Error> {
+    Ok(MemoryLock::named(&mem_namespace(url)?))
+}
+
+/// The namespace of a `mem://` URL.
+fn mem_namespace(url: &str) -> Result<String, Error> {
     let parsed = Url::parse(url).map_err(|e| invalid(url, &e.to_string()))?;
     if !parsed.username().is_empty() || parsed.password().is_some() || parsed.port().is_some() {
         return Err(invalid(url, "mem:// takes no user, password or port"));
@@ -234,7 +239,29 @@ fn memory(url: &str) -> Result<MemoryLock, Error> {
             "mem:// takes only an optional namespace: mem://NAMESPACE",
         ));
     }
-    Ok(MemoryLock::named(parsed.host_str().unwrap_or("")))
+    Ok(parsed.host_str().unwrap_or("").to_owned())
+}
+
+/// Parses `url` with its backend's own parser, without connecting: every malformed URL
+/// is an [`Error::InvalidUrl`] (or, for a value out of range, an
+/// [`Error::InvalidConfig`]) before any I/O. Schemes that are unknown or not compiled
+/// in pass here; [`connect_config`] reports them.
+pub(crate) fn check_backend_url(url: &str) -> Result<(), Error> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Ok(());
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "mem" => mem_namespace(url).map(drop),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => fencelock_etcd::EtcdConfig::from_url(url).map(drop),
+        #[cfg(feature = "zookeeper")]
+        "zk" | "zookeeper" => fencelock_zk::ZkConfig::from_url(url).map(drop),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" => {
+            fencelock_redis::RedisConfig::from_url(url).map(drop)
+        }
+        _ => Ok(()),
+    }
 }
 
 fn invalid(url: &str, reason: &str) -> Error {

@@ -141,13 +141,18 @@ fn enc(text: &str) -> String {
     utf8_percent_encode(text, COMPONENT).to_string()
 }
 
-/// A duration given as `"30s"` / `"500ms"` or a whole number of seconds.
+/// A duration given as a string with its unit (`"30s"`, `"500ms"`), the syntax of
+/// URLs and the command line ([`fencelock_core::parse_duration`]); `0` may be a number.
+/// Any other bare number is refused rather than guessed at.
 fn duration_text(key: &str, value: &toml::Value) -> Result<String, Error> {
     match value {
         toml::Value::String(s) => Ok(s.clone()),
-        toml::Value::Integer(n) if *n >= 0 => Ok(format!("{n}s")),
+        toml::Value::Integer(0) => Ok("0".into()),
+        toml::Value::Integer(n) => Err(invalid(format!(
+            "`{key}` = {n} has no unit: write \"{n}s\" or \"{n}ms\", for example"
+        ))),
         _ => Err(invalid(format!(
-            "`{key}` must be a duration such as \"30s\" or a number of seconds"
+            "`{key}` must be a duration such as \"30s\""
         ))),
     }
 }

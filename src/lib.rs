@@ -38,7 +38,7 @@ pub use fencelock_core::{
     AcquireOptions, BoxError, Capabilities, DEFAULT_LEASE, DistributedLock, DistributedLockExt,
     Error, FOREVER, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Lease,
     Liveness, LockGuard, LockInfo, LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock,
-    SHORTEST_LEASE, StaleToken, Wait, validate_name,
+    SHORTEST_LEASE, StaleToken, Wait, parse_duration, validate_name,
 };
 #[cfg(feature = "metrics")]
 pub use fencelock_core::{Metrics, MetricsOptions};

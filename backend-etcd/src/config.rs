@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use fencelock_core::Error;
+use fencelock_core::{Error, urlparts};
 
 /// etcd's smallest lease TTL with its default timing (heartbeat 100 ms, election 1 s): it
 /// turns anything shorter into 2 s by itself. fencelock refuses shorter leases instead.
@@ -121,29 +121,19 @@ impl EtcdConfig {
             ..EtcdConfig::default()
         };
         if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((user, password)) => (user, Some(password)),
-                None => (userinfo, None),
-            };
-            config.user = Some(
-                decode(user)
-                    .map_err(|_| bad("the user name is not valid percent-encoded UTF-8"))?,
-            );
-            config.password = password
-                .map(decode)
-                .transpose()
-                .map_err(|_| bad("the password is not valid percent-encoded UTF-8"))?;
+            let (user, password) = urlparts::parse_userinfo(userinfo).map_err(|r| bad(&r))?;
+            config.user = Some(user.unwrap_or_default());
+            config.password = password;
         }
-        config.endpoints = hosts
-            .split(',')
-            .map(|host| parse_endpoint(host).map_err(|reason| bad(&reason)))
-            .collect::<Result<_, _>>()?;
+        config.endpoints = urlparts::parse_hosts(hosts, 2379)
+            .map_err(|r| bad(&r))?
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         config.prefix = decode(path.trim_end_matches('/'))
             .map_err(|_| bad("the prefix is not valid percent-encoded UTF-8"))?;
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value)
-                .map_err(|_| bad("a query value is not valid percent-encoded UTF-8"))?;
+        for (key, value) in urlparts::parse_query(query.unwrap_or("")).map_err(|r| bad(&r))? {
+            let key = key.as_str();
             match key {
                 "lease" => config.lease = parse_duration(key, &value)?,
                 "connect_timeout" => config.connect_timeout = parse_duration(key, &value)?,
@@ -221,27 +211,6 @@ pub fn lease_seconds(lease: Duration) -> Result<i64, Error> {
         .map_err(|_| Error::InvalidConfig(format!("etcd: a lease of {lease:?} is too long")))
 }
 
-fn parse_endpoint(host: &str) -> Result<String, String> {
-    if host.is_empty() {
-        return Err("an endpoint is empty".into());
-    }
-    let (name, port) = match host.rsplit_once(':') {
-        Some((name, port)) if !name.ends_with(']') || host.starts_with('[') => (name, Some(port)),
-        _ => (host, None),
-    };
-    if name.is_empty() || name.contains(['/', '@', ' ']) {
-        return Err(format!("`{host}` is not host:port"));
-    }
-    match port {
-        Some(port) => {
-            port.parse::<u16>()
-                .map_err(|_| format!("`{host}` has an invalid port"))?;
-            Ok(host.to_owned())
-        }
-        None => Ok(format!("{host}:2379")),
-    }
-}
-
 /// Parses a duration setting (see [`fencelock_core::parse_duration`]).
 fn parse_duration(key: &str, value: &str) -> Result<Duration, Error> {
     fencelock_core::parse_duration(value)
@@ -251,7 +220,7 @@ fn parse_duration(key: &str, value: &str) -> Result<Duration, Error> {
 fn decode(s: &str) -> Result<String, std::str::Utf8Error> {
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
-        .map(|s| s.into_owned())
+        .map(std::borrow::Cow::into_owned)
 }
 
 #[cfg(test)]

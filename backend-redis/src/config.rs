@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use fencelock_core::Error;
-use fencelock_core::parse_duration;
+use fencelock_core::{parse_duration, urlparts};
 
 use crate::keys::KeyLayout;
 
@@ -101,12 +101,13 @@ impl RedisTls {
 /// Query options (all optional): `prefix=STR` (key prefix, default `fencelock:`),
 /// `layout=tagged|raw` (`raw`: the key is exactly prefix + name, default prefix empty),
 /// `wait_replicas=N` and `wait_timeout=DUR` (replica check after acquiring),
-/// `timeout=DUR` (connect and response timeout, default 2 s),
+/// `timeout=DUR` (response timeout, default 2 s), `connect_timeout=DUR` (default 5 s),
 /// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h),
 /// `db=N`, `sentinel_username=USER` and `sentinel_password=PASS` (the Sentinels' own
 /// credentials, when they require a password) (Sentinel only), and for `rediss://` only
 /// `ca=PATH`, `cert=PATH`, `key=PATH`
-/// (see [`RedisTls`]). Durations are `250ms`, `2s`, `5m` or plain milliseconds.
+/// (see [`RedisTls`]). Durations are `250ms`, `2s`, `5m` (see
+/// [`fencelock_core::parse_duration`]).
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
@@ -122,8 +123,11 @@ pub struct RedisConfig {
     pub wait_replicas: u32,
     /// How long to wait for those acknowledgements.
     pub wait_timeout: Duration,
-    /// Connect and response timeout of every command.
+    /// Response timeout of every command.
     pub timeout: Duration,
+    /// How long opening a connection may take (`connect_timeout=`, default 5 s, as on
+    /// every backend).
+    pub connect_timeout: Duration,
     /// Lifetime of a name's token counter after its last grant.
     pub token_ttl: Duration,
     /// TLS settings; only for a single server with `tls: true` (`rediss://`), empty
@@ -148,6 +152,7 @@ impl RedisConfig {
             wait_replicas: 0,
             wait_timeout: Duration::from_secs(1),
             timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
             token_ttl: Duration::from_secs(24 * 3600),
             tls: RedisTls::default(),
             sentinel_username: None,
@@ -226,19 +231,23 @@ impl RedisConfig {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
         };
-        let endpoints = hosts
-            .split(',')
-            .map(|h| parse_endpoint(h).map_err(&bad))
-            .collect::<Result<Vec<_>, _>>()?;
+        let endpoints: Vec<Endpoint> = urlparts::parse_hosts(hosts, 6379)
+            .map_err(&bad)?
+            .into_iter()
+            .map(|hp| Endpoint {
+                host: hp.bare_host().to_owned(),
+                port: hp.port,
+            })
+            .collect();
         let mut query_db = None;
         let mut config = RedisConfig::new(Topology::Cluster { seeds: Vec::new() });
         let mut prefix = None;
         let mut raw = false;
-        for (key, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-            match key.as_ref() {
-                "prefix" => prefix = Some(value.into_owned()),
+        for (key, value) in urlparts::parse_query(query.unwrap_or("")).map_err(&bad)? {
+            match key.as_str() {
+                "prefix" => prefix = Some(value),
                 "layout" => {
-                    raw = match value.as_ref() {
+                    raw = match value.as_str() {
                         "raw" => true,
                         "tagged" => false,
                         _ => return Err(bad("layout must be `tagged` or `raw`".into())),
@@ -251,12 +260,15 @@ impl RedisConfig {
                 }
                 "wait_timeout" => config.wait_timeout = parse_duration(&value).map_err(&bad)?,
                 "timeout" => config.timeout = parse_duration(&value).map_err(&bad)?,
+                "connect_timeout" => {
+                    config.connect_timeout = parse_duration(&value).map_err(&bad)?
+                }
                 "token_ttl" => config.token_ttl = parse_duration(&value).map_err(&bad)?,
-                "sentinel_username" => config.sentinel_username = Some(value.into_owned()),
-                "sentinel_password" => config.sentinel_password = Some(value.into_owned()),
-                "ca" => config.tls.ca = Some(value.into_owned()),
-                "cert" => config.tls.cert = Some(value.into_owned()),
-                "key" => config.tls.key = Some(value.into_owned()),
+                "sentinel_username" => config.sentinel_username = Some(value),
+                "sentinel_password" => config.sentinel_password = Some(value),
+                "ca" => config.tls.ca = Some(value),
+                "cert" => config.tls.cert = Some(value),
+                "key" => config.tls.key = Some(value),
                 "domain" => {
                     return Err(bad(
                         "`domain` is not supported for Redis: connect by a name or address \
@@ -274,9 +286,12 @@ impl RedisConfig {
                 other => return Err(bad(format!("unknown option `{other}`"))),
             }
         }
-        if config.timeout.is_zero() || config.token_ttl < Duration::from_secs(1) {
+        if config.timeout.is_zero()
+            || config.connect_timeout.is_zero()
+            || config.token_ttl < Duration::from_secs(1)
+        {
             return Err(bad(
-                "timeout must be positive and token_ttl at least 1s".into()
+                "timeout and connect_timeout must be positive and token_ttl at least 1s".into(),
             ));
         }
         config.layout = if raw {
@@ -286,18 +301,8 @@ impl RedisConfig {
                 .map_err(|e| bad(e.into()))?
         };
         if let Some(userinfo) = userinfo {
-            let (user, pass) = match userinfo.split_once(':') {
-                Some((u, p)) => (u, Some(p)),
-                None => ("", None),
-            };
-            let decode = |s: &str| {
-                url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                    .next()
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default()
-            };
-            config.username = (!user.is_empty()).then(|| decode(&user.replace('+', "%2B")));
-            config.password = pass.map(|p| decode(&p.replace('+', "%2B")));
+            (config.username, config.password) =
+                urlparts::parse_userinfo(userinfo).map_err(&bad)?;
         }
         let single_host = |what: &str| {
             if endpoints.len() == 1 {
@@ -371,6 +376,7 @@ impl fmt::Debug for RedisConfig {
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
             .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("token_ttl", &self.token_ttl)
             .field("tls", &self.tls)
             .field("sentinel_username", &self.sentinel_username)
@@ -380,24 +386,6 @@ impl fmt::Debug for RedisConfig {
             )
             .finish()
     }
-}
-
-fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
-    let (host, port) = match text.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (h, p),
-        _ => (text, "6379"),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Err("a host is empty".into());
-    }
-    let port = port
-        .parse()
-        .map_err(|_| format!("`{port}` is not a port number"))?;
-    Ok(Endpoint {
-        host: host.to_owned(),
-        port,
-    })
 }
 
 #[cfg(test)]
@@ -626,6 +614,12 @@ mod tests {
         let c = RedisConfig::from_url("redis://:only@h:1").unwrap();
         assert_eq!(c.password.as_deref(), Some("only"));
         assert_eq!(c.username, None);
+        // Sub-delimiters are allowed raw in user info: `&` does not end the password,
+        // `+` is not a space (both were mangled by a form decoder).
+        let c = RedisConfig::from_url("redis://u+1:p&a+s=1!@h:1?prefix=a+b").unwrap();
+        assert_eq!(c.username.as_deref(), Some("u+1"));
+        assert_eq!(c.password.as_deref(), Some("p&a+s=1!"));
+        assert_eq!(c.layout, KeyLayout::tagged("a+b").unwrap());
     }
 
     #[test]

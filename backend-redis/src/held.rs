@@ -55,6 +55,11 @@ impl HeldLock for RedisHeld {
             );
         }
     }
+
+    /// The lock key (on every instance, for Redlock).
+    fn backend_key(&self) -> Option<&str> {
+        Some(&self.keys.lock)
+    }
 }
 
 impl Drop for RedisHeld {

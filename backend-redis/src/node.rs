@@ -62,18 +62,34 @@ fn redis_info(config: &RedisConfig, db: i64) -> RedisConnectionInfo {
     info
 }
 
-/// Opens the nodes of `config`: one, or one per Redlock instance.
+/// Opens the nodes of `config`: one, or one per Redlock instance, within
+/// `connect_timeout` (connections, handshakes and the first `PING`: a server that
+/// accepts the connection and never answers fails here, retryably).
 ///
 /// A failed AUTH (or any other failure of the first connection) is returned here, and
 /// nothing else is sent on a connection whose AUTH failed.
 pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
+    tokio::time::timeout(config.connect_timeout, open_nodes(config))
+        .await
+        .map_err(|_| {
+            Error::unavailable(
+                BACKEND,
+                format!(
+                    "no answer within connect_timeout ({:?})",
+                    config.connect_timeout
+                ),
+            )
+        })?
+}
+
+async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
     config.check_tls()?;
     let tls = match config.topology {
         Topology::Single { tls: true, .. } => Some(Tls::load(&config.tls)?),
         _ => None,
     };
     let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.timeout))
+        .set_connection_timeout(Some(config.connect_timeout))
         .set_response_timeout(Some(config.timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
@@ -100,7 +116,7 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
                 // A first connection without SELECT checks the credentials alone.
                 let probe = client_with(endpoint, tls.as_ref(), redis_info(config, 0))?;
                 let probe_config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(config.timeout))
+                    .set_connection_timeout(Some(config.connect_timeout))
                     .set_response_timeout(Some(config.timeout));
                 drop(
                     probe
@@ -151,7 +167,7 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
                     .map(|e| ConnectionAddr::Tcp(e.host.clone(), e.port))
                     .collect::<Vec<_>>(),
             )
-            .connection_timeout(config.timeout)
+            .connection_timeout(config.connect_timeout)
             .response_timeout(config.timeout)
             .retries(2);
             if let Some(user) = &config.username {
@@ -221,6 +237,7 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
                 sentinel,
                 watched,
                 service.clone(),
+                config.connect_timeout,
                 config.timeout,
             ));
             let node = Node::Sentinel(node);

@@ -34,6 +34,7 @@ const RETRY: Duration = Duration::from_millis(500);
 pub(crate) struct SentinelNode {
     sentinel: tokio::sync::Mutex<SentinelClient>,
     current: Arc<Current>,
+    connect_timeout: Duration,
     timeout: Duration,
     watcher: tokio::task::JoinHandle<()>,
 }
@@ -80,6 +81,7 @@ impl SentinelNode {
         sentinel: SentinelClient,
         sentinels: Vec<Client>,
         service: String,
+        connect_timeout: Duration,
         timeout: Duration,
     ) -> Self {
         let current = Arc::new(Current::default());
@@ -87,6 +89,7 @@ impl SentinelNode {
         SentinelNode {
             sentinel: tokio::sync::Mutex::new(sentinel),
             current,
+            connect_timeout,
             timeout,
             watcher,
         }
@@ -111,7 +114,7 @@ impl SentinelNode {
                 other => (other.to_string(), 0),
             };
             let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(self.timeout))
+                .set_connection_timeout(Some(self.connect_timeout))
                 .set_response_timeout(Some(self.timeout));
             let conn = client
                 .get_multiplexed_async_connection_with_config(&config)

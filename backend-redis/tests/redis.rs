@@ -266,6 +266,24 @@ async fn only_awaited_releases_publish() {
     }
 }
 
+/// `backend_key()` names the Redis key of the grant (as the docs say; it was `None`),
+/// so fenced writes and `fencelock run`'s `FENCELOCK_KEY` can use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_names_its_key() {
+    let server = RedisServer::shared();
+    let tagged = locks(&format!("{}?prefix=bk:", server.url())).await;
+    let guard = tagged.lock("named").await.unwrap();
+    assert_eq!(guard.backend_key(), Some("bk:{named}"));
+    let mut conn = raw(server).await;
+    let exists: bool = conn.exists("bk:{named}").await.unwrap();
+    assert!(exists);
+    guard.release().await.unwrap();
+    let raw_layout = locks(&format!("{}?layout=raw&prefix=bk:raw:", server.url())).await;
+    let guard = raw_layout.lock("named").await.unwrap();
+    assert_eq!(guard.backend_key(), Some("bk:raw:named"));
+    guard.release().await.unwrap();
+}
+
 /// A server that forgot the scripts (`SCRIPT FLUSH`, as after a restart or on a replica
 /// promoted by a failover) costs no lock call: renewal, release and acquire each answer
 /// `NOSCRIPT` once and are sent again as `EVAL`, to the same server. No `SCRIPT LOAD` is

@@ -3,14 +3,18 @@
 use std::fmt;
 use std::time::Duration;
 
-use fencelock_core::Error;
 use fencelock_core::parse_duration;
+use fencelock_core::{Error, urlparts};
 
 /// The ZooKeeper client port used when a host names none.
 pub const DEFAULT_PORT: u16 = 2181;
 
 /// The session timeout when none is given: 30 s, the default lease of fencelock.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long connecting a new session may take when none is given: 5 s, as on every
+/// backend.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The shortest lease accepted when none is configured: 4 s, ZooKeeper's default
 /// `minSessionTimeout` (2 × the default `tickTime` of 2 s).
@@ -57,9 +61,10 @@ impl fmt::Debug for DigestAuth {
 ///
 /// | query key | meaning | default |
 /// |---|---|---|
-/// | `session_timeout` | session timeout = lease of `Lease::Renewing` locks with the default duration; `30s`, `1500ms`, `2m`, or bare milliseconds | `30s` |
+/// | `session_timeout` | session timeout = lease of `Lease::Renewing` locks with the default duration; `30s`, `1500ms`, `2m` | `30s` |
 /// | `min_lease` | the shortest lease accepted; set it to the server's `minSessionTimeout` | `4s` |
 /// | `acl` | `open` or `creator` (see [`AclPolicy`]) | `open` |
+/// | `connect_timeout` | how long opening a session may take (a server that accepts the connection but never answers fails after this long) | `5s` |
 ///
 /// `zookeeper://` is accepted as a synonym of `zk://`. The user info, when present, is
 /// digest credentials.
@@ -84,6 +89,7 @@ pub struct ZkConfig {
     chroot: String,
     session_timeout: Duration,
     min_lease: Duration,
+    connect_timeout: Duration,
     auth: Option<DigestAuth>,
     acl: AclPolicy,
 }
@@ -97,6 +103,7 @@ impl ZkConfig {
             chroot: String::new(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             min_lease: DEFAULT_MIN_LEASE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             auth: None,
             acl: AclPolicy::Open,
         }
@@ -134,24 +141,23 @@ impl ZkConfig {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, authority),
         };
-        let mut config = ZkConfig::new(normalize_hosts(hosts).map_err(bad)?);
+        let mut config = ZkConfig::new(normalize_hosts(hosts).map_err(&bad)?);
         if let Some(userinfo) = userinfo {
             let (user, password) = userinfo
                 .split_once(':')
                 .ok_or_else(|| bad("the user info must be user:password".into()))?;
-            let user = percent_decode(user).map_err(bad)?;
-            let password = percent_decode(password).map_err(bad)?;
+            let user = urlparts::percent_decode(user, "the user name").map_err(&bad)?;
+            let password = urlparts::percent_decode(password, "the password").map_err(&bad)?;
             if user.is_empty() {
                 return Err(bad("the digest user name is empty".into()));
             }
             config = config.with_digest(user, password);
         }
-        config.chroot = normalize_chroot(&percent_decode(path).map_err(bad)?).map_err(bad)?;
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair
-                .split_once('=')
-                .ok_or_else(|| bad(format!("the query pair {pair:?} has no value")))?;
-            match key {
+        let chroot = urlparts::percent_decode(path, "the chroot").map_err(&bad)?;
+        config.chroot = normalize_chroot(&chroot).map_err(&bad)?;
+        for (key, value) in urlparts::parse_query(query.unwrap_or("")).map_err(&bad)? {
+            let value = value.as_str();
+            match key.as_str() {
                 "session_timeout" => {
                     config.session_timeout =
                         parse_duration(value).map_err(|r| bad(format!("session_timeout: {r}")))?
@@ -159,6 +165,10 @@ impl ZkConfig {
                 "min_lease" => {
                     config.min_lease =
                         parse_duration(value).map_err(|r| bad(format!("min_lease: {r}")))?
+                }
+                "connect_timeout" => {
+                    config.connect_timeout =
+                        parse_duration(value).map_err(|r| bad(format!("connect_timeout: {r}")))?
                 }
                 "acl" => {
                     config.acl = match value {
@@ -171,7 +181,8 @@ impl ZkConfig {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown query key {key:?} (known: session_timeout, min_lease, acl)"
+                        "unknown query key {key:?} (known: session_timeout, min_lease, acl, \
+                         connect_timeout)"
                     )));
                 }
             }
@@ -200,6 +211,12 @@ impl ZkConfig {
     /// Sets the shortest lease accepted.
     pub fn with_min_lease(mut self, min_lease: Duration) -> Self {
         self.min_lease = min_lease;
+        self
+    }
+
+    /// Sets how long opening a session may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -238,6 +255,11 @@ impl ZkConfig {
         self.min_lease
     }
 
+    /// How long opening a session may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     /// The digest credentials, if any.
     pub fn auth(&self) -> Option<&DigestAuth> {
         self.auth.as_ref()
@@ -257,6 +279,9 @@ impl ZkConfig {
         let invalid = |msg: &str| Err(Error::InvalidConfig(msg.to_owned()));
         if self.hosts.is_empty() {
             return invalid("no ZooKeeper host given");
+        }
+        if self.connect_timeout.is_zero() {
+            return invalid("connect_timeout must be positive");
         }
         if self.session_timeout.is_zero() || self.session_timeout.subsec_nanos() % 1_000_000 != 0 {
             return invalid("session_timeout must be a positive whole number of milliseconds");
@@ -284,6 +309,7 @@ impl fmt::Debug for ZkConfig {
             .field("chroot", &self.chroot)
             .field("session_timeout", &self.session_timeout)
             .field("min_lease", &self.min_lease)
+            .field("connect_timeout", &self.connect_timeout)
             .field("auth", &self.auth)
             .field("acl", &self.acl)
             .finish()
@@ -291,33 +317,12 @@ impl fmt::Debug for ZkConfig {
 }
 
 fn normalize_hosts(hosts: &str) -> Result<String, String> {
-    if hosts.is_empty() {
-        return Err("no host given".into());
-    }
-    let mut out = Vec::new();
-    for host in hosts.split(',') {
-        if host.is_empty() {
-            return Err("empty host in the host list".into());
-        }
-        if host.contains(|c: char| c.is_whitespace() || c == '@') {
-            return Err(format!("bad host {host:?}"));
-        }
-        let has_port = match host.rfind(']') {
-            Some(close) => host[close..].contains(':'),
-            None => host.contains(':'),
-        };
-        if has_port {
-            let (_, port) = host.rsplit_once(':').unwrap_or((host, ""));
-            port.parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("bad port in {host:?}"))?;
-            out.push(host.to_owned());
-        } else {
-            out.push(format!("{host}:{DEFAULT_PORT}"));
-        }
-    }
-    Ok(out.join(","))
+    let hosts = urlparts::parse_hosts(hosts, DEFAULT_PORT)?;
+    Ok(hosts
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(","))
 }
 
 fn normalize_chroot(path: &str) -> Result<String, String> {
@@ -342,26 +347,6 @@ fn normalize_chroot(path: &str) -> Result<String, String> {
         return Err("the chroot must not be under /zookeeper (reserved)".into());
     }
     Ok(trimmed.to_owned())
-}
-
-fn percent_decode(s: &str) -> Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or("bad percent escape")?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "a percent escape is not UTF-8".into())
 }
 
 #[cfg(test)]
@@ -394,7 +379,7 @@ mod tests {
             ("zk://[::1]:2181,[::2]/r", "[::1]:2181,[::2]:2181", "/r", s(30), s(4), None, AclPolicy::Open),
             ("zk://h/r?session_timeout=10s&min_lease=1500ms", "h:2181", "/r", s(10), Duration::from_millis(1500), None, AclPolicy::Open),
             ("zk://h?session_timeout=2m", "h:2181", "", s(120), s(4), None, AclPolicy::Open),
-            ("zk://h?session_timeout=5000", "h:2181", "", s(5), s(4), None, AclPolicy::Open),
+            ("zk://h?session_timeout=5000ms", "h:2181", "", s(5), s(4), None, AclPolicy::Open),
             ("zk://u:p%40ss@h/l%20x?acl=creator", "h:2181", "/l x", s(30), s(4), Some(("u", "p@ss")), AclPolicy::CreatorOnly),
             ("ZK://u:@h?acl=open", "h:2181", "", s(30), s(4), Some(("u", "")), AclPolicy::Open),
         ];

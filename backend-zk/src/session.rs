@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::config::{AclPolicy, ZkConfig};
-use crate::error::{map, session_ended};
+use crate::error::{BACKEND, map, session_ended};
 
 /// One ZooKeeper session and the locks held in it.
 pub(crate) struct ZkSession {
@@ -71,7 +71,21 @@ impl ZkSession {
             connector = connector.with_auth("digest", credentials.as_bytes());
         }
         let connecting = Instant::now();
-        let client = connector.connect(config.hosts()).await.map_err(map)?;
+        // A server that accepts the connection but never answers would hold the connect
+        // for 2/5 of the session timeout per host.
+        let client =
+            tokio::time::timeout(config.connect_timeout(), connector.connect(config.hosts()))
+                .await
+                .map_err(|_| {
+                    Error::unavailable(
+                        BACKEND,
+                        format!(
+                            "no ZooKeeper server answered within connect_timeout ({:?})",
+                            config.connect_timeout()
+                        ),
+                    )
+                })?
+                .map_err(map)?;
         let negotiated = client.session_timeout();
         if negotiated != timeout {
             return Err(Error::InvalidConfig(format!(

@@ -1,9 +1,13 @@
-//! The duration syntax of URLs and config files.
+//! The one duration syntax of URLs, config files and the command line.
 
 use std::time::Duration;
 
-/// Parses a duration as written in URLs and config files: a whole number with a unit,
-/// `ms`, `s`, `m` or `h` (`250ms`, `30s`, `2m`); a bare number means milliseconds.
+/// Parses a duration as written in URLs, config files and on the command line: numbers
+/// with units, as the `humantime` crate reads them (`250ms`, `30s`, `2m`, `1h 30m`,
+/// `1s 500ms`; `0` alone is zero).
+///
+/// A bare number is refused rather than guessed at (milliseconds? seconds?): write the
+/// unit.
 ///
 /// # Errors
 ///
@@ -16,24 +20,22 @@ use std::time::Duration;
 /// use fencelock_core::parse_duration;
 ///
 /// assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-/// assert_eq!(parse_duration("1500"), Ok(Duration::from_millis(1500)));
+/// assert_eq!(parse_duration("1s 500ms"), Ok(Duration::from_millis(1500)));
+/// assert!(parse_duration("1500").unwrap_err().contains("unit"));
 /// assert!(parse_duration("soon").is_err());
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("`{text}` is not a duration such as 250ms, 30s or 2m");
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let millis = match unit {
-        "" | "ms" => Some(n),
-        "s" => n.checked_mul(1_000),
-        "m" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        _ => None,
-    };
-    millis.map(Duration::from_millis).ok_or_else(bad)
+    let trimmed = text.trim();
+    if trimmed == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "`{text}` has no unit: write {trimmed}ms or {trimmed}s, for example"
+        ));
+    }
+    humantime::parse_duration(trimmed)
+        .map_err(|e| format!("`{text}` is not a duration such as 250ms, 30s or 2m ({e})"))
 }
 
 #[cfg(test)]
@@ -45,14 +47,15 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
         for bad in [
             "",
             "s",
             "-1s",
-            "1.5s",
-            "10 s",
-            "3d",
+            "1500",
+            "10 parsecs",
             "99999999999999999999h",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");

@@ -34,6 +34,7 @@ mod name;
 mod options;
 pub mod redact;
 mod token;
+pub mod urlparts;
 
 pub use capabilities::{Capabilities, FencingStrength, LossDetection};
 pub use duration::parse_duration;

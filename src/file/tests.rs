@@ -39,7 +39,7 @@ fn every_backend_becomes_its_url() {
             backend = "etcd"
             endpoints = ["h:2379"]
             prefix = "locks"
-            lease = 30
+            lease = "30s"
             [tls]
             ca = "/etc/ca.pem"
             domain = "etcd.internal"
@@ -250,6 +250,10 @@ fn mistakes_name_the_line_and_hide_secrets() {
         (
             "require = [\"fast\"]\nbackend = \"mem\"\n",
             "unknown requirement",
+        ),
+        (
+            "backend = \"etcd\"\nendpoints = [\"h:1\"]\nprefix = \"p\"\nlease = 30\n",
+            "has no unit",
         ),
         (
             "[migration]\nphase = \"sideways\"\n[migration.legacy]\nbackend = \"mem\"\n",
