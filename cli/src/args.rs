@@ -1,11 +1,12 @@
 //! The command line.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::duration;
+use crate::duration::{self, DurationArg};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -36,29 +37,47 @@ pub enum Command {
     /// Show who holds a lock, its token, remaining lease and waiters.
     #[command(after_help = INSPECT_HELP)]
     Inspect(InspectArgs),
+    /// Take a lock and hold it until a signal; print its name, key and token.
+    #[command(after_help = HOLD_HELP)]
+    Hold(HoldArgs),
     /// Measure lock latency and throughput on a deployment.
     #[command(after_help = BENCH_HELP)]
     Bench(BenchArgs),
 }
 
 const RUN_HELP: &str = "\
+The backend is required: --url, --config, FENCELOCK_URL or FENCELOCK_CONFIG
+(mem:// only when written out: it locks inside this one process).
+
 The command sees FENCELOCK_TOKEN (the fencing token: pass it to every write),
 FENCELOCK_NAME, FENCELOCK_BACKEND and, where the backend has one, FENCELOCK_KEY.
-If the lock is lost, the command gets SIGTERM, then SIGKILL after --kill-grace,
-and fencelock exits with 76. SIGINT, SIGTERM and SIGHUP are forwarded to the
-command; the lock is released when it exits.
+It runs in a process group of its own (it cannot read from the terminal). If the
+lock is lost, the group gets SIGTERM, then SIGKILL after --kill-grace, and
+fencelock exits with 76. SIGINT, SIGTERM and SIGHUP are forwarded to the group
+once; the lock is released when the command exits. If fencelock itself is
+killed, the command gets SIGKILL (Linux: PR_SET_PDEATHSIG).
 
 Examples:
-  fencelock run --url etcd://127.0.0.1:2379/locks --wait 10s nightly-report -- ./report.sh
-  FENCELOCK_URL=redis://127.0.0.1:6379 fencelock run --wait 0 billing -- sh -c 'echo $FENCELOCK_TOKEN'
+  fencelock run --url etcd://127.0.0.1:2379/locks -w 10s nightly-report -- ./report.sh
+  FENCELOCK_URL=redis://127.0.0.1:6379 fencelock run -n billing -c 'echo $FENCELOCK_TOKEN'
 
-Exit codes: the command's own; 64 usage, 69 backend unavailable, 75 not acquired
-within --wait, 76 lock lost, 126/127 command not executable / not found.";
+Exit codes: the command's own; 64 usage, 69 backend unavailable, 75 (or -E)
+not acquired within --wait, 76 lock lost, 126/127 command not executable / not found.";
+
+const HOLD_HELP: &str = "\
+Prints `NAME KEY TOKEN` (KEY is - where the backend has none; --json: an object)
+once acquired, then holds the lock until SIGINT, SIGTERM or SIGHUP, releases it
+and exits 0. Exits 76 if the lock is lost meanwhile. Like `etcdctl lock NAME`.
+
+Examples:
+  fencelock hold --url zk://127.0.0.1:2181/locks maintenance
+
+Exit codes: 0, 64 usage, 69 backend unavailable, 75 (or -E) not acquired, 76 lost.";
 
 const INSPECT_HELP: &str = "\
 Examples:
   fencelock inspect --url zk://127.0.0.1:2181/locks nightly-report
-  fencelock inspect --json orders/SKU-8842
+  FENCELOCK_CONFIG=/etc/fencelock.toml fencelock inspect --json orders/SKU-8842
 
 Exit codes: 0 (held or not), 64 usage, 69 backend unavailable.";
 
@@ -80,25 +99,112 @@ Exit codes: 0, 64 usage, 69 backend unavailable.";
 /// Where the locks live.
 #[derive(Debug, Args)]
 pub struct UrlArg {
-    /// Lock backend URL [default: $FENCELOCK_URL, then mem://]
-    #[arg(long, value_name = "URL")]
+    /// Lock backend URL [env: FENCELOCK_URL]
+    #[arg(long, value_name = "URL", conflicts_with = "config")]
     pub url: Option<String>,
+    /// TOML config file naming the backend [env: FENCELOCK_CONFIG]
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A capability the backend must have, e.g. linearizable or fencing=strong
+    /// (repeatable; added to the URL's or file's own)
+    #[arg(long, value_name = "REQUIREMENT")]
+    pub require: Vec<String>,
+}
+
+/// The backend to connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A URL.
+    Url(String),
+    /// A TOML config file.
+    File(PathBuf),
 }
 
 impl UrlArg {
-    /// The URL to use: `--url`, else `FENCELOCK_URL` when set and not empty, else
-    /// `mem://`.
-    pub fn resolve(&self) -> String {
-        resolve_url(self.url.clone(), std::env::var_os("FENCELOCK_URL"))
+    /// The backend: `--url` or `--config`, else `FENCELOCK_URL` or `FENCELOCK_CONFIG`
+    /// (set and not empty; not both). With none of them, `mem://` if `default_mem`.
+    ///
+    /// # Errors
+    ///
+    /// A message when no backend is given (and `default_mem` is false), or both
+    /// variables are set.
+    pub fn resolve(&self, default_mem: bool) -> Result<Backend, String> {
+        resolve_backend(
+            self.url.clone(),
+            self.config.clone(),
+            std::env::var_os("FENCELOCK_URL"),
+            std::env::var_os("FENCELOCK_CONFIG"),
+            default_mem,
+        )
     }
 }
 
-fn resolve_url(flag: Option<String>, env: Option<OsString>) -> String {
-    flag.or_else(|| {
-        env.map(|v| v.to_string_lossy().into_owned())
-            .filter(|v| !v.is_empty())
-    })
-    .unwrap_or_else(|| "mem://".to_owned())
+fn resolve_backend(
+    url: Option<String>,
+    config: Option<PathBuf>,
+    env_url: Option<OsString>,
+    env_config: Option<OsString>,
+    default_mem: bool,
+) -> Result<Backend, String> {
+    if let Some(url) = url {
+        return Ok(Backend::Url(url));
+    }
+    if let Some(path) = config {
+        return Ok(Backend::File(path));
+    }
+    let env_url = env_url.filter(|v| !v.is_empty());
+    let env_config = env_config.filter(|v| !v.is_empty());
+    match (env_url, env_config) {
+        (Some(_), Some(_)) => Err(
+            "FENCELOCK_URL and FENCELOCK_CONFIG are both set: keep one, or pass --url or --config"
+                .into(),
+        ),
+        (Some(url), None) => Ok(Backend::Url(url.to_string_lossy().into_owned())),
+        (None, Some(path)) => Ok(Backend::File(PathBuf::from(path))),
+        (None, None) if default_mem => Ok(Backend::Url("mem://".into())),
+        (None, None) => Err(
+            "no lock backend given: pass --url URL or --config FILE, or set \
+             FENCELOCK_URL or FENCELOCK_CONFIG (--url mem:// locks inside this one process only)"
+                .into(),
+        ),
+    }
+}
+
+/// How to wait for the lock and what to do when it is not acquired (`run`, `hold`).
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Give up if the lock is not acquired within this long (0: do not wait)
+    /// [default: wait forever]
+    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION")]
+    pub wait: Option<DurationArg>,
+    /// Do not wait: fail at once if the lock is held (same as --wait 0)
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    pub nonblock: bool,
+    /// Exit code when the lock is not acquired [default: 75]
+    #[arg(short = 'E', long, value_name = "CODE", value_parser = clap::value_parser!(u8).range(1..=255))]
+    pub conflict_exit_code: Option<u8>,
+    /// Renewing lease, renewed every third of it [default: the backend's configured
+    /// lease: etcd `lease=`, ZooKeeper `session_timeout=`, Redis 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub lease: Option<DurationArg>,
+    /// A fixed lease instead, never renewed: the lock is lost when it runs out
+    #[arg(long, value_name = "DURATION", conflicts_with = "lease")]
+    pub fixed_lease: Option<DurationArg>,
+}
+
+/// What fencelock prints about itself (`run`, `hold`).
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Print nothing but errors
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Also print when the lock is acquired and released
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Print events as JSON lines on stderr: acquired (name, backend, key, token),
+    /// released, lost (cause), not_acquired
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `fencelock run`.
@@ -106,24 +212,34 @@ fn resolve_url(flag: Option<String>, env: Option<OsString>) -> String {
 pub struct RunArgs {
     #[command(flatten)]
     pub url: UrlArg,
-    /// Give up if the lock is not acquired within this long (0: do not wait)
-    /// [default: wait forever]
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
-    pub wait: Option<Duration>,
-    /// Renewing lease: renewed every third of it while the command runs
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "30s")]
-    pub lease: Duration,
-    /// A fixed lease instead, never renewed: the command is stopped when it runs out
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "lease")]
-    pub fixed_lease: Option<Duration>,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Time between SIGTERM and SIGKILL when the lock is lost
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10s")]
-    pub kill_grace: Duration,
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub kill_grace: DurationArg,
+    /// Run this shell command (`sh -c CMD`) instead of COMMAND
+    #[arg(short = 'c', long, value_name = "CMD", conflicts_with = "command")]
+    pub shell: Option<OsString>,
     /// The lock name
     pub name: String,
     /// The command and its arguments
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    #[arg(last = true, required_unless_present = "shell", value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// `fencelock hold`.
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    /// The lock name
+    pub name: String,
 }
 
 /// `fencelock inspect`.
@@ -193,15 +309,40 @@ mod tests {
     }
 
     #[test]
-    fn url_precedence() {
+    fn backend_precedence() {
         let env = |v: &str| Some(OsString::from(v));
+        let url = |u: &str| Ok(Backend::Url(u.into()));
+        let file = |p: &str| Ok(Backend::File(p.into()));
         assert_eq!(
-            resolve_url(Some("etcd://a".into()), env("zk://b")),
-            "etcd://a"
+            resolve_backend(
+                Some("etcd://a".into()),
+                None,
+                env("zk://b"),
+                env("f"),
+                false
+            ),
+            url("etcd://a")
         );
-        assert_eq!(resolve_url(None, env("zk://b")), "zk://b");
-        assert_eq!(resolve_url(None, env("")), "mem://");
-        assert_eq!(resolve_url(None, None), "mem://");
+        assert_eq!(
+            resolve_backend(None, Some("c.toml".into()), env("zk://b"), None, false),
+            file("c.toml")
+        );
+        assert_eq!(
+            resolve_backend(None, None, env("zk://b"), None, false),
+            url("zk://b")
+        );
+        assert_eq!(
+            resolve_backend(None, None, env(""), env("f"), false),
+            file("f")
+        );
+        assert!(resolve_backend(None, None, env("zk://b"), env("f"), false).is_err());
+        // No silent in-process default for run, inspect and hold; bench keeps one.
+        let none = resolve_backend(None, None, env(""), None, false).unwrap_err();
+        assert!(
+            none.contains("--url") && none.contains("FENCELOCK_CONFIG"),
+            "{none}"
+        );
+        assert_eq!(resolve_backend(None, None, None, None, true), url("mem://"));
     }
 
     #[test]
@@ -212,8 +353,34 @@ mod tests {
         let Command::Run(run) = cli.command else {
             panic!("not run")
         };
-        assert_eq!(run.wait, Some(Duration::from_secs(2)));
+        assert_eq!(run.wait.wait.map(|w| w.value), Some(Duration::from_secs(2)));
         assert_eq!(run.command, ["ls", "-l"]);
         assert!(Cli::try_parse_from(["fencelock", "run", "job"]).is_err());
+        let cli = Cli::try_parse_from(["fencelock", "run", "-n", "-c", "echo hi", "job"]).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert!(run.wait.nonblock && run.command.is_empty());
+        assert_eq!(run.shell.as_deref(), Some("echo hi".as_ref()));
+        for conflicting in [
+            &["fencelock", "run", "-n", "-w", "1s", "job", "--", "true"][..],
+            &["fencelock", "run", "-c", "true", "job", "--", "true"],
+            &[
+                "fencelock",
+                "run",
+                "--url",
+                "mem://",
+                "--config",
+                "f",
+                "job",
+                "--",
+                "true",
+            ],
+            &["fencelock", "run", "-q", "-v", "job", "--", "true"],
+        ] {
+            assert!(Cli::try_parse_from(conflicting).is_err(), "{conflicting:?}");
+        }
+        let cli = Cli::try_parse_from(["fencelock", "run", "--timeout", "250ms", "j", "-c", "x"]);
+        assert!(cli.is_ok(), "--timeout is an alias of --wait");
     }
 }

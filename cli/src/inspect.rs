@@ -1,8 +1,6 @@
 //! `fencelock inspect`: who holds a lock.
 
-use std::sync::Arc;
-
-use fencelock::{DistributedLock, LockInfo, Retry, RetryPolicy};
+use fencelock::LockInfo;
 use serde_json::json;
 
 use crate::args::InspectArgs;
@@ -18,8 +16,7 @@ use crate::exit::{Failure, code};
 ///
 /// Cancel safe: it only reads.
 pub async fn inspect(args: InspectArgs) -> Result<u8, Failure> {
-    let locks = fencelock::connect(&args.url.resolve()).await?;
-    let locks: Arc<dyn DistributedLock> = Arc::new(Retry::new(locks, RetryPolicy::default()));
+    let locks = crate::backend::connect(&args.url, false).await?;
     let info = locks.inspect(&args.name).await?;
     if args.json {
         println!("{}", to_json(&args.name, locks.backend(), &info));

@@ -1,10 +1,14 @@
-//! The `fencelock` command: run a command under a distributed lock, inspect a lock,
-//! benchmark a deployment. See `fencelock --help` and `cli/README.md`.
+//! The `fencelock` command: run a command under a distributed lock, hold or inspect a
+//! lock, benchmark a deployment. See `fencelock --help` and `cli/README.md`.
 
 mod args;
+mod backend;
 mod bench;
+mod child;
 mod duration;
+mod events;
 mod exit;
+mod hold;
 mod inspect;
 mod run;
 mod signals;
@@ -34,6 +38,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Inspect(args) => inspect::inspect(args).await,
+            Command::Hold(args) => hold::hold(args).await,
             Command::Bench(args) => bench::bench(args).await,
         }
     });

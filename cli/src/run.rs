@@ -6,17 +6,19 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::{AcquireOptions, DistributedLock, Error, LockGuard, Retry, RetryPolicy, Wait};
+use fencelock::{AcquireOptions, DistributedLock, Error, LockGuard, Wait};
 use nix::sys::signal::Signal;
 use tokio::process::{Child, Command};
 
-use crate::args::RunArgs;
+use crate::args::{RunArgs, WaitArgs};
+use crate::child;
+use crate::events::Events;
 use crate::exit::{Failure, code, one_line};
 use crate::signals::{self, Signals};
 
 /// How long the release of a lost lock may take before fencelock gives up on it (the
 /// backend frees it with its lease anyway).
-const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// See [`settle`].
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -29,7 +31,7 @@ enum Outcome {
     Lost { reason: String, killed: bool },
 }
 
-/// Runs `args.command` under the lock and returns the exit code.
+/// Runs the command under the lock and returns the exit code.
 ///
 /// # Errors
 ///
@@ -41,26 +43,13 @@ enum Outcome {
 /// Not meant to be cancelled: it owns the child process; the binary's signal handling
 /// stops the child and releases the lock instead.
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
+    let events = Events::new(&args.output);
     let mut signals = Signals::listen()?;
-    let url = args.url.resolve();
-    let locks = tokio::select! {
-        locks = fencelock::connect(&url) => locks?,
-        signal = signals.recv() => return Ok(signals::exit_code(signal)),
-    };
-    let locks: Arc<dyn DistributedLock> = Arc::new(Retry::new(locks, RetryPolicy::default()));
-    let options = options(&args);
-    let tasks_before = alive_tasks();
-    let acquired = tokio::select! {
-        guard = locks.acquire(&args.name, options) => guard.map_err(not_acquired),
-        signal = signals.recv() => Err(Failure::new(signals::exit_code(signal), format!("interrupted by {signal} while waiting for the lock"))),
-    };
-    let guard = match acquired {
-        Ok(guard) => guard,
-        Err(failure) => {
-            settle(tasks_before).await;
-            return Err(failure);
-        }
-    };
+    let (locks, guard) =
+        match acquire(&args.url, &args.wait, &args.name, &events, &mut signals).await? {
+            Acquired::Held(locks, guard) => (locks, guard),
+            Acquired::Interrupted(code) => return Ok(code),
+        };
     let mut child = match spawn(&args, &guard) {
         Ok(child) => child,
         Err(failure) => {
@@ -68,13 +57,17 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             return Err(failure);
         }
     };
-    match supervise(&mut child, &guard, &mut signals, args.kill_grace).await? {
-        Outcome::Exited(status) => finish(guard, status).await,
+    let grace = args.kill_grace.value;
+    let outcome = supervise(&mut child, &guard, &mut signals, grace).await?;
+    drop(locks);
+    match outcome {
+        Outcome::Exited(status) => finish(guard, status, &events).await,
         Outcome::Lost { reason, killed } => {
+            events.lost(guard.name(), guard.token().get(), &reason);
             let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
             let how = if killed {
                 format!(
-                    "killed the command (SIGKILL after {:?} grace)",
+                    "killed the command (SIGKILL after {} grace)",
                     args.kill_grace
                 )
             } else {
@@ -84,6 +77,57 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
                 code::LOST,
                 format!("lock {:?} was lost: {reason}; {how}", args.name),
             ))
+        }
+    }
+}
+
+/// The result of [`acquire`].
+pub enum Acquired {
+    /// The lock, and the connection it lives on.
+    Held(Arc<dyn DistributedLock>, LockGuard),
+    /// A signal arrived first: exit with this code.
+    Interrupted(u8),
+}
+
+/// Connects and acquires `name` as `wait` says, or stops at the first signal.
+///
+/// # Errors
+///
+/// A [`Failure`]: usage or connection errors, or not acquired (`--conflict-exit-code`,
+/// default 75, with the wait as the user wrote it).
+///
+/// # Cancel safety
+///
+/// Not meant to be cancelled (a dropped acquire is cleaned up in the background, but
+/// the process should then [`settle`]).
+pub async fn acquire(
+    url: &crate::args::UrlArg,
+    wait: &WaitArgs,
+    name: &str,
+    events: &Events,
+    signals: &mut Signals,
+) -> Result<Acquired, Failure> {
+    let locks = tokio::select! {
+        locks = crate::backend::connect(url, false) => locks?,
+        signal = signals.recv() => return Ok(Acquired::Interrupted(signals::exit_code(signal))),
+    };
+    let tasks_before = alive_tasks();
+    let acquired = tokio::select! {
+        guard = locks.acquire(name, options(wait)) => guard.map_err(|e| not_acquired(e, name, wait)),
+        signal = signals.recv() => Err(Failure::new(signals::exit_code(signal), format!("interrupted by {signal} while waiting for the lock"))),
+    };
+    match acquired {
+        Ok(guard) => {
+            events.acquired(&guard);
+            Ok(Acquired::Held(locks, guard))
+        }
+        Err(failure) => {
+            events.not_acquired(name, &failure.message);
+            // The connection's own tasks (subscriptions, keepalives) end with it; what
+            // is left is the clean-up of the failed acquire.
+            drop(locks);
+            settle(tasks_before).await;
+            Err(failure)
         }
     }
 }
@@ -98,40 +142,65 @@ fn alive_tasks() -> usize {
 /// this client's waiting key or node) a moment to finish before the process exits:
 /// otherwise the key stays until its lease or session expires, and blocks the name
 /// for others until then. Waits until the tasks started since `before` are done, at most
-/// [`SETTLE_TIMEOUT`].
-async fn settle(before: usize) {
+/// [`SETTLE_TIMEOUT`]. Call it after dropping the connection, whose own tasks would
+/// otherwise count.
+pub async fn settle(before: usize) {
     let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
     while alive_tasks() > before && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
-fn options(args: &RunArgs) -> AcquireOptions {
-    let wait = match args.wait {
+/// The acquire options of the command line. Without `--lease` the backend's configured
+/// lease is used (etcd `lease=`, ZooKeeper `session_timeout=`), never a second default.
+pub fn options(args: &WaitArgs) -> AcquireOptions {
+    let wait = match &args.wait {
+        _ if args.nonblock => Wait::NoWait,
         None => Wait::Forever,
-        Some(wait) if wait.is_zero() => Wait::NoWait,
-        Some(wait) => Wait::Timeout(wait),
+        Some(wait) if wait.value.is_zero() => Wait::NoWait,
+        Some(wait) => Wait::Timeout(wait.value),
     };
     let options = AcquireOptions::new().wait(wait);
-    match args.fixed_lease {
-        Some(fixed) => options.fixed_lease(fixed),
-        None => options.lease(args.lease),
+    match (&args.fixed_lease, &args.lease) {
+        (Some(fixed), _) => options.fixed_lease(fixed.value),
+        (None, Some(lease)) => options.lease(lease.value),
+        (None, None) => options,
     }
 }
 
-fn not_acquired(error: Error) -> Failure {
+fn not_acquired(error: Error, name: &str, wait: &WaitArgs) -> Failure {
+    let conflict = wait.conflict_exit_code.unwrap_or(code::NOT_ACQUIRED);
     match error {
-        Error::Timeout { name, waited } => Failure::new(
-            code::NOT_ACQUIRED,
-            format!("lock {name:?} was not acquired within {waited:?}: another owner holds it"),
+        Error::Timeout { .. } => {
+            let within = wait
+                .wait
+                .as_ref()
+                .map_or_else(String::new, ToString::to_string);
+            Failure::new(
+                conflict,
+                format!("lock {name:?} was not acquired within {within}: another owner holds it"),
+            )
+        }
+        Error::Contended { .. } => Failure::new(
+            conflict,
+            format!("lock {name:?} is held by another owner (not waiting)"),
         ),
         other => other.into(),
     }
 }
 
 fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, Failure> {
-    let Some((program, rest)) = args.command.split_first() else {
-        return Err(Failure::usage("no command given after --"));
+    let (program, rest): (&std::ffi::OsStr, Vec<&std::ffi::OsStr>) = match &args.shell {
+        Some(script) => ("sh".as_ref(), vec!["-c".as_ref(), script.as_os_str()]),
+        None => {
+            let Some((program, rest)) = args.command.split_first() else {
+                return Err(Failure::usage("no command given after --"));
+            };
+            (
+                program.as_os_str(),
+                rest.iter().map(|a| a.as_os_str()).collect(),
+            )
+        }
     };
     let mut command = Command::new(program);
     command
@@ -143,6 +212,7 @@ fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, Failure> {
     if let Some(key) = guard.backend_key() {
         command.env("FENCELOCK_KEY", key);
     }
+    child::protect(&mut command);
     command.spawn().map_err(|e| {
         let program = program.to_string_lossy();
         match e.kind() {
@@ -157,7 +227,8 @@ fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, Failure> {
     })
 }
 
-/// Waits for the command, forwarding signals, and stops it if the lock is lost.
+/// Waits for the command, forwarding signals to its group once, and stops the group if
+/// the lock is lost.
 async fn supervise(
     child: &mut Child,
     guard: &LockGuard,
@@ -165,43 +236,58 @@ async fn supervise(
     grace: Duration,
 ) -> Result<Outcome, Failure> {
     let internal = |e: std::io::Error| Failure::new(code::INTERNAL, one_line(&e));
+    let group = child.id();
     loop {
         tokio::select! {
             status = child.wait() => return Ok(Outcome::Exited(status.map_err(internal)?)),
             _ = guard.lost() => {
                 let reason = guard.lost_reason().unwrap_or("lost").to_owned();
-                let killed = stop(child, grace).await.map_err(internal)?;
+                let killed = stop(child, group, grace).await.map_err(internal)?;
                 return Ok(Outcome::Lost { reason, killed });
             }
-            signal = signals.recv() => signals::send(child.id(), signal),
+            signal = signals.recv() => child::signal_group(group, signal),
         }
     }
 }
 
-/// SIGTERM, then SIGKILL after `grace`. Returns whether SIGKILL was needed.
-async fn stop(child: &mut Child, grace: Duration) -> std::io::Result<bool> {
-    signals::send(child.id(), Signal::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_ok() {
-        return Ok(false);
+/// SIGTERM to the command's group, then SIGKILL to what is left of it after `grace`.
+/// Returns whether SIGKILL was needed.
+async fn stop(child: &mut Child, group: Option<u32>, grace: Duration) -> std::io::Result<bool> {
+    child::signal_group(group, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        // Reaped first: a zombie still counts as a member of its group.
+        let exited = child.try_wait()?.is_some();
+        if exited && !child::group_alive(group) {
+            return Ok(false);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    child.kill().await?;
+    child::signal_group(group, Signal::SIGKILL);
+    let _ = child.kill().await;
     Ok(true)
 }
 
 /// Releases after the command exited and picks the exit code.
-async fn finish(guard: LockGuard, status: ExitStatus) -> Result<u8, Failure> {
+async fn finish(guard: LockGuard, status: ExitStatus, events: &Events) -> Result<u8, Failure> {
     let name = guard.name().to_owned();
     match guard.release().await {
-        Ok(()) => Ok(status_code(status)),
+        Ok(()) => {
+            events.released(&name);
+            Ok(status_code(status))
+        }
         Err(Error::Lost { reason, .. }) => Err(Failure::new(
             code::LOST,
             format!("lock {name:?} was lost before the command finished: {reason}"),
         )),
         Err(error) => {
-            eprintln!(
-                "fencelock: warning: releasing lock {name:?} failed ({}); it expires with its lease",
+            events.warn(&format!(
+                "releasing lock {name:?} failed ({}); it expires with its lease",
                 one_line(&error)
-            );
+            ));
             Ok(status_code(status))
         }
     }

@@ -1,7 +1,6 @@
 //! The signals `run` forwards to its command: SIGINT, SIGTERM, SIGHUP.
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::Failure;
@@ -46,13 +45,6 @@ impl Signals {
             _ = self.terminate.recv() => Signal::SIGTERM,
             _ = self.hangup.recv() => Signal::SIGHUP,
         }
-    }
-}
-
-/// Sends `signal` to the process `pid`; a process that is already gone is not an error.
-pub fn send(pid: Option<u32>, signal: Signal) {
-    if let Some(pid) = pid.and_then(|pid| i32::try_from(pid).ok()) {
-        let _ = kill(Pid::from_raw(pid), signal);
     }
 }
 

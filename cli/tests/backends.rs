@@ -184,6 +184,74 @@ fn unreachable_backend_is_69(url: &str) {
     assert_code(&out, 69);
 }
 
+/// `hold` prints `NAME KEY TOKEN`, holds until SIGTERM and releases; meanwhile
+/// `--nonblock` fails at once with `--conflict-exit-code`, `--wait 1s` gives up after
+/// 1 s (within a few hundred milliseconds, whatever the backend) and says so in the
+/// user's words; `FENCELOCK_KEY` names the key on every backend.
+fn hold_nonblock_wait_and_key(url: &str) {
+    let name = unique("hold");
+    let holder = Running::start(fencelock().args(["hold", "--url", url, &name]));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let token = loop {
+        let out = output(fencelock().args(["inspect", "--json", "--url", url, &name]));
+        let info: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        if info["held"] == true {
+            break info["token"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "hold never took the lock");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    let start = Instant::now();
+    let busy =
+        output(fencelock().args(["run", "--url", url, "-n", "-E", "3", &name, "--", "true"]));
+    assert_code(&busy, 3);
+    assert!(start.elapsed() < Duration::from_secs(5));
+
+    let start = Instant::now();
+    let waited = output(fencelock().args(["run", "--url", url, "-w", "1s", &name, "--", "true"]));
+    let took = start.elapsed();
+    assert_code(&waited, NOT_ACQUIRED);
+    assert!(
+        stderr(&waited).contains("not acquired within 1s:"),
+        "{}",
+        stderr(&waited)
+    );
+    // The process start and connect come on top of the 1 s wait.
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_millis(1900),
+        "--wait 1s took {took:?}"
+    );
+
+    signal(holder.pid(), Signal::SIGTERM);
+    let out = holder.wait(Duration::from_secs(20));
+    assert_code(&out, 0);
+    let line = stdout(&out);
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.len(), 3, "{line}");
+    assert_eq!(fields[0], name);
+    assert_ne!(fields[1], "-", "the backend's key: {line}");
+    assert_eq!(fields[2].parse::<u64>().unwrap(), token);
+
+    let run = output(fencelock().args([
+        "run",
+        "--url",
+        url,
+        "-n",
+        &name,
+        "-c",
+        "echo \"$FENCELOCK_KEY\"",
+    ]));
+    assert_code(&run, 0);
+    // Each holder has its own key on etcd (the lease id) and ZooKeeper (the sequence).
+    assert!(
+        stdout(&run).trim().contains(&name),
+        "FENCELOCK_KEY {:?}",
+        stdout(&run)
+    );
+    assert!(fields[1].contains(&name), "{line}");
+}
+
 macro_rules! backend_tests {
     ($backend:ident, $url:expr, $dead:expr) => {
         mod $backend {
@@ -202,6 +270,11 @@ macro_rules! backend_tests {
             #[test]
             fn waiting_signals_and_inspect() {
                 super::waiting_signals_and_inspect(&$url);
+            }
+
+            #[test]
+            fn hold_nonblock_wait_and_key() {
+                super::hold_nonblock_wait_and_key(&$url);
             }
 
             #[test]
@@ -225,3 +298,27 @@ backend_tests!(
     "zk://127.0.0.1:{}/x?session_timeout=2s&min_lease=1s"
 );
 backend_tests!(redis, redis_url(), "redis://127.0.0.1:{}?timeout=1s");
+
+/// Without `--lease` the backend's configured lease holds (`lease=2s` here), not a
+/// second default of the command line's.
+#[test]
+fn the_lease_comes_from_the_url() {
+    let url = etcd_url();
+    let name = unique("lease");
+    let holder = Running::start(fencelock().args(["hold", "--url", &url, &name]));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let remaining = loop {
+        let out = output(fencelock().args(["inspect", "--json", "--url", &url, &name]));
+        let info: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        if info["held"] == true {
+            break info["remaining_lease_ms"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "hold never took the lock");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        remaining <= 2000,
+        "a lease of {remaining} ms, not the URL's 2s"
+    );
+    drop(holder);
+}

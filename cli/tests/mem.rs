@@ -13,6 +13,8 @@ use nix::sys::signal::Signal;
 fn run_exports_token_name_and_backend_and_passes_the_exit_code() {
     let out = output(fencelock().args([
         "run",
+        "--url",
+        "mem://",
         "jobs/nightly",
         "--",
         "sh",
@@ -54,7 +56,25 @@ fn usage_errors_are_one_line_with_code_64() {
         &["run", "--wait", "5 weeks", "a", "--", "true"],
         &["run", "a"],
         &["run", "", "--", "true"],
-        &["run", "--lease", "0s", "a", "--", "true"],
+        &["run", "--url", "mem://", "--lease", "0s", "a", "--", "true"],
+        &["run", "--url", "mem://", "--wait", "3", "a", "--", "true"],
+        &[
+            "run", "--url", "mem://", "-n", "-w", "1s", "a", "--", "true",
+        ],
+        &["run", "--url", "mem://", "-c", "true", "a", "--", "true"],
+        &[
+            "run",
+            "--url",
+            "mem://",
+            "--require",
+            "sideways",
+            "a",
+            "--",
+            "true",
+        ],
+        &[
+            "run", "--url", "mem://", "--config", "x.toml", "a", "--", "true",
+        ],
         &["bench", "--workload", "sideways"],
         &["inspect"],
         &["frobnicate"],
@@ -66,21 +86,41 @@ fn usage_errors_are_one_line_with_code_64() {
 
 #[test]
 fn a_missing_or_unexecutable_command_has_its_own_code() {
-    let out = output(fencelock().args(["run", "a", "--", "/nonexistent/fencelock-test"]));
+    let out = output(fencelock().args([
+        "run",
+        "--url",
+        "mem://",
+        "a",
+        "--",
+        "/nonexistent/fencelock-test",
+    ]));
     assert_code(&out, NOT_FOUND);
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("not-executable");
     std::fs::write(&script, "#!/bin/sh\n").unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = output(fencelock().args(["run", "a", "--"]).arg(&script));
+    let out = output(
+        fencelock()
+            .args(["run", "--url", "mem://", "a", "--"])
+            .arg(&script),
+    );
     assert_code(&out, CANNOT_EXECUTE);
 }
 
 #[test]
 fn a_lost_lock_stops_the_command_with_sigterm() {
     let start = Instant::now();
-    let out =
-        output(fencelock().args(["run", "--fixed-lease", "1s", "short", "--", "sleep", "30"]));
+    let out = output(fencelock().args([
+        "run",
+        "--url",
+        "mem://",
+        "--fixed-lease",
+        "1s",
+        "short",
+        "--",
+        "sleep",
+        "30",
+    ]));
     assert_code(&out, LOST);
     assert!(stderr(&out).contains("SIGTERM"), "{}", stderr(&out));
     assert!(start.elapsed() < Duration::from_secs(10));
@@ -95,6 +135,8 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
         fencelock()
             .args([
                 "run",
+                "--url",
+                "mem://",
                 "--fixed-lease",
                 "1s",
                 "--kill-grace",
@@ -122,6 +164,8 @@ fn sigterm_is_forwarded_to_the_command() {
         fencelock()
             .args([
                 "run",
+                "--url",
+                "mem://",
                 "forwarded",
                 "--",
                 "sh",
@@ -140,10 +184,10 @@ fn sigterm_is_forwarded_to_the_command() {
 
 #[test]
 fn inspect_prints_text_and_json() {
-    let out = output(fencelock().args(["inspect", "free-lock"]));
+    let out = output(fencelock().args(["inspect", "--url", "mem://", "free-lock"]));
     assert_code(&out, 0);
     assert!(stdout(&out).contains("held     no"), "{}", stdout(&out));
-    let out = output(fencelock().args(["inspect", "--json", "free-lock"]));
+    let out = output(fencelock().args(["inspect", "--url", "mem://", "--json", "free-lock"]));
     assert_code(&out, 0);
     let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(doc["held"], false);
@@ -152,7 +196,7 @@ fn inspect_prints_text_and_json() {
 
 #[test]
 fn every_subcommand_has_help_with_an_example() {
-    for sub in ["run", "inspect", "bench"] {
+    for sub in ["run", "inspect", "hold", "bench"] {
         let out = output(fencelock().args([sub, "--help"]));
         assert_code(&out, 0);
         let help = stdout(&out);
@@ -186,4 +230,208 @@ fn bench_json_has_every_field_for_each_workload() {
         output(fencelock().args(["bench", "--workload", "uncontended", "--duration", "200ms"]));
     assert_code(&out, 0);
     assert!(stdout(&out).contains("p99"), "{}", stdout(&out));
+}
+
+#[test]
+fn run_inspect_and_hold_refuse_to_start_without_a_backend() {
+    for args in [
+        &["run", "nightly", "--", "true"][..],
+        &["run", "nightly", "-c", "true"],
+        &["inspect", "nightly"],
+        &["hold", "nightly"],
+    ] {
+        let out = output(fencelock().args(args));
+        assert_code(&out, USAGE);
+        let err = stderr(&out);
+        assert!(
+            err.contains("--url") && err.contains("FENCELOCK_CONFIG") && err.contains("mem://"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = output(
+        fencelock()
+            .env("FENCELOCK_URL", "mem://")
+            .env("FENCELOCK_CONFIG", "/nonexistent.toml")
+            .args(["inspect", "a"]),
+    );
+    assert_code(&out, USAGE);
+    assert!(stderr(&out).contains("both"), "{}", stderr(&out));
+    // Written out, mem:// is fine.
+    let out = output(
+        fencelock()
+            .env("FENCELOCK_URL", "mem://")
+            .args(["inspect", "a"]),
+    );
+    assert_code(&out, 0);
+}
+
+#[test]
+fn a_config_file_names_the_backend_and_requirements_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fencelock.toml");
+    std::fs::write(&file, "backend = \"mem\"\nrequire = [\"linearizable\"]\n").unwrap();
+    let out = output(fencelock().args(["run", "--config"]).arg(&file).args([
+        "--require",
+        "fencing=strong",
+        "job",
+        "-c",
+        "echo $FENCELOCK_BACKEND",
+    ]));
+    assert_code(&out, 0);
+    assert_eq!(stdout(&out).trim(), "mem");
+    let out = output(
+        fencelock()
+            .env("FENCELOCK_CONFIG", &file)
+            .args(["inspect", "job"]),
+    );
+    assert_code(&out, 0);
+    assert!(stdout(&out).contains("backend  mem"), "{}", stdout(&out));
+    // A bare number is no duration: the unit is not guessed.
+    std::fs::write(
+        &file,
+        "backend = \"mem\"\nretry = { retries = 1, min_delay = 200 }\n",
+    )
+    .unwrap();
+    let out = output(
+        fencelock()
+            .args(["inspect", "--config"])
+            .arg(&file)
+            .arg("job"),
+    );
+    assert_code(&out, USAGE);
+}
+
+#[test]
+fn shell_json_events_and_verbose() {
+    let out = output(fencelock().args([
+        "run",
+        "--url",
+        "mem://",
+        "--json",
+        "-n",
+        "events",
+        "-c",
+        "echo \"$FENCELOCK_TOKEN\"",
+    ]));
+    assert_code(&out, 0);
+    let token: u64 = stdout(&out).trim().parse().unwrap();
+    let events: Vec<serde_json::Value> = stderr(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0]["event"], "acquired");
+    assert_eq!(events[0]["name"], "events");
+    assert_eq!(events[0]["backend"], "mem");
+    assert_eq!(events[0]["token"], token);
+    assert_eq!(events[1]["event"], "released");
+
+    let out = output(fencelock().args(["run", "--url", "mem://", "-v", "chatty", "--", "true"]));
+    assert_code(&out, 0);
+    let err = stderr(&out);
+    assert!(
+        err.contains("acquired \"chatty\"") && err.contains("released"),
+        "{err}"
+    );
+    let out = output(fencelock().args(["run", "--url", "mem://", "-q", "quiet", "--", "true"]));
+    assert_eq!(stderr(&out), "");
+
+    let out = output(fencelock().args([
+        "run",
+        "--url",
+        "mem://",
+        "--json",
+        "--fixed-lease",
+        "300ms",
+        "lost",
+        "--",
+        "sleep",
+        "30",
+    ]));
+    assert_code(&out, LOST);
+    let lost = stderr(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["event"] == "lost")
+        .expect("a lost event");
+    assert!(
+        lost["cause"].as_str().is_some_and(|c| !c.is_empty()),
+        "{lost}"
+    );
+}
+
+#[test]
+fn a_lost_lock_stops_the_whole_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let background = dir.path().join("background");
+    let out = output(
+        fencelock()
+            .args([
+                "run",
+                "--url",
+                "mem://",
+                "--fixed-lease",
+                "1s",
+                "--kill-grace",
+                "500ms",
+            ])
+            .args(["pipeline", "--", "sh", "-c"])
+            .arg(r#"sleep 30 & echo $! > "$0.tmp"; mv "$0.tmp" "$0"; sleep 30 | cat"#)
+            .arg(&background),
+    );
+    assert_code(&out, LOST);
+    let pid = read_pid(&background);
+    assert!(
+        gone_within(pid, Duration::from_secs(2)),
+        "a background member of the command's group outlived the lost lock"
+    );
+}
+
+#[test]
+fn a_killed_fencelock_takes_its_command_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let running = Running::start(
+        fencelock()
+            .args(["run", "--url", "mem://", "orphan", "--", "sh", "-c"])
+            .arg(r#"echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 30"#)
+            .arg(&pidfile),
+    );
+    wait_for_file(&pidfile, Duration::from_secs(20));
+    let pid = read_pid(&pidfile);
+    signal(running.pid(), Signal::SIGKILL);
+    assert!(
+        gone_within(pid, Duration::from_secs(2)),
+        "the command kept running after fencelock was killed"
+    );
+}
+
+/// A terminal's Ctrl-C goes to the foreground process group: fencelock's. The command,
+/// in a group of its own, gets SIGINT once, forwarded by fencelock, not twice.
+#[test]
+fn a_terminal_interrupt_reaches_the_command_once() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let count = dir.path().join("count");
+    let running = Running::start(
+        fencelock()
+            .process_group(0)
+            .args(["run", "--url", "mem://", "interrupted", "--", "sh", "-c"])
+            .arg(r#"trap 'echo int >> "$1"' INT; trap 'exit 0' TERM; touch "$0"; while :; do sleep 0.05; done"#)
+            .arg(&ready)
+            .arg(&count),
+    );
+    wait_for_file(&ready, Duration::from_secs(20));
+    // As the terminal does: to the whole (foreground) group.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(running.pid() as i32),
+        Signal::SIGINT,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    signal(running.pid(), Signal::SIGTERM);
+    let out = running.wait(Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines = std::fs::read_to_string(&count).unwrap_or_default();
+    assert_eq!(lines.lines().count(), 1, "SIGINT arrived {lines:?}");
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use driver::{Cycle, Library, Measurement, drive};
 
-use crate::args::{BenchArgs, Workload};
+use crate::args::{Backend, BenchArgs, Workload};
 use crate::exit::{Failure, code};
 
 /// Runs the benchmark and prints the report.
@@ -21,7 +21,8 @@ use crate::exit::{Failure, code};
 ///
 /// Dropping it ends the run; guards still held are released in the background.
 pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
-    let url = args.url.resolve();
+    // bench may keep the in-process default: it measures, it excludes nobody.
+    let (target, config) = crate::backend::config(&args.url, true)?;
     let clients = match args.workload {
         Workload::Uncontended => 1,
         Workload::Contended | Workload::ManyKeys => usize::from(args.clients),
@@ -37,7 +38,7 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
     let mut library: Vec<Arc<dyn Cycle>> = Vec::new();
     let mut backend = "";
     for _ in 0..connections {
-        let locks = fencelock::connect(&url).await?;
+        let locks = fencelock::connect_config(&config).await?;
         backend = locks.backend();
         library.push(Arc::new(Library(locks)));
     }
@@ -53,10 +54,16 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
     .await?;
 
     let baseline = if args.baseline {
+        let Backend::Url(url) = &target else {
+            return Err(Failure::usage(
+                "--baseline needs the backend as a URL (--url or FENCELOCK_URL): the raw \
+                 client floor is built from it",
+            ));
+        };
         let mut raw = Vec::new();
         let mut description = "";
         for _ in 0..connections {
-            let (floor, what) = baseline::connect(&url).await?;
+            let (floor, what) = baseline::connect(url).await?;
             description = what;
             raw.push(floor);
         }
@@ -76,7 +83,10 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         None
     };
 
-    let redacted = fencelock::redact_url(&url);
+    let redacted = match &target {
+        Backend::Url(url) => fencelock::redact_url(url),
+        Backend::File(_) => config.to_string(),
+    };
     let setup = report::Setup {
         url: &redacted,
         backend,

@@ -16,11 +16,35 @@ pub const LOST: i32 = 76;
 pub const CANNOT_EXECUTE: i32 = 126;
 pub const NOT_FOUND: i32 = 127;
 
-/// `fencelock` with a clean environment (no `FENCELOCK_URL`).
+/// `fencelock` with a clean environment (no `FENCELOCK_URL` or `FENCELOCK_CONFIG`).
 pub fn fencelock() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
-    command.env_remove("FENCELOCK_URL").stdin(Stdio::null());
     command
+        .env_remove("FENCELOCK_URL")
+        .env_remove("FENCELOCK_CONFIG")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Waits until `pid` is gone (or a zombie), at most `timeout`; whether it is.
+pub fn gone_within(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while alive(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Reads a pid the command wrote (atomically, with a rename) to `path`.
+pub fn read_pid(path: &Path) -> u32 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// Runs to completion (at most 60 s) and returns the output.

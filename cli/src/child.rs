@@ -1,0 +1,52 @@
+//! Starting the command of `fencelock run` so that it can always be stopped: in a process
+//! group of its own (a lost lock stops the whole pipeline), and on Linux killed when
+//! fencelock dies (`PR_SET_PDEATHSIG`).
+
+// `pre_exec` is unsafe: the closure runs between fork and exec, where only
+// async-signal-safe calls are allowed. It makes two system calls (`prctl`, `getppid`).
+#![allow(unsafe_code)]
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::Command;
+
+/// Puts the command in a process group of its own and, on Linux, has the kernel send it
+/// SIGKILL when fencelock's main thread ends (however fencelock dies).
+///
+/// The parent-death signal is tied to the thread that forks: `run` spawns from the
+/// runtime's `block_on` future, which runs on the main thread for the process's life.
+pub fn protect(command: &mut Command) {
+    command.process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id();
+        // SAFETY: the closure only makes the `prctl` and `getppid` system calls, which are
+        // async-signal-safe, and allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // fencelock died between fork and prctl: nobody would stop this command.
+                if nix::unistd::getppid().as_raw() as u32 != parent {
+                    return Err(std::io::Error::other(
+                        "fencelock exited while starting the command",
+                    ));
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// Sends `signal` to the command's process group (its pid, since it leads it); a group
+/// that is gone is not an error.
+pub fn signal_group(pid: Option<u32>, signal: Signal) {
+    if let Some(pid) = pid.and_then(|pid| i32::try_from(pid).ok()) {
+        let _ = killpg(Pid::from_raw(pid), signal);
+    }
+}
+
+/// Whether any process is left in the command's group (signal 0 reaches one).
+pub fn group_alive(pid: Option<u32>) -> bool {
+    pid.and_then(|pid| i32::try_from(pid).ok())
+        .is_some_and(|pid| killpg(Pid::from_raw(pid), None).is_ok())
+}

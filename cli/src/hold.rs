@@ -1,0 +1,72 @@
+//! `fencelock hold`: take a lock, print it, hold it until a signal (`etcdctl lock NAME`).
+
+use serde_json::json;
+
+use crate::args::HoldArgs;
+use crate::events::Events;
+use crate::exit::{Failure, code, one_line};
+use crate::run::{Acquired, CLEANUP_TIMEOUT, acquire};
+use crate::signals::Signals;
+
+/// Holds the lock until SIGINT, SIGTERM or SIGHUP, then releases it.
+///
+/// # Errors
+///
+/// A [`Failure`] when the lock cannot be taken or is lost while held (76).
+///
+/// # Cancel safety
+///
+/// Not meant to be cancelled: the lock is released on a signal instead.
+pub async fn hold(args: HoldArgs) -> Result<u8, Failure> {
+    let events = Events::new(&args.output);
+    let mut signals = Signals::listen()?;
+    let (_locks, guard) =
+        match acquire(&args.url, &args.wait, &args.name, &events, &mut signals).await? {
+            Acquired::Held(locks, guard) => (locks, guard),
+            Acquired::Interrupted(code) => return Ok(code),
+        };
+    let key = guard.backend_key().unwrap_or("-").to_owned();
+    if events.is_json() {
+        println!(
+            "{}",
+            json!({ "name": guard.name(), "key": key, "token": guard.token().get() })
+        );
+    } else {
+        println!("{} {key} {}", guard.name(), guard.token());
+    }
+    tokio::select! {
+        _ = guard.lost() => {
+            let reason = guard.lost_reason().unwrap_or("lost").to_owned();
+            events.lost(guard.name(), guard.token().get(), &reason);
+            let name = guard.name().to_owned();
+            let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
+            Err(Failure::new(code::LOST, format!("lock {name:?} was lost: {reason}")))
+        }
+        _ = signals.recv() => {
+            let name = guard.name().to_owned();
+            match tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await {
+                Ok(Ok(())) => {
+                    events.released(&name);
+                    Ok(code::OK)
+                }
+                Ok(Err(fencelock::Error::Lost { reason, .. })) => Err(Failure::new(
+                    code::LOST,
+                    format!("lock {name:?} was lost before it was released: {reason}"),
+                )),
+                Ok(Err(e)) => {
+                    events.warn(&format!(
+                        "releasing lock {name:?} failed ({}); it expires with its lease",
+                        one_line(&e)
+                    ));
+                    Ok(code::OK)
+                }
+                Err(_) => {
+                    events.warn(&format!(
+                        "releasing lock {name:?} took longer than {CLEANUP_TIMEOUT:?}; it expires with its lease"
+                    ));
+                    Ok(code::OK)
+                }
+            }
+        }
+    }
+}
