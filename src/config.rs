@@ -2,10 +2,14 @@
 
 use std::fmt;
 use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
 
 use fencelock_core::{Error, RetryPolicy};
+use percent_encoding::utf8_percent_encode;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 
-use crate::redact::redact_url;
+use crate::redact::{COMPONENT, redact_url};
 use crate::requirement::{self, Requirement};
 use crate::{file, migrate};
 
@@ -35,7 +39,11 @@ const FACADE_OPTIONS: &[&str] = &[
 ///   README's "Config file" section for every key.
 ///
 /// Neither `Debug` nor `Display` shows a password: both print the URL with secrets
-/// replaced by `***`, also inside the leg URLs of a `migrate://` URL.
+/// replaced by `***`, also inside the leg URLs of a `migrate://` URL. Otherwise
+/// `Display` round-trips: parsing it gives an equal `Config` (retry delays included;
+/// only a retry factor or jitter set in code has no URL form). `Config` implements
+/// `FromStr` (a URL) and serde's `Deserialize` (a URL, or a table of config-file keys),
+/// so it can sit inside an application's own configuration.
 ///
 /// # Examples
 ///
@@ -248,6 +256,18 @@ impl fmt::Display for Config {
         }
         if let Some(policy) = &self.retry {
             options.push(format!("retry={}", policy.retries()));
+            let (min, max) = policy.delay_bounds();
+            let (default_min, default_max) = RetryPolicy::default().delay_bounds();
+            let text = |d: Duration| {
+                utf8_percent_encode(&humantime::format_duration(d).to_string(), COMPONENT)
+                    .to_string()
+            };
+            if min != default_min {
+                options.push(format!("retry_min_delay={}", text(min)));
+            }
+            if max != default_max {
+                options.push(format!("retry_max_delay={}", text(max)));
+            }
         }
         if self.metrics {
             options.push("metrics=true".into());
@@ -261,6 +281,73 @@ impl fmt::Display for Config {
             write!(f, "{separator}{option}")?;
         }
         Ok(())
+    }
+}
+
+impl FromStr for Config {
+    type Err = Error;
+
+    /// [`Config::from_url`].
+    fn from_str(url: &str) -> Result<Self, Error> {
+        Config::from_url(url)
+    }
+}
+
+/// A `Config` inside an application's own configuration (any serde format): either a
+/// URL string, or a table with the keys of a fencelock config file (see
+/// [`Config::from_toml_str`]). Errors are fencelock's, with passwords redacted (a format
+/// may still quote the application's document around them, as `toml` does).
+///
+/// ```
+/// #[derive(serde::Deserialize)]
+/// struct AppConfig {
+///     name: String,
+///     locks: fencelock::Config,
+/// }
+///
+/// let app: AppConfig = toml::from_str(r#"
+///     name = "billing"
+///     [locks]
+///     backend = "etcd"
+///     endpoints = ["10.0.0.1:2379"]
+///     prefix = "billing"
+///     lease = "15s"
+/// "#)?;
+/// assert_eq!(app.locks.to_string(), "etcd://10.0.0.1:2379/billing?lease=15s");
+///
+/// let short: AppConfig = toml::from_str(r#"
+///     name = "billing"
+///     locks = "etcd://10.0.0.1:2379/billing?lease=15s"
+/// "#)?;
+/// assert_eq!(short.locks, app.locks);
+/// # Ok::<(), toml::de::Error>(())
+/// ```
+impl<'de> Deserialize<'de> for Config {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ConfigVisitor;
+
+        impl<'de> Visitor<'de> for ConfigVisitor {
+            type Value = Config;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a lock backend URL or a table of fencelock settings")
+            }
+
+            fn visit_str<E: de::Error>(self, url: &str) -> Result<Config, E> {
+                Config::from_url(url).map_err(E::custom)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Config, A::Error> {
+                let table =
+                    file::FileConfig::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                table
+                    .url()
+                    .and_then(|url| Config::from_url(&url))
+                    .map_err(de::Error::custom)
+            }
+        }
+
+        deserializer.deserialize_any(ConfigVisitor)
     }
 }
 
@@ -279,6 +366,49 @@ impl fmt::Debug for Config {
 mod tests {
     use super::*;
     use fencelock_core::FencingStrength;
+
+    #[test]
+    fn display_round_trips() {
+        for url in [
+            "mem://",
+            "mem://ns?require=fifo&retry=2",
+            "mem://?retry=3&retry_min_delay=50ms&retry_max_delay=1m%2030s&metrics=false",
+            "etcd://h:1,h2:2/p/q?lease=10s&cleanup_timeout=2s&require=linearizable&retry=1",
+            "zk://h:1/chroot?session_timeout=4s&acl=open&retry_max_delay=3s",
+            "redis+sentinel://s1:1,s2:2/master?db=2&prefix=x:&retry=0",
+            "redlock://a:1,b:2,c:3?prefix=a+b&timeout=250ms",
+        ] {
+            let config: Config = url.parse().unwrap_or_else(|e| panic!("{url}: {e}"));
+            let shown = config.to_string();
+            let again = Config::from_url(&shown).unwrap_or_else(|e| panic!("{shown}: {e}"));
+            assert_eq!(again, config, "{url} -> {shown}");
+        }
+        let c = Config::from_url("mem://?retry_min_delay=50ms").unwrap();
+        assert!(c.to_string().contains("retry_min_delay=50ms"), "{c}");
+    }
+
+    #[test]
+    fn deserializes_from_a_url_or_a_table() {
+        #[derive(serde::Deserialize)]
+        struct App {
+            locks: Config,
+        }
+        let from_url: App = toml::from_str("locks = \"zk://h:1/x?session_timeout=5s\"").unwrap();
+        let from_table: App = toml::from_str(
+            "[locks]\nbackend = \"zookeeper\"\nendpoints = [\"h:1\"]\nprefix = \"/x\"\nlease = \"5s\"\n",
+        )
+        .unwrap();
+        assert_eq!(from_url.locks, from_table.locks);
+        let bad = toml::from_str::<App>("[locks]\nbackend = \"etcd\"\nendpoint = \"h\"\n");
+        assert!(bad.is_err());
+        // fencelock's own message never shows the password (toml's rendering of the
+        // error quotes the application's document, which is the application's).
+        let err = toml::from_str::<App>("locks = \"redis://:hunter2@h:1:2\"")
+            .err()
+            .unwrap();
+        assert!(!err.message().contains("hunter2"), "{}", err.message());
+        assert!(err.message().contains("redis://:***@"), "{}", err.message());
+    }
 
     #[test]
     fn require_is_taken_out_of_the_query_for_any_scheme() {
@@ -304,7 +434,10 @@ mod tests {
         assert_eq!(c.backend_url(), "etcd://h/p");
         assert_eq!(c.retry_policy().map(RetryPolicy::retries), Some(5));
         assert!(c.has_metrics());
-        assert_eq!(c.to_string(), "etcd://h/p?retry=5&metrics=true");
+        assert_eq!(
+            c.to_string(),
+            "etcd://h/p?retry=5&retry_min_delay=50ms&metrics=true"
+        );
     }
 
     #[test]

@@ -34,9 +34,11 @@ use crate::redact::COMPONENT;
 /// What may appear in user info: everything but the unreserved characters is encoded.
 const USERINFO: &percent_encoding::AsciiSet = COMPONENT;
 
+/// The keys of a config file (also a table in an application's own configuration, see
+/// `Config`'s `Deserialize`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FileConfig {
+pub(crate) struct FileConfig {
     url: Option<String>,
     backend: Option<String>,
     endpoints: Option<Vec<String>>,
@@ -170,7 +172,8 @@ fn option_text(key: &str, value: &toml::Value) -> Result<String, Error> {
 }
 
 impl FileConfig {
-    fn url(&self) -> Result<String, Error> {
+    /// The URL this config describes.
+    pub(crate) fn url(&self) -> Result<String, Error> {
         let mut query: Vec<(String, String)> = Vec::new();
         let base = match (&self.migration, &self.url, &self.backend) {
             (Some(migration), None, None | Some(_)) => {

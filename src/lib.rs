@@ -37,8 +37,8 @@ pub use fencelock_core::layer;
 pub use fencelock_core::{
     AcquireOptions, BoxError, Capabilities, DEFAULT_LEASE, DistributedLock, DistributedLockExt,
     Error, FOREVER, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Lease,
-    Liveness, LockGuard, LockInfo, LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock,
-    SHORTEST_LEASE, StaleToken, Wait, parse_duration, validate_name,
+    Liveness, LockGuard, LockInfo, LossCause, LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock,
+    SHORTEST_LEASE, StaleToken, Wait, downcast_lock, parse_duration, validate_name,
 };
 #[cfg(feature = "metrics")]
 pub use fencelock_core::{Metrics, MetricsOptions};
@@ -46,3 +46,17 @@ pub use fencelock_core::{MigrationLock, MigrationPhase, Retry, RetryPolicy};
 pub use migrate::migration_url;
 pub use redact::redact_url;
 pub use requirement::Requirement;
+
+/// The etcd backend (cargo feature `etcd`): [`etcd::EtcdLock`] and its configuration,
+/// and helpers beyond the trait such as [`etcd::owner_compare`]. Reach the lock behind a
+/// URL with [`downcast_lock`].
+#[cfg(feature = "etcd")]
+pub use fencelock_etcd as etcd;
+/// The Redis backend (cargo feature `redis`): [`redis::RedisLock`] and its
+/// configuration.
+#[cfg(feature = "redis")]
+pub use fencelock_redis as redis;
+/// The ZooKeeper backend (cargo feature `zookeeper`): [`zookeeper::ZkLock`], its
+/// configuration and [`zookeeper::ZkFence`].
+#[cfg(feature = "zookeeper")]
+pub use fencelock_zk as zookeeper;

@@ -72,3 +72,20 @@ async fn a_duration_without_a_unit_is_refused_everywhere() {
         assert!(err.to_string().contains("unit"), "{url}: {err}");
     }
 }
+
+/// What a backend offers beyond the trait is reachable after `connect(url)`, through the
+/// retry and metrics layers: the backend crates are re-exported, and `downcast_lock`
+/// finds the concrete lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_behind_a_url_is_reachable() {
+    let locks = fencelock::connect("mem://?retry=2").await.unwrap();
+    assert!(fencelock::downcast_lock::<fencelock::MemoryLock>(&*locks).is_some());
+    let endpoint = fencelock_testkit::EtcdServer::shared().endpoint();
+    let locks = fencelock::connect(&format!("etcd://{endpoint}/downcast?retry=1"))
+        .await
+        .unwrap();
+    let etcd = fencelock::downcast_lock::<fencelock::etcd::EtcdLock>(&*locks)
+        .expect("the etcd lock behind the retry layer");
+    assert_eq!(etcd.config().prefix, "downcast");
+    assert!(fencelock::downcast_lock::<fencelock::redis::RedisLock>(&*locks).is_none());
+}

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, EventType, Txn, TxnOp, WatchFilterType, WatchOptions,
 };
-use fencelock_core::{Error, HeldLock, Liveness};
+use fencelock_core::{Error, HeldLock, Liveness, LossCause};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
@@ -125,7 +125,10 @@ impl Cleanup {
                 }
                 if Instant::now() >= give_up {
                     tracing::error!(key = %self.key, %error, "cannot delete a released key; abandoning the session so it expires");
-                    session.mark_lost("a released key could not be deleted; the session was abandoned");
+                    session.mark_lost(
+                        LossCause::ClientClosed,
+                        "a released key could not be deleted; the session was abandoned",
+                    );
                     break;
                 }
                 tokio::time::sleep(backoff).await;
@@ -355,7 +358,8 @@ impl HeldLock for EtcdHeld {
                 Ok(())
             }
             Ok(Ok(false)) => {
-                self.liveness.mark_lost("the key was gone at release");
+                self.liveness
+                    .mark_lost(LossCause::KeyGone, "the key was gone at release");
                 Err(Error::lost(
                     &self.name,
                     "the key was gone at release (expired or deleted)",
@@ -456,7 +460,7 @@ async fn watch_key(
     };
     if let Some(reason) = watching.await {
         if !releasing.load(Ordering::SeqCst) {
-            liveness.mark_lost(reason);
+            liveness.mark_lost(LossCause::KeyGone, reason);
         }
     }
 }

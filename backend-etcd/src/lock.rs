@@ -10,7 +10,8 @@ use etcd_client::{
 };
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Lease, Liveness, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+    HolderInfo, Lease, Liveness, LockGuard, LockInfo, LossCause, LossDetection, Wait,
+    validate_name,
 };
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -536,7 +537,10 @@ fn stale(error: etcd_client::Error, pending: &mut Armed) -> Error {
     if crate::error::is_lease_not_found(&error) {
         pending.get().state = KeyState::Absent;
         if let Some(session) = &pending.get().session {
-            session.mark_lost("etcd no longer knows the session lease");
+            session.mark_lost(
+                LossCause::SessionEnded,
+                "etcd no longer knows the session lease",
+            );
         }
     }
     map(error)
@@ -634,5 +638,9 @@ impl DistributedLock for EtcdLock {
 
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use fencelock_core::{Error, Liveness};
+use fencelock_core::{Error, Liveness, LossCause};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -133,11 +133,11 @@ impl Session {
     }
 
     /// Declares the session lost and tells every guard on it.
-    pub(crate) fn mark_lost(&self, reason: &str) {
+    pub(crate) fn mark_lost(&self, cause: LossCause, reason: &str) {
         self.lost.cancel();
         let guards: Vec<Liveness> = self.state().guards.drain().map(|(_, l)| l).collect();
         for liveness in guards {
-            liveness.mark_lost(reason);
+            liveness.mark_lost(cause, reason);
         }
         if let Some(task) = self
             .keepalive
@@ -217,7 +217,7 @@ async fn keep_alive_loop(
                 next = sent + interval;
             }
             Ok(Ok(Some(_))) => {
-                session.mark_lost("the etcd session lease expired");
+                session.mark_lost(LossCause::SessionEnded, "the etcd session lease expired");
                 return;
             }
             Ok(Ok(None) | Err(_)) => {
@@ -229,14 +229,20 @@ async fn keep_alive_loop(
                     Ok(Ok((k, s))) => (keeper, stream) = (k, s),
                     Ok(Err(_)) => {}
                     Err(_) => {
-                        session.mark_lost(&timed_out("a keepalive").to_string());
+                        session.mark_lost(
+                            LossCause::LeaseExpired,
+                            &timed_out("a keepalive").to_string(),
+                        );
                         return;
                     }
                 }
                 next = Instant::now() + Duration::from_millis(100).min(interval);
             }
             Err(_) if Instant::now() >= deadline => {
-                session.mark_lost("no keepalive answer from etcd before the lease deadline");
+                session.mark_lost(
+                    LossCause::LeaseExpired,
+                    "no keepalive answer from etcd before the lease deadline",
+                );
                 return;
             }
             Err(_) => {
@@ -249,7 +255,10 @@ async fn keep_alive_loop(
                     Ok(Ok((k, s))) => (keeper, stream) = (k, s),
                     Ok(Err(_)) => {}
                     Err(_) => {
-                        session.mark_lost(&timed_out("a keepalive").to_string());
+                        session.mark_lost(
+                            LossCause::LeaseExpired,
+                            &timed_out("a keepalive").to_string(),
+                        );
                         return;
                     }
                 }
@@ -310,7 +319,10 @@ impl Sessions {
             .collect();
         for duration in idle {
             if let Some(session) = live.remove(&duration) {
-                session.mark_lost("an idle session was closed to make room");
+                session.mark_lost(
+                    LossCause::ClientClosed,
+                    "an idle session was closed to make room",
+                );
                 let mut leases = client.lease_client();
                 let id = session.lease_id;
                 tokio::spawn(async move { leases.revoke(id).await });
@@ -342,7 +354,7 @@ impl Sessions {
             .map(|(_, s)| s)
             .collect();
         for session in sessions {
-            session.mark_lost("the client was closed");
+            session.mark_lost(LossCause::ClientClosed, "the client was closed");
             let _ = client.lease_client().revoke(session.lease_id).await;
         }
     }

@@ -254,6 +254,10 @@ impl DistributedLock for RedisLock {
     fn backend(&self) -> &'static str {
         BACKEND
     }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }
 
 fn text(value: &Value) -> Option<String> {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use fencelock_core::Liveness;
+use fencelock_core::{Liveness, LossCause};
 use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -239,8 +239,10 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
         if renewed >= engine.quorum {
             d.liveness.extend(sent + d.lease - drift(d.lease));
         } else if gone > nodes - engine.quorum {
-            d.liveness
-                .mark_lost("the lock key was gone or held by another owner at renewal");
+            d.liveness.mark_lost(
+                LossCause::KeyGone,
+                "the lock key was gone or held by another owner at renewal",
+            );
             engine.renewals.remove(d.id);
         } else {
             tracing::debug!(key = %d.lock_key, "lock renewal failed; retrying");

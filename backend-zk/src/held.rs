@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock_core::{Error, HeldLock, Liveness};
+use fencelock_core::{Error, HeldLock, Liveness, LossCause};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
@@ -180,11 +180,14 @@ async fn watch_node(node: Arc<Node>, liveness: Liveness, stop: CancellationToken
         let watcher = match armed {
             Ok((_, _, watcher)) => watcher,
             Err(zk::Error::NoNode) => {
-                liveness.mark_lost("the lock node was deleted");
+                liveness.mark_lost(LossCause::KeyGone, "the lock node was deleted");
                 return;
             }
             Err(err) if session_ended(&err) => {
-                liveness.mark_lost(format!("the ZooKeeper session ended: {err}"));
+                liveness.mark_lost(
+                    LossCause::SessionEnded,
+                    format!("the ZooKeeper session ended: {err}"),
+                );
                 return;
             }
             Err(_) => {
@@ -199,12 +202,18 @@ async fn watch_node(node: Arc<Node>, liveness: Liveness, stop: CancellationToken
             event = watcher.changed() => match event.event_type {
                 zk::EventType::NodeDeleted => {
                     if !stop.is_cancelled() {
-                        liveness.mark_lost("the lock node was deleted by another client");
+                        liveness.mark_lost(
+                            LossCause::KeyGone,
+                            "the lock node was deleted by another client",
+                        );
                     }
                     return;
                 }
                 zk::EventType::Session if event.session_state.is_terminated() => {
-                    liveness.mark_lost(format!("the ZooKeeper session ended: {}", event.session_state));
+                    liveness.mark_lost(
+                        LossCause::SessionEnded,
+                        format!("the ZooKeeper session ended: {}", event.session_state),
+                    );
                     return;
                 }
                 _ => {}

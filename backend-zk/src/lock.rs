@@ -244,4 +244,8 @@ impl DistributedLock for ZkLock {
     fn backend(&self) -> &'static str {
         BACKEND
     }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }

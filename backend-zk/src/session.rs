@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use fencelock_core::{Error, Liveness};
+use fencelock_core::{Error, Liveness, LossCause};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -175,7 +175,7 @@ impl ZkSession {
     pub(crate) fn register(&self, liveness: Liveness, cap: Option<Instant>) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if self.ended.is_cancelled() {
-            liveness.mark_lost("the ZooKeeper session ended");
+            liveness.mark_lost(LossCause::SessionEnded, "the ZooKeeper session ended");
         }
         self.held().insert(id, Registered { liveness, cap });
         id
@@ -195,7 +195,7 @@ impl ZkSession {
     fn end(&self, reason: &str) {
         self.ended.cancel();
         for entry in self.held().values() {
-            entry.liveness.mark_lost(reason);
+            entry.liveness.mark_lost(LossCause::SessionEnded, reason);
         }
     }
 

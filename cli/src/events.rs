@@ -68,9 +68,15 @@ impl Events {
     }
 
     /// The lock was lost (the failure line follows in text mode).
-    pub fn lost(&self, name: &str, token: u64, cause: &str) {
+    pub fn lost(&self, guard: &LockGuard) {
         if self.json {
-            self.emit(json!({ "event": "lost", "name": name, "token": token, "cause": cause }));
+            self.emit(json!({
+                "event": "lost",
+                "name": guard.name(),
+                "token": guard.token().get(),
+                "cause": guard.lost_cause().map_or("other", |c| c.as_str()),
+                "reason": guard.lost_reason(),
+            }));
         }
     }
 

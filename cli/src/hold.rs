@@ -37,7 +37,7 @@ pub async fn hold(args: HoldArgs) -> Result<u8, Failure> {
     tokio::select! {
         _ = guard.lost() => {
             let reason = guard.lost_reason().unwrap_or("lost").to_owned();
-            events.lost(guard.name(), guard.token().get(), &reason);
+            events.lost(&guard);
             let name = guard.name().to_owned();
             let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
             Err(Failure::new(code::LOST, format!("lock {name:?} was lost: {reason}")))

@@ -63,7 +63,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     match outcome {
         Outcome::Exited(status) => finish(guard, status, &events).await,
         Outcome::Lost { reason, killed } => {
-            events.lost(guard.name(), guard.token().get(), &reason);
+            events.lost(&guard);
             let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
             let how = if killed {
                 format!(

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Error, FencingToken, Liveness};
+use crate::{Error, FencingToken, Liveness, LossCause};
 
 /// The backend side of a held lock: what a [`LockGuard`] calls to let go.
 ///
@@ -86,8 +86,10 @@ impl LockGuard {
         liveness: Liveness,
         held: Arc<dyn HeldLock>,
     ) -> Self {
+        let name = name.into();
+        liveness.set_identity(&name, token.get(), backend);
         LockGuard {
-            name: name.into(),
+            name,
             token,
             backend,
             liveness,
@@ -158,9 +160,15 @@ impl LockGuard {
         self.liveness.lost_token()
     }
 
-    /// Why the lock was lost, once it is.
+    /// Why the lock was lost, once it is: the backend's words (see
+    /// [`lost_cause`](Self::lost_cause) for the kind).
     pub fn lost_reason(&self) -> Option<&str> {
         self.liveness.lost_reason()
+    }
+
+    /// The kind of loss, once the lock is lost.
+    pub fn lost_cause(&self) -> Option<LossCause> {
+        self.liveness.lost_cause()
     }
 
     /// The conservative local deadline of this grant on the monotonic clock: the instant

@@ -7,6 +7,52 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// Why a lock was lost: the kind, for code and metrics; the guard's
+/// [`lost_reason`](crate::LockGuard::lost_reason) adds the backend's own words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossCause {
+    /// The client's own deadline (`valid_until`) passed without a confirmed renewal: a
+    /// partition, a paused process, an unreachable or stalled server.
+    LeaseExpired,
+    /// The lock's key or node is gone from the server (deleted by someone, or expired
+    /// there).
+    KeyGone,
+    /// Another owner holds the lock's key now.
+    TakenOver,
+    /// The session (ZooKeeper) or session lease (etcd) ended, expired or was revoked, as
+    /// the server said.
+    SessionEnded,
+    /// The client gave the lock up itself: it was closed, or abandoned a session it could
+    /// not clean up.
+    ClientClosed,
+    /// One leg of the migration layer was lost.
+    MigrationLeg,
+    /// Anything else (see the reason).
+    Other,
+}
+
+impl LossCause {
+    /// A stable `snake_case` name, for metrics labels and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossCause::LeaseExpired => "lease_expired",
+            LossCause::KeyGone => "key_gone",
+            LossCause::TakenOver => "taken_over",
+            LossCause::SessionEnded => "session_ended",
+            LossCause::ClientClosed => "client_closed",
+            LossCause::MigrationLeg => "migration_leg",
+            LossCause::Other => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for LossCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Whether a held lock is still valid, shared by a backend and the guard it handed out.
 ///
 /// The backend moves the deadline forward after each successful renewal and marks the
@@ -26,7 +72,9 @@ struct Inner {
     lost: CancellationToken,
     ended: CancellationToken,
     valid_until: Mutex<Instant>,
-    reason: OnceLock<String>,
+    reason: OnceLock<(LossCause, String)>,
+    /// The guard's lock, token and backend, for the loss log line.
+    identity: OnceLock<(String, u64, &'static str)>,
     at_risk: AtomicBool,
     driver_started: AtomicBool,
     runtime: Option<Handle>,
@@ -44,6 +92,7 @@ impl Liveness {
                 ended: CancellationToken::new(),
                 valid_until: Mutex::new(valid_until),
                 reason: OnceLock::new(),
+                identity: OnceLock::new(),
                 at_risk: AtomicBool::new(false),
                 driver_started: AtomicBool::new(false),
                 runtime: Handle::try_current().ok(),
@@ -80,9 +129,31 @@ impl Liveness {
         }
     }
 
-    /// Declares the lock lost. The first reason given is kept. Idempotent.
-    pub fn mark_lost(&self, reason: impl Into<String>) {
-        let _ = self.inner.reason.set(reason.into());
+    /// Names the guard this record belongs to (its lock, token and backend), for the
+    /// `warn!` that reports its loss. Set once, by [`LockGuard::new`](crate::LockGuard::new).
+    pub fn set_identity(&self, name: &str, token: u64, backend: &'static str) {
+        let _ = self.inner.identity.set((name.to_owned(), token, backend));
+    }
+
+    /// Declares the lock lost. The first cause and reason given are kept. Idempotent.
+    ///
+    /// The first time, unless the guard already ended, it logs a `tracing` `warn!` with
+    /// the lock, token, backend and cause: a lost lock is always visible.
+    pub fn mark_lost(&self, cause: LossCause, reason: impl Into<String>) {
+        let reason = reason.into();
+        if self.inner.reason.set((cause, reason.clone())).is_ok() && !self.is_ended() {
+            match self.inner.identity.get() {
+                Some((name, token, backend)) => tracing::warn!(
+                    lock = %name,
+                    token,
+                    backend,
+                    %cause,
+                    reason = %reason,
+                    "lock lost while held"
+                ),
+                None => tracing::warn!(%cause, reason = %reason, "lock lost while held"),
+            }
+        }
         self.inner.lost.cancel();
     }
 
@@ -92,15 +163,23 @@ impl Liveness {
             return true;
         }
         if Instant::now() >= self.valid_until() {
-            self.mark_lost("the lease deadline passed without a successful renewal");
+            self.mark_lost(
+                LossCause::LeaseExpired,
+                "the lease deadline passed without a successful renewal",
+            );
             return true;
         }
         false
     }
 
-    /// Why the lock was lost, once it is.
+    /// Why the lock was lost, once it is: the backend's words.
     pub fn lost_reason(&self) -> Option<&str> {
-        self.inner.reason.get().map(String::as_str)
+        self.inner.reason.get().map(|(_, reason)| reason.as_str())
+    }
+
+    /// The kind of loss, once the lock is lost.
+    pub fn lost_cause(&self) -> Option<LossCause> {
+        self.inner.reason.get().map(|(cause, _)| *cause)
     }
 
     /// Completes when the lock is lost (marked, or the deadline passed).
@@ -212,6 +291,73 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(token.is_cancelled());
         assert!(live.lost_reason().unwrap().contains("deadline"));
+        assert_eq!(live.lost_cause(), Some(LossCause::LeaseExpired));
+    }
+
+    /// Records the fields of every event.
+    #[derive(Default)]
+    struct Capture(Mutex<Vec<(tracing::Level, String)>>);
+
+    impl tracing::Subscriber for Capture {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            struct Fields(String);
+            impl tracing::field::Visit for Fields {
+                fn record_debug(
+                    &mut self,
+                    field: &tracing::field::Field,
+                    value: &dyn std::fmt::Debug,
+                ) {
+                    self.0.push_str(&format!("{}={value:?} ", field.name()));
+                }
+            }
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0
+                .lock()
+                .unwrap()
+                .push((*event.metadata().level(), fields.0));
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn a_loss_is_logged_once_with_lock_token_backend_and_cause() {
+        let capture = std::sync::Arc::new(Capture::default());
+        let live = Liveness::new(Instant::now() + Duration::from_secs(10));
+        live.set_identity("orders/42", 7, "etcd");
+        tracing::subscriber::with_default(capture.clone(), || {
+            live.mark_lost(LossCause::SessionEnded, "the session expired");
+            live.mark_lost(LossCause::KeyGone, "again");
+        });
+        let events = capture.0.lock().unwrap().clone();
+        assert_eq!(events.len(), 1, "{events:?}");
+        let (level, fields) = &events[0];
+        assert_eq!(*level, tracing::Level::WARN);
+        for part in [
+            "lock=orders/42",
+            "token=7",
+            "backend=\"etcd\"",
+            "cause=session_ended",
+        ] {
+            assert!(fields.contains(part), "{part} in {fields}");
+        }
+        // A guard that already ended is not reported lost.
+        let ended = Liveness::new(Instant::now() + Duration::from_secs(10));
+        ended.end();
+        let quiet = std::sync::Arc::new(Capture::default());
+        tracing::subscriber::with_default(quiet.clone(), || {
+            ended.mark_lost(LossCause::SessionEnded, "after release");
+        });
+        assert!(quiet.0.lock().unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -221,9 +367,11 @@ mod tests {
         assert!(live.extend(Instant::now() + Duration::from_secs(10)));
         tokio::time::sleep(Duration::from_secs(9)).await;
         assert!(!live.is_lost());
-        live.mark_lost("key deleted");
+        live.mark_lost(LossCause::KeyGone, "key deleted");
+        live.mark_lost(LossCause::Other, "later");
         assert!(!live.extend(Instant::now() + Duration::from_secs(100)));
         assert!(live.is_lost());
         assert_eq!(live.lost_reason(), Some("key deleted"));
+        assert_eq!(live.lost_cause(), Some(LossCause::KeyGone));
     }
 }

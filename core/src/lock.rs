@@ -84,6 +84,46 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// A short static name of the backend (`"mem"`, `"etcd"`, `"zookeeper"`, `"redis"`,
     /// ...), used in errors and metrics.
     fn backend(&self) -> &'static str;
+
+    /// This lock as [`Any`](std::any::Any), so that [`downcast_lock`] can reach a
+    /// concrete backend's own API. Backends return `Some(self)`; the default is `None`.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
+    /// The lock this one wraps (the retry and metrics layers), so that
+    /// [`downcast_lock`] looks through layers. `None` for backends, and for the
+    /// migration layer, which has two.
+    fn wrapped(&self) -> Option<&dyn DistributedLock> {
+        None
+    }
+}
+
+/// The concrete backend `T` behind `lock`, looking through the retry and metrics
+/// layers: how code that connected by URL reaches what a backend offers beyond the trait
+/// (`EtcdLock::client`, `ZkLock`'s fencing helpers, ...). `None` when `lock` is another
+/// backend, or a migration layer.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+/// use std::sync::Arc;
+/// use fencelock_core::{DistributedLock, MemoryLock, Retry, RetryPolicy, downcast_lock};
+///
+/// let lock: Arc<dyn DistributedLock> =
+///     Arc::new(Retry::new(Arc::new(MemoryLock::new()), RetryPolicy::default()));
+/// assert!(downcast_lock::<MemoryLock>(&*lock).is_some());
+/// // The layers themselves can be reached too.
+/// assert_eq!(downcast_lock::<Retry>(&*lock).unwrap().policy(), &RetryPolicy::default());
+/// # Ok(()) }
+/// ```
+pub fn downcast_lock<T: DistributedLock>(lock: &dyn DistributedLock) -> Option<&T> {
+    let mut current = lock;
+    loop {
+        if let Some(found) = current.as_any().and_then(|any| any.downcast_ref::<T>()) {
+            return Some(found);
+        }
+        current = current.wrapped()?;
+    }
 }
 
 /// What [`DistributedLock::inspect`] found.
@@ -161,6 +201,12 @@ macro_rules! forward {
             }
             fn backend(&self) -> &'static str {
                 (**self).backend()
+            }
+            fn as_any(&self) -> Option<&dyn std::any::Any> {
+                (**self).as_any()
+            }
+            fn wrapped(&self) -> Option<&dyn DistributedLock> {
+                (**self).wrapped()
             }
         }
     )*};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::support::{SLACK, short_lease, unique_name};
-use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error};
+use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error, LossCause};
 
 /// A fixed lease that expires lets the next holder in with a larger token, never before
 /// the old guard's `valid_until()`; the old guard reports loss no later than that deadline
@@ -62,6 +62,22 @@ pub async fn fixed_lease_expires_and_reports_loss(lock: &dyn DistributedLock) {
     );
     assert!(new.token() > old.token());
     assert!(old.is_lost());
+    // Every backend types its loss: an expired fixed lease is the client's own deadline,
+    // or the key (node, session) found gone on the server, or (migration layer) a leg's.
+    assert!(
+        matches!(
+            old.lost_cause(),
+            Some(
+                LossCause::LeaseExpired
+                    | LossCause::KeyGone
+                    | LossCause::SessionEnded
+                    | LossCause::MigrationLeg
+            )
+        ),
+        "loss cause {:?} ({:?})",
+        old.lost_cause(),
+        old.lost_reason()
+    );
     tokio::time::timeout(SLACK, cancel.cancelled())
         .await
         .expect("lost_token fires with the loss");

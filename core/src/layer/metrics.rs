@@ -18,10 +18,11 @@
 //! | `fencelock_locks_held` | gauge | guards currently holding a lock (granted, not released, dropped or lost) |
 //!
 //! Every metric has the labels `backend` (`"etcd"`, `"redis"`, ...) and `name` (the lock
-//! name). `fencelock_lock_lost_total` also has `cause`: `deadline` when the guard's own
-//! conservative deadline passed without a successful renewal (renewals failed), `reported`
-//! when the backend reported the lock gone (key or node deleted, session expired), and
-//! `release` when the loss was only discovered by the release.
+//! name). `fencelock_lock_lost_total` also has `cause`: the guard's
+//! [`LossCause`](crate::LossCause) (`lease_expired` when its own conservative deadline
+//! passed without a successful renewal, `key_gone`, `taken_over`, `session_ended`,
+//! `client_closed`, `migration_leg`, `other`), or `found_at_release` when the loss was
+//! only discovered by the release.
 //!
 //! # Cardinality
 //!
@@ -35,13 +36,13 @@
 //! Renewals happen inside each backend, out of a layer's sight, so individual renewal
 //! failures are not counted here. What a layer can see is their consequence: a lock whose
 //! renewals kept failing until its deadline is counted in `fencelock_lock_lost_total` with
-//! `cause="deadline"`.
+//! `cause="lease_expired"`.
 //!
 //! # Tracing
 //!
 //! Spans `fencelock.acquire` (fields `backend`, `lock`, and `token` once granted) and
-//! `fencelock.release` (`backend`, `lock`, `token`); a loss is a `warn` event with the
-//! reason.
+//! `fencelock.release` (`backend`, `lock`, `token`). A loss is a `warn` event with the
+//! lock, token, backend and cause, logged by every guard with or without this layer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -53,7 +54,7 @@ use tracing::Instrument;
 
 use crate::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingToken, HeldLock, Liveness,
-    LockGuard, LockInfo,
+    LockGuard, LockInfo, LossCause,
 };
 
 /// Histogram of the time `acquire` took, in seconds, for acquisitions that got the lock.
@@ -240,6 +241,14 @@ impl DistributedLock for Metrics {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn wrapped(&self) -> Option<&dyn DistributedLock> {
+        Some(&*self.inner)
+    }
 }
 
 /// What is recorded about one grant until it ends.
@@ -277,29 +286,16 @@ impl HoldRecord {
 
     /// Counts the loss `liveness` reports.
     fn lost_by(&self, liveness: &Liveness) {
-        let reason = liveness.lost_reason().unwrap_or("unknown");
-        // Liveness's own reason when its deadline passed without a renewal.
-        let cause = if reason.contains("deadline") {
-            "deadline"
-        } else {
-            "reported"
-        };
-        self.lost(cause, reason);
+        let cause = liveness.lost_cause().unwrap_or(LossCause::Other);
+        self.lost(cause.as_str());
     }
 
-    /// Counts a loss (once) and takes the lock out of the held gauge.
-    fn lost(&self, cause: &'static str, reason: &str) {
+    /// Counts a loss (once) and takes the lock out of the held gauge. (The loss itself
+    /// is logged by [`Liveness::mark_lost`], with or without this layer.)
+    fn lost(&self, cause: &'static str) {
         if self.unheld.swap(true, Ordering::SeqCst) {
             return;
         }
-        tracing::warn!(
-            backend = self.backend,
-            lock = %self.name,
-            token = self.token,
-            cause,
-            reason,
-            "lock lost while held"
-        );
         let mut labels = self.labels.clone();
         labels.push(Label::new("cause", cause));
         counter!(LOCK_LOST_TOTAL, labels).increment(1);
@@ -346,8 +342,8 @@ impl HeldLock for MeteredHeld {
         // The inner handle's release is idempotent; the inner guard stays in place so a
         // failed release is still retried in the background when this handle is dropped.
         let result = self.held.release().instrument(span).await;
-        if let Err(Error::Lost { reason, .. }) = &result {
-            record.lost("release", reason);
+        if let Err(Error::Lost { .. }) = &result {
+            record.lost("found_at_release");
         }
         record.end();
         result
@@ -500,7 +496,7 @@ mod tests {
         let guard = locks.acquire("m-lost", opts).await.unwrap();
         tokio::time::sleep(Duration::from_millis(1500)).await;
         tokio::task::yield_now().await;
-        let lost = [labels[0], labels[1], "cause=deadline"];
+        let lost = [labels[0], labels[1], "cause=lease_expired"];
         assert_eq!(count(LOCK_LOST_TOTAL, &lost), 1.0, "counted before release");
         assert_eq!(count(LOCKS_HELD, &labels), 0.0);
         assert!(matches!(guard.release().await, Err(Error::Lost { .. })));

@@ -129,6 +129,11 @@ impl RetryPolicy {
         self.jitter
     }
 
+    /// The configured delay before the first retry and the longest delay.
+    pub fn delay_bounds(&self) -> (Duration, Duration) {
+        (self.min_delay, self.max_delay)
+    }
+
     /// The delays before each retry, before jitter.
     pub fn nominal_delays(&self) -> impl Iterator<Item = Duration> + use<> {
         ExponentialBuilder::new()
@@ -304,6 +309,14 @@ impl DistributedLock for Retry {
 
     fn backend(&self) -> &'static str {
         self.inner.backend()
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn wrapped(&self) -> Option<&dyn DistributedLock> {
+        Some(&*self.inner)
     }
 }
 

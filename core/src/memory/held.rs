@@ -8,7 +8,7 @@ use tokio::task::AbortHandle;
 
 use super::Shared;
 use super::table::Renewal;
-use crate::{Error, HeldLock, Lease, Liveness};
+use crate::{Error, HeldLock, Lease, Liveness, LossCause};
 
 /// The backend side of a memory guard.
 #[derive(Debug)]
@@ -44,7 +44,10 @@ impl MemoryHeld {
                         tick.tick().await;
                         let renewal = shared.table().renew(&name, id, duration);
                         if let Renewal::Gone = renewal {
-                            liveness.mark_lost("the lock was no longer held at renewal");
+                            liveness.mark_lost(
+                                LossCause::KeyGone,
+                                "the lock was no longer held at renewal",
+                            );
                             return;
                         }
                     }

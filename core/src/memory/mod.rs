@@ -223,6 +223,10 @@ impl DistributedLock for MemoryLock {
     fn backend(&self) -> &'static str {
         BACKEND
     }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::{FencingToken, HolderInfo, Liveness, LockInfo};
+use crate::{FencingToken, HolderInfo, Liveness, LockInfo, LossCause};
 
 /// All locks of one [`MemoryLock`](super::MemoryLock) instance.
 ///
@@ -178,7 +178,9 @@ impl Table {
         entry.expire(Instant::now());
         let revoked = match entry.holder.take() {
             Some(holder) => {
-                holder.liveness.mark_lost("the lock was revoked");
+                holder
+                    .liveness
+                    .mark_lost(LossCause::KeyGone, "the lock was revoked");
                 entry.wake_front();
                 true
             }
@@ -238,7 +240,9 @@ impl Entry {
     fn expire(&mut self, now: Instant) {
         if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
             if let Some(holder) = self.holder.take() {
-                holder.liveness.mark_lost("the lease expired");
+                holder
+                    .liveness
+                    .mark_lost(LossCause::LeaseExpired, "the lease expired");
                 self.wake_front();
             }
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::{Error, HeldLock, Liveness, LockGuard};
+use crate::{Error, HeldLock, Liveness, LockGuard, LossCause};
 
 /// The guards of the legs a migration guard stands for, in acquisition order.
 ///
@@ -148,11 +148,11 @@ pub(super) async fn follow_legs(outer: Liveness, legs: [(&'static str, Liveness)
         tokio::select! {
             () = outer.ended() => return,
             () = first.lost() => {
-                outer.mark_lost(lost(first_role, &first));
+                outer.mark_lost(LossCause::MigrationLeg, lost(first_role, &first));
                 return;
             }
             () = second.lost() => {
-                outer.mark_lost(lost(second_role, &second));
+                outer.mark_lost(LossCause::MigrationLeg, lost(second_role, &second));
                 return;
             }
             () = outer.lost() => return,
@@ -194,7 +194,7 @@ mod tests {
         b.set_at_risk(true);
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(outer.is_at_risk());
-        b.mark_lost("session expired");
+        b.mark_lost(LossCause::SessionEnded, "session expired");
         task.await.unwrap();
         assert!(outer.is_lost());
         assert_eq!(

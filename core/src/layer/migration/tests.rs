@@ -184,7 +184,7 @@ async fn losing_either_leg_loses_the_guard() {
         let guard = migration(phase, &l, &t).lock("x").await.unwrap();
         assert!(!guard.is_lost());
         let victim = if lose == "legacy" { &legacy } else { &target };
-        victim.handed_out.lock().unwrap()[0].mark_lost("key deleted");
+        victim.handed_out.lock().unwrap()[0].mark_lost(crate::LossCause::KeyGone, "key deleted");
         tokio::time::timeout(Duration::from_secs(1), guard.lost())
             .await
             .expect("loss of a leg reaches the guard");
