@@ -106,9 +106,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let handle = PrometheusBuilder::new().install_recorder()?;
     let addr = start_exporter(port, handle)?;
     println!("serving metrics on http://{addr}/metrics");
+    // The example's two lock names are fixed, so the name label is safe here.
     let locks: Arc<dyn DistributedLock> = Arc::new(Metrics::new(
         fencelock::connect_from_env().await?,
-        MetricsOptions::default(),
+        MetricsOptions::new().with_name_label(),
     ));
     spawn_workload(&locks, 3);
     // Runs until interrupted.
@@ -146,17 +147,23 @@ mod tests {
         let addr = start_exporter(0, handle).unwrap();
         let locks: Arc<dyn DistributedLock> = Arc::new(Metrics::new(
             fencelock::connect("mem://metrics-example").await.unwrap(),
-            MetricsOptions::default(),
+            MetricsOptions::new().with_name_label(),
         ));
         let labels = r#"backend="mem",name="reports/nightly""#;
+        let acquired = r#"backend="mem",name="reports/nightly",result="acquired""#;
+        let timed_out = r#"backend="mem",name="reports/nightly",result="timeout""#;
         for i in 1..10 {
             round(&locks, i).await.unwrap();
         }
         let first = tokio::task::spawn_blocking(move || scrape(addr))
             .await
             .unwrap();
-        let acquired = value(&first, "fencelock_lock_acquisitions_total", labels);
-        assert_eq!(acquired, 9.0, "{first}");
+        let acquired_before = value(&first, "fencelock_lock_acquires_total", acquired);
+        assert_eq!(acquired_before, 9.0, "{first}");
+        assert!(
+            first.contains("# HELP fencelock_lock_acquires_total"),
+            "described: {first}"
+        );
         assert!(first.contains("fencelock_lock_wait_seconds"), "{first}");
         assert!(first.contains("fencelock_lock_hold_seconds"), "{first}");
 
@@ -172,7 +179,10 @@ mod tests {
             1.0,
             "{during}"
         );
-        assert_eq!(value(&during, "fencelock_lock_timeouts_total", labels), 1.0);
+        assert_eq!(
+            value(&during, "fencelock_lock_acquires_total", timed_out),
+            1.0
+        );
         let slow = r#"name="reports/slow""#;
         assert_eq!(
             value(&during, "fencelock_lock_lost_total", slow),
@@ -184,7 +194,7 @@ mod tests {
         let last = tokio::task::spawn_blocking(move || scrape(addr))
             .await
             .unwrap();
-        assert!(value(&last, "fencelock_lock_acquisitions_total", labels) > acquired);
+        assert!(value(&last, "fencelock_lock_acquires_total", acquired) > acquired_before);
         assert_eq!(value(&last, "fencelock_locks_held", labels), 0.0, "{last}");
     }
 }

@@ -21,6 +21,7 @@ const FACADE_OPTIONS: &[&str] = &[
     "retry_min_delay",
     "retry_max_delay",
     "metrics",
+    "metrics_names",
 ];
 
 /// Which lock service to use and what it must guarantee: the one thing both a URL and a
@@ -31,7 +32,8 @@ const FACADE_OPTIONS: &[&str] = &[
 ///   [requirements](Requirement); `retry=N` wraps the lock in a [`Retry`](crate::Retry)
 ///   layer with N retries (`retry_min_delay=200ms` and `retry_max_delay=1s` adjust its
 ///   default policy, 3 retries after 200 ms, 500 ms, 1 s, and also turn it on);
-///   `metrics=true` wraps it in the metrics layer (cargo feature `metrics`). Layers
+///   `metrics=true` wraps it in the metrics layer (cargo feature `metrics`;
+///   `metrics_names=true` adds the lock name as a label). Layers
 ///   compose as metrics → retry → migration → backend.
 /// - From a TOML file: [`Config::from_file`] / [`Config::from_toml_str`]. A config file
 ///   is a structured way to write the same URL: it is turned into one, so both forms
@@ -72,6 +74,7 @@ pub struct Config {
     requirements: Vec<Requirement>,
     retry: Option<RetryPolicy>,
     metrics: bool,
+    metrics_names: bool,
 }
 
 impl Config {
@@ -112,6 +115,7 @@ impl Config {
             requirements: Vec::new(),
             retry: None,
             metrics: false,
+            metrics_names: false,
         };
         let mut rest = Vec::new();
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -164,10 +168,15 @@ impl Config {
                 self.retry = Some(self.retry.unwrap_or_default().max_delay(delay(value)?))
             }
             _ => {
-                self.metrics = match value {
+                let on = match value {
                     "true" | "1" | "on" => true,
                     "false" | "0" | "off" => false,
-                    _ => return Err(format!("metrics must be true or false, not {value:?}")),
+                    _ => return Err(format!("{key} must be true or false, not {value:?}")),
+                };
+                if key == "metrics" {
+                    self.metrics = on;
+                } else {
+                    self.metrics_names = on;
                 }
             }
         }
@@ -233,6 +242,18 @@ impl Config {
         self.metrics
     }
 
+    /// Labels the metrics with the lock name too (URL option `metrics_names=true`): only
+    /// for a small, fixed set of names (see the metrics layer's "Cardinality").
+    pub fn metrics_names(mut self, on: bool) -> Self {
+        self.metrics_names = on;
+        self
+    }
+
+    /// Whether the metrics carry the lock name.
+    pub fn has_metrics_names(&self) -> bool {
+        self.metrics_names
+    }
+
     /// The URL scheme, which names the backend (`etcd`, `redis`, `migrate`, ...).
     pub fn scheme(&self) -> &str {
         self.url.split_once("://").map_or("", |(scheme, _)| scheme)
@@ -271,6 +292,9 @@ impl fmt::Display for Config {
         }
         if self.metrics {
             options.push("metrics=true".into());
+        }
+        if self.metrics_names {
+            options.push("metrics_names=true".into());
         }
         for (i, option) in options.iter().enumerate() {
             let separator = if i == 0 && !self.url.contains('?') {
@@ -358,6 +382,7 @@ impl fmt::Debug for Config {
             .field("requirements", &self.requirements)
             .field("retry", &self.retry)
             .field("metrics", &self.metrics)
+            .field("metrics_names", &self.metrics_names)
             .finish()
     }
 }

@@ -114,16 +114,27 @@ pub async fn connect_config(config: &Config) -> Result<Arc<dyn DistributedLock>,
         Some(policy) if policy.retries() > 0 => Arc::new(Retry::new(lock, *policy)),
         _ => lock,
     };
-    with_metrics(lock, config.has_metrics())
+    with_metrics(lock, config.has_metrics(), config.has_metrics_names())
 }
 
 #[cfg(feature = "metrics")]
 fn with_metrics(
     lock: Arc<dyn DistributedLock>,
     on: bool,
+    names: bool,
 ) -> Result<Arc<dyn DistributedLock>, Error> {
+    if names && !on {
+        return Err(Error::InvalidConfig(
+            "metrics_names=true labels the metrics layer's metrics: it needs metrics=true".into(),
+        ));
+    }
+    let options = if names {
+        crate::MetricsOptions::new().with_name_label()
+    } else {
+        crate::MetricsOptions::new()
+    };
     Ok(if on {
-        Arc::new(crate::Metrics::new(lock, crate::MetricsOptions::new()))
+        Arc::new(crate::Metrics::new(lock, options))
     } else {
         lock
     })
@@ -133,8 +144,9 @@ fn with_metrics(
 fn with_metrics(
     lock: Arc<dyn DistributedLock>,
     on: bool,
+    names: bool,
 ) -> Result<Arc<dyn DistributedLock>, Error> {
-    if on {
+    if on || names {
         return Err(Error::InvalidConfig(
             "metrics=true needs fencelock's cargo feature `metrics`".into(),
         ));

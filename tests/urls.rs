@@ -32,6 +32,10 @@ async fn malformed_urls_are_invalid_before_any_io() {
         "migrate://?legacy=redis%3A%2F%2Fa%3A1%3A2&target=etcd%3A%2F%2Fh%3A1%2Fp&phase=legacy",
         "migrate://?legacy=redis%3A%2F%2Fh%3A1&target=etcd%3A%2F%2F%5B%3A%3A1%2Fp&phase=target",
         "mem://host:1",
+        // A raw `/` or `?` in a password cuts the host list short.
+        "redis://u:s3cr/et@h:1/0",
+        "etcd://u:s3cr?et@h:1/x",
+        "zk://u:s3cr/et@h:1/x",
     ] {
         let started = Instant::now();
         let err = match fencelock::connect(url).await {
@@ -43,6 +47,7 @@ async fn malformed_urls_are_invalid_before_any_io() {
             "{url}: not InvalidUrl: {err:?}"
         );
         assert!(!err.is_retryable(), "{url}: retryable");
+        assert!(!format!("{err} {err:?}").contains("s3cr"), "{url}: {err}");
         // Refused by the parser, not after a lookup or a connection attempt.
         assert!(
             started.elapsed() < Duration::from_millis(100),

@@ -47,7 +47,7 @@ pub struct EtcdConfig {
 /// TLS settings for `etcds://`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EtcdTls {
-    /// PEM file with the CA certificate(s) to trust.
+    /// PEM file with the CA certificate(s) to trust; `None`: the system's root certificates.
     pub ca: Option<String>,
     /// PEM client certificate, for mutual TLS.
     pub cert: Option<String>,
@@ -102,6 +102,7 @@ impl EtcdConfig {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected etcd://host:port/prefix"))?;
+        urlparts::check_userinfo_encoded(rest).map_err(|r| bad(&r))?;
         let tls = match scheme.to_ascii_lowercase().as_str() {
             "etcd" => None,
             "etcds" => Some(EtcdTls::default()),
@@ -135,9 +136,15 @@ impl EtcdConfig {
         for (key, value) in urlparts::parse_query(query.unwrap_or("")).map_err(|r| bad(&r))? {
             let key = key.as_str();
             match key {
-                "lease" => config.lease = parse_duration(key, &value)?,
-                "connect_timeout" => config.connect_timeout = parse_duration(key, &value)?,
-                "cleanup_timeout" => config.cleanup_timeout = parse_duration(key, &value)?,
+                "lease" | "connect_timeout" | "cleanup_timeout" => {
+                    let duration = fencelock_core::parse_duration(&value)
+                        .map_err(|reason| bad(&format!("`{key}`: {reason}")))?;
+                    match key {
+                        "lease" => config.lease = duration,
+                        "connect_timeout" => config.connect_timeout = duration,
+                        _ => config.cleanup_timeout = duration,
+                    }
+                }
                 "ca" | "cert" | "key" | "domain" => {
                     let tls = config
                         .tls
@@ -211,12 +218,6 @@ pub fn lease_seconds(lease: Duration) -> Result<i64, Error> {
         .map_err(|_| Error::InvalidConfig(format!("etcd: a lease of {lease:?} is too long")))
 }
 
-/// Parses a duration setting (see [`fencelock_core::parse_duration`]).
-fn parse_duration(key: &str, value: &str) -> Result<Duration, Error> {
-    fencelock_core::parse_duration(value)
-        .map_err(|reason| Error::InvalidConfig(format!("etcd: `{key}`: {reason}")))
-}
-
 fn decode(s: &str) -> Result<String, std::str::Utf8Error> {
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
@@ -262,7 +263,7 @@ mod tests {
             ("etcd://h:1/p?lease=1s", "invalid-config"),
             ("etcd://h:1/p?lease=0", "invalid-config"),
             ("etcd://h:1/p?lease=2500ms", "invalid-config"),
-            ("etcd://h:1/p?lease=soon", "invalid-config"),
+            ("etcd://h:1/p?lease=soon", "invalid-url"),
             ("etcd://h:1/p?ttl=3", "invalid-url"),
             ("etcd://h:1/p?ca=x", "invalid-url"), // TLS setting without etcds
             ("etcd://h:port/p", "invalid-url"),

@@ -18,9 +18,11 @@ pub(crate) fn apply(
             .map_err(|e| Error::InvalidConfig(format!("etcd: cannot read TLS file {path}: {e}")))
     };
     let mut settings = TlsOptions::new();
-    if let Some(ca) = &tls.ca {
-        settings = settings.ca_certificate(Certificate::from_pem(read(ca)?));
-    }
+    settings = match &tls.ca {
+        Some(ca) => settings.ca_certificate(Certificate::from_pem(read(ca)?)),
+        // No CA given: the system's roots, as a browser or curl would.
+        None => settings.with_native_roots(),
+    };
     match (&tls.cert, &tls.key) {
         (Some(cert), Some(key)) => {
             settings = settings.identity(Identity::from_pem(read(cert)?, read(key)?))

@@ -219,6 +219,7 @@ impl RedisConfig {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected SCHEME://HOST:PORT".into()))?;
+        urlparts::check_userinfo_encoded(rest).map_err(&bad)?;
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),

@@ -6,10 +6,13 @@
 //! their default periods). A client that reconnects only after a failed command would
 //! keep using it, and be granted locks there while clients that connected after the
 //! failover are granted the same locks on the new master. So a watcher task listens to
-//! a Sentinel's `+switch-master` events, and each time it (re)subscribes it also asks
-//! which server is master now (it may have missed events while it was not subscribed).
-//! Whenever the answer differs from the server the cached connection leads to, the
-//! connection is dropped, and the next command asks the Sentinels again.
+//! a Sentinel's `+switch-master` events, and each time it (re)subscribes, and every
+//! [`RECHECK`] after, it also asks which server is master now (events may have been
+//! missed while it was not subscribed; a Sentinel that went silent is left for the
+//! next). The watcher remembers the master it last learned of. Whenever that differs
+//! from the server the cached connection leads to, the connection is dropped; and a
+//! master resolved through a Sentinel that has not caught up (it still names the old
+//! one) is not used while the watcher knows another.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -21,7 +24,7 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr};
 
-use crate::node::map_err;
+use crate::node::{BACKEND, map_err};
 
 /// The event channel Sentinels publish a completed failover on: `NAME OLD_IP OLD_PORT
 /// NEW_IP NEW_PORT`.
@@ -29,6 +32,14 @@ const SWITCH_MASTER: &str = "+switch-master";
 
 /// The delay between two rounds over all Sentinels when none could be subscribed to.
 const RETRY: Duration = Duration::from_millis(500);
+
+/// How often the watcher asks its Sentinel for the master while subscribed, to notice a
+/// missed event or a Sentinel that went silent.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// How many times [`SentinelNode::connection`] resolves the master before giving up
+/// while the Sentinels disagree with what the watcher learned.
+const RESOLVE_TRIES: usize = 3;
 
 /// Commands to the master the Sentinels name.
 pub(crate) struct SentinelNode {
@@ -39,11 +50,12 @@ pub(crate) struct SentinelNode {
     watcher: tokio::task::JoinHandle<()>,
 }
 
-/// The cached connection to the master, and a count of the times it was dropped because
-/// the Sentinels named another master.
+/// The cached connection to the master, the master the watcher last learned of, and a
+/// count of the changes of the latter.
 #[derive(Default)]
 struct Current {
     master: Mutex<Option<Master>>,
+    known: Mutex<Option<(String, u16)>>,
     switches: AtomicU64,
 }
 
@@ -59,18 +71,37 @@ impl Current {
         self.master.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Drops the connection unless it leads to `host:port` (`None`: whatever it leads
-    /// to).
-    fn switch_unless(&self, now: Option<(&str, u16)>) {
+    fn known(&self) -> MutexGuard<'_, Option<(String, u16)>> {
+        self.known.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the master a Sentinel names now (`None`: none), and drops the cached
+    /// connection unless it leads there.
+    fn learned(&self, now: Option<(&str, u16)>) {
+        let now = now.map(|(host, port)| (host.to_owned(), port));
+        {
+            let mut known = self.known();
+            if *known != now {
+                *known = now.clone();
+                self.switches.fetch_add(1, Ordering::SeqCst);
+            }
+        }
         let mut master = self.lock();
         let stale = master.as_ref().is_some_and(|m| {
-            now.is_none_or(|(host, port)| (m.host.as_str(), m.port) != (host, port))
+            now.as_ref()
+                .is_none_or(|(host, port)| (&m.host, m.port) != (host, *port))
         });
         if stale {
             *master = None;
-            self.switches.fetch_add(1, Ordering::SeqCst);
             tracing::debug!(?now, "the Sentinels named another master; reconnecting");
         }
+    }
+
+    /// Whether `host:port` may be used: the watcher knows no master, or this one.
+    fn agrees(&self, host: &str, port: u16) -> bool {
+        self.known()
+            .as_ref()
+            .is_none_or(|(h, p)| (h.as_str(), *p) == (host, port))
     }
 }
 
@@ -85,7 +116,13 @@ impl SentinelNode {
         timeout: Duration,
     ) -> Self {
         let current = Arc::new(Current::default());
-        let watcher = tokio::spawn(watch(sentinels, service, current.clone(), timeout));
+        let watcher = tokio::spawn(watch(
+            sentinels,
+            service,
+            current.clone(),
+            connect_timeout,
+            timeout,
+        ));
         SentinelNode {
             sentinel: tokio::sync::Mutex::new(sentinel),
             current,
@@ -105,7 +142,7 @@ impl SentinelNode {
         if let Some(master) = self.current.lock().clone() {
             return Ok(master.conn);
         }
-        loop {
+        for _ in 0..RESOLVE_TRIES {
             let switches = self.current.switches.load(Ordering::SeqCst);
             let client = sentinel.async_get_client().await.map_err(map_err)?;
             let (host, port) = match client.get_connection_info().addr() {
@@ -113,6 +150,11 @@ impl SentinelNode {
                 ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
                 other => (other.to_string(), 0),
             };
+            // A Sentinel that has not caught up with a switch names the old master.
+            if !self.current.agrees(&host, port) {
+                tokio::time::sleep(RETRY / 5).await;
+                continue;
+            }
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.connect_timeout))
                 .set_response_timeout(Some(self.timeout));
@@ -122,7 +164,9 @@ impl SentinelNode {
                 .map_err(map_err)?;
             let mut current = self.current.lock();
             // A switch while this master was being resolved: it may be the old one.
-            if self.current.switches.load(Ordering::SeqCst) != switches {
+            if self.current.switches.load(Ordering::SeqCst) != switches
+                || !self.current.agrees(&host, port)
+            {
                 continue;
             }
             *current = Some(Master {
@@ -132,6 +176,10 @@ impl SentinelNode {
             });
             return Ok(conn);
         }
+        Err(Error::unavailable(
+            BACKEND,
+            "the Sentinels do not agree on the master yet (a failover is under way)",
+        ))
     }
 
     /// A client for the master the Sentinels name now (for pub/sub).
@@ -157,15 +205,37 @@ impl Drop for SentinelNode {
 }
 
 /// The watcher: subscribes to [`SWITCH_MASTER`] on one Sentinel after another (the next
-/// one when the connection ends or cannot be made), checks the master's address after
-/// each subscription, and drops the cached connection on every switch of `service`.
-async fn watch(sentinels: Vec<Client>, service: String, current: Arc<Current>, timeout: Duration) {
+/// one when the connection ends, cannot be made, or the Sentinel stops answering), asks
+/// for the master's address after each subscription and every [`RECHECK`], and records
+/// every master it learns of (see [`Current::learned`]).
+async fn watch(
+    sentinels: Vec<Client>,
+    service: String,
+    current: Arc<Current>,
+    connect_timeout: Duration,
+    timeout: Duration,
+) {
     loop {
         for sentinel in &sentinels {
             let Ok(Ok(mut pubsub)) =
-                tokio::time::timeout(timeout, sentinel.get_async_pubsub()).await
+                tokio::time::timeout(connect_timeout, sentinel.get_async_pubsub()).await
             else {
                 continue;
+            };
+            // A second connection for the questions (a subscribed one takes no commands).
+            let Ok(Ok(mut asking)) =
+                tokio::time::timeout(connect_timeout, sentinel.get_multiplexed_async_connection())
+                    .await
+            else {
+                continue;
+            };
+            let command = master_addr_command(&service);
+            // The master this Sentinel names now; `Err` when it does not answer in time.
+            let mut ask = async || -> Result<Option<(String, u16)>, ()> {
+                match tokio::time::timeout(timeout, command.query_async(&mut asking)).await {
+                    Ok(Ok(answer)) => Ok(answer),
+                    _ => Err(()),
+                }
             };
             if !matches!(
                 tokio::time::timeout(timeout, pubsub.subscribe(SWITCH_MASTER)).await,
@@ -174,25 +244,33 @@ async fn watch(sentinels: Vec<Client>, service: String, current: Arc<Current>, t
                 continue;
             }
             // Events may have been missed while no Sentinel was subscribed to.
-            match tokio::time::timeout(timeout, master_addr(sentinel, &service)).await {
-                Ok(Ok(Some((host, port)))) => current.switch_unless(Some((&host, port))),
-                Ok(Ok(None)) => current.switch_unless(None),
-                // This Sentinel does not answer: try the next one.
-                _ => continue,
-            }
+            let Ok(now) = ask().await else {
+                continue;
+            };
+            current.learned(now.as_ref().map(|(h, p)| (h.as_str(), *p)));
             let mut messages = pubsub.into_on_message();
-            while let Some(message) = messages.next().await {
-                let Ok(payload) = message.get_payload::<String>() else {
-                    continue;
-                };
-                let mut fields = payload.split_whitespace();
-                if fields.next() != Some(service.as_str()) {
-                    continue;
+            let mut recheck = tokio::time::interval(RECHECK);
+            recheck.reset();
+            loop {
+                tokio::select! {
+                    message = messages.next() => {
+                        let Some(message) = message else { break };
+                        let Ok(payload) = message.get_payload::<String>() else {
+                            continue;
+                        };
+                        let mut fields = payload.split_whitespace();
+                        if fields.next() != Some(service.as_str()) {
+                            continue;
+                        }
+                        let new = fields.nth(2).zip(fields.next().and_then(|p| p.parse().ok()));
+                        current.learned(new);
+                    }
+                    _ = recheck.tick() => match ask().await {
+                        Ok(now) => current.learned(now.as_ref().map(|(h, p)| (h.as_str(), *p))),
+                        // Silent: try the next Sentinel.
+                        Err(()) => break,
+                    },
                 }
-                let new = fields
-                    .nth(2)
-                    .zip(fields.next().and_then(|p| p.parse().ok()));
-                current.switch_unless(new);
             }
             tracing::debug!("the Sentinel event connection ended; subscribing again");
         }
@@ -200,16 +278,9 @@ async fn watch(sentinels: Vec<Client>, service: String, current: Arc<Current>, t
     }
 }
 
-/// `SENTINEL get-master-addr-by-name service` on `sentinel`: `None` when it names no
-/// master.
-async fn master_addr(
-    sentinel: &Client,
-    service: &str,
-) -> redis::RedisResult<Option<(String, u16)>> {
-    let mut conn = sentinel.get_multiplexed_async_connection().await?;
-    redis::cmd("SENTINEL")
-        .arg("get-master-addr-by-name")
-        .arg(service)
-        .query_async(&mut conn)
-        .await
+/// `SENTINEL get-master-addr-by-name service`: `nil` (no master) or `[host, port]`.
+fn master_addr_command(service: &str) -> redis::Cmd {
+    let mut command = redis::cmd("SENTINEL");
+    command.arg("get-master-addr-by-name").arg(service);
+    command
 }

@@ -123,6 +123,7 @@ impl ZkConfig {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected zk://host:port/chroot".into()))?;
+        urlparts::check_userinfo_encoded(rest).map_err(&bad)?;
         if !matches!(scheme.to_ascii_lowercase().as_str(), "zk" | "zookeeper") {
             return Err(bad(format!("the scheme {scheme:?} is not zk or zookeeper")));
         }

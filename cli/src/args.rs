@@ -43,6 +43,48 @@ pub enum Command {
     /// Measure lock latency and throughput on a deployment.
     #[command(after_help = BENCH_HELP)]
     Bench(BenchArgs),
+    /// Show what a backend guarantees; fail if it lacks a --require'd property.
+    #[command(after_help = CAPABILITIES_HELP)]
+    Capabilities(CapabilitiesArgs),
+    /// Print a shell completion script.
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions(CompletionsArgs),
+}
+
+const CAPABILITIES_HELP: &str = "\
+Connects and prints the backend's guarantees: linearizable grants, fencing token
+strength, FIFO waiting, how loss is detected, waiter counts, the shortest lease.
+With --require (or the URL's require=, or the config file's), a backend lacking a
+property is refused: exit 64 naming what is missing. The tool for choosing a backend
+per deployment, and for a start-up check in CI.
+
+Examples:
+  fencelock capabilities --url redis://127.0.0.1:6379
+  fencelock capabilities --url etcd://127.0.0.1:2379/locks --require linearizable --require fencing=strong --json
+
+Exit codes: 0, 64 usage or a requirement not met, 69 backend unavailable.";
+
+const COMPLETIONS_HELP: &str = "\
+Examples:
+  fencelock completions bash > /etc/bash_completion.d/fencelock
+  fencelock completions zsh > \"${fpath[1]}/_fencelock\"";
+
+/// `fencelock capabilities`.
+#[derive(Debug, Args)]
+pub struct CapabilitiesArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    /// Print JSON instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `fencelock completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 const RUN_HELP: &str = "\
@@ -51,11 +93,12 @@ The backend is required: --url, --config, FENCELOCK_URL or FENCELOCK_CONFIG
 
 The command sees FENCELOCK_TOKEN (the fencing token: pass it to every write),
 FENCELOCK_NAME, FENCELOCK_BACKEND and, where the backend has one, FENCELOCK_KEY.
-It runs in a process group of its own (it cannot read from the terminal). If the
-lock is lost, the group gets SIGTERM, then SIGKILL after --kill-grace, and
-fencelock exits with 76. SIGINT, SIGTERM and SIGHUP are forwarded to the group
-once; the lock is released when the command exits. If fencelock itself is
-killed, the command gets SIGKILL (Linux: PR_SET_PDEATHSIG).
+It runs in a process group of its own (with /dev/null as stdin if fencelock's
+is a terminal). If the lock is lost, the group gets SIGTERM, then SIGKILL after
+--kill-grace, and fencelock exits with 76. SIGINT, SIGTERM and SIGHUP are
+forwarded to the group once; Ctrl-Z stops the group, then fencelock. The lock is
+released when the command exits. If fencelock itself is killed, the command
+gets SIGKILL (Linux: PR_SET_PDEATHSIG).
 
 Examples:
   fencelock run --url etcd://127.0.0.1:2379/locks -w 10s nightly-report -- ./report.sh
@@ -82,13 +125,15 @@ Examples:
 Exit codes: 0 (held or not), 64 usage, 69 backend unavailable.";
 
 const BENCH_HELP: &str = "\
-Workloads: uncontended (one client, one name: acquire+release latency p50/p99,
-ops/s); contended (N clients, each with its own connection, on one name:
+Workloads: uncontended (one client, one name: acquire+release latency p50/p99/
+p99.9, ops/s); contended (N clients, each with its own connection, on one name:
 handoffs/s and per-client fairness); many-keys (N workers on distinct names
 over one connection: locks/s). --baseline also runs the raw-client floor of the
 URL's backend (mem: tokio Mutex; etcd: create-if-absent txn + delete; ZooKeeper:
 create ephemeral + delete; Redis: SET NX PX + compare-and-delete script), so the
-difference is the library's overhead on this deployment.
+difference is the library's overhead on this deployment. Each implementation is
+warmed up (--warmup), then measured in --rounds rounds, library and floor
+interleaved; latencies go into an HDR histogram. --hold keeps each lock that long.
 
 Examples:
   fencelock bench --workload uncontended --duration 5s --baseline
@@ -287,15 +332,27 @@ pub struct BenchArgs {
     /// Clients (contended) or workers (many-keys)
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub clients: u16,
-    /// How long to run each measurement
+    /// How long to measure each implementation (split into --rounds)
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "5s")]
     pub duration: Duration,
+    /// Unmeasured run of each implementation first
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "1s")]
+    pub warmup: Duration,
+    /// Rounds, the library and the floor interleaved (so both see the same machine)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub rounds: u16,
+    /// How long each holder keeps the lock (inside the critical section)
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "0")]
+    pub hold: Duration,
     /// Also run the raw-client floor of the backend
     #[arg(long)]
     pub baseline: bool,
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// No progress lines on stderr
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 #[cfg(test)]

@@ -34,39 +34,63 @@ pub async fn hold(args: HoldArgs) -> Result<u8, Failure> {
     } else {
         println!("{} {key} {}", guard.name(), guard.token());
     }
-    tokio::select! {
-        _ = guard.lost() => {
-            let reason = guard.lost_reason().unwrap_or("lost").to_owned();
-            events.lost(&guard);
-            let name = guard.name().to_owned();
-            let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
-            Err(Failure::new(code::LOST, format!("lock {name:?} was lost: {reason}")))
+    loop {
+        /// What woke the holder.
+        enum Woken {
+            Lost,
+            Suspended,
+            Signalled,
         }
-        _ = signals.recv() => {
-            let name = guard.name().to_owned();
-            match tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await {
-                Ok(Ok(())) => {
-                    events.released(&name);
-                    Ok(code::OK)
-                }
-                Ok(Err(fencelock::Error::Lost { reason, .. })) => Err(Failure::new(
+        let woken = tokio::select! {
+            _ = guard.lost() => Woken::Lost,
+            received = signals.next() => match received {
+                crate::signals::Received::Suspend => Woken::Suspended,
+                crate::signals::Received::Forward(_) => Woken::Signalled,
+            },
+        };
+        match woken {
+            Woken::Lost => {
+                let reason = guard.lost_reason().unwrap_or("lost").to_owned();
+                events.lost(&guard);
+                let name = guard.name().to_owned();
+                let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
+                return Err(Failure::new(
                     code::LOST,
-                    format!("lock {name:?} was lost before it was released: {reason}"),
-                )),
-                Ok(Err(e)) => {
-                    events.warn(&format!(
-                        "releasing lock {name:?} failed ({}); it expires with its lease",
-                        one_line(&e)
-                    ));
-                    Ok(code::OK)
-                }
-                Err(_) => {
-                    events.warn(&format!(
-                        "releasing lock {name:?} took longer than {CLEANUP_TIMEOUT:?}; it expires with its lease"
-                    ));
-                    Ok(code::OK)
-                }
+                    format!("lock {name:?} was lost: {reason}"),
+                ));
             }
+            // Ctrl-Z stops fencelock as usual (its renewals stop too: a long stop loses
+            // the lock, which is reported when it resumes).
+            Woken::Suspended => crate::signals::stop_self(),
+            Woken::Signalled => return release(guard, &events).await,
+        }
+    }
+}
+
+/// Releases after a signal.
+async fn release(guard: fencelock::LockGuard, events: &Events) -> Result<u8, Failure> {
+    let name = guard.name().to_owned();
+    match tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await {
+        Ok(Ok(())) => {
+            events.released(&name);
+            Ok(code::OK)
+        }
+        Ok(Err(fencelock::Error::Lost { reason, .. })) => Err(Failure::new(
+            code::LOST,
+            format!("lock {name:?} was lost before it was released: {reason}"),
+        )),
+        Ok(Err(e)) => {
+            events.warn(&format!(
+                "releasing lock {name:?} failed ({}); it expires with its lease",
+                one_line(&e)
+            ));
+            Ok(code::OK)
+        }
+        Err(_) => {
+            events.warn(&format!(
+                "releasing lock {name:?} took longer than {CLEANUP_TIMEOUT:?}; it expires with its lease"
+            ));
+            Ok(code::OK)
         }
     }
 }

@@ -4,7 +4,9 @@
 mod args;
 mod backend;
 mod bench;
+mod capabilities;
 mod child;
+mod completions;
 mod duration;
 mod events;
 mod exit;
@@ -39,6 +41,8 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Inspect(args) => inspect::inspect(args).await,
             Command::Hold(args) => hold::hold(args).await,
+            Command::Capabilities(args) => capabilities::capabilities(args).await,
+            Command::Completions(args) => Ok(completions::completions(&args)),
             Command::Bench(args) => bench::bench(args).await,
         }
     });

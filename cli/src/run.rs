@@ -1,6 +1,6 @@
 //! `fencelock run`: a command under a lock.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, IsTerminal};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use crate::args::{RunArgs, WaitArgs};
 use crate::child;
 use crate::events::Events;
 use crate::exit::{Failure, code, one_line};
-use crate::signals::{self, Signals};
+use crate::signals::{self, Received, Signals};
 
 /// How long the release of a lost lock may take before fencelock gives up on it (the
 /// backend frees it with its lease anyway).
@@ -107,11 +107,13 @@ pub async fn acquire(
     events: &Events,
     signals: &mut Signals,
 ) -> Result<Acquired, Failure> {
+    // Counted before connecting: the connection's own tasks end when it is dropped, and
+    // what is then left is the clean-up of a failed acquire.
+    let tasks_before = alive_tasks();
     let locks = tokio::select! {
         locks = crate::backend::connect(url, false) => locks?,
         signal = signals.recv() => return Ok(Acquired::Interrupted(signals::exit_code(signal))),
     };
-    let tasks_before = alive_tasks();
     let acquired = tokio::select! {
         guard = locks.acquire(name, options(wait)) => guard.map_err(|e| not_acquired(e, name, wait)),
         signal = signals.recv() => Err(Failure::new(signals::exit_code(signal), format!("interrupted by {signal} while waiting for the lock"))),
@@ -124,7 +126,7 @@ pub async fn acquire(
         Err(failure) => {
             events.not_acquired(name, &failure.message);
             // The connection's own tasks (subscriptions, keepalives) end with it; what
-            // is left is the clean-up of the failed acquire.
+            // is left is the clean-up of the failed acquire, which settle waits for.
             drop(locks);
             settle(tasks_before).await;
             Err(failure)
@@ -141,9 +143,9 @@ fn alive_tasks() -> usize {
 /// Gives the backend's background clean-up of a failed or interrupted acquire (deleting
 /// this client's waiting key or node) a moment to finish before the process exits:
 /// otherwise the key stays until its lease or session expires, and blocks the name
-/// for others until then. Waits until the tasks started since `before` are done, at most
-/// [`SETTLE_TIMEOUT`]. Call it after dropping the connection, whose own tasks would
-/// otherwise count.
+/// for others until then. Waits until the tasks started since `before` (counted before
+/// connecting) are done, at most [`SETTLE_TIMEOUT`]. Call it after dropping the
+/// connection, whose own tasks would otherwise count.
 pub async fn settle(before: usize) {
     let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
     while alive_tasks() > before && tokio::time::Instant::now() < deadline {
@@ -212,6 +214,11 @@ fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, Failure> {
     if let Some(key) = guard.backend_key() {
         command.env("FENCELOCK_KEY", key);
     }
+    // In a process group of its own the command cannot read the terminal (it would be
+    // stopped, holding the lock): it gets end-of-file instead.
+    if std::io::stdin().is_terminal() {
+        command.stdin(std::process::Stdio::null());
+    }
     child::protect(&mut command);
     command.spawn().map_err(|e| {
         let program = program.to_string_lossy();
@@ -245,7 +252,18 @@ async fn supervise(
                 let killed = stop(child, group, grace).await.map_err(internal)?;
                 return Ok(Outcome::Lost { reason, killed });
             }
-            signal = signals.recv() => child::signal_group(group, signal),
+            received = signals.next() => match received {
+                Received::Forward(signal) => child::signal_group(group, signal),
+                Received::Suspend => {
+                    // Ctrl-Z reached fencelock's group only: stop the command's group too,
+                    // so it never runs while fencelock (and its renewals) are stopped;
+                    // resume it when fencelock is resumed. A loss meanwhile stops it as
+                    // usual.
+                    child::signal_group(group, Signal::SIGSTOP);
+                    signals::stop_self();
+                    child::signal_group(group, Signal::SIGCONT);
+                }
+            },
         }
     }
 }

@@ -1,4 +1,5 @@
-//! The signals `run` forwards to its command: SIGINT, SIGTERM, SIGHUP.
+//! The signals `run` forwards to its command (SIGINT, SIGTERM, SIGHUP), and the terminal
+//! stop (SIGTSTP), which `run` passes on to the command before stopping itself.
 
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
@@ -11,6 +12,7 @@ pub struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
+    suspend: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -27,6 +29,7 @@ impl Signals {
             interrupt: install(SignalKind::interrupt())?,
             terminate: install(SignalKind::terminate())?,
             hangup: install(SignalKind::hangup())?,
+            suspend: install(SignalKind::from_raw(Signal::SIGTSTP as i32))?,
         })
     }
 
@@ -46,6 +49,42 @@ impl Signals {
             _ = self.hangup.recv() => Signal::SIGHUP,
         }
     }
+}
+
+/// A signal for `run` and `hold` to act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// SIGINT, SIGTERM or SIGHUP: forward it, or end.
+    Forward(Signal),
+    /// SIGTSTP (Ctrl-Z), which no longer stops fencelock by itself while the listeners
+    /// exist: see [`stop_self`].
+    Suspend,
+}
+
+impl Signals {
+    /// The next signal of either kind.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a signal not yet returned stays pending.
+    ///
+    /// # Errors
+    ///
+    /// None: it waits until a signal arrives.
+    pub async fn next(&mut self) -> Received {
+        tokio::select! {
+            _ = self.interrupt.recv() => Received::Forward(Signal::SIGINT),
+            _ = self.terminate.recv() => Received::Forward(Signal::SIGTERM),
+            _ = self.hangup.recv() => Received::Forward(Signal::SIGHUP),
+            _ = self.suspend.recv() => Received::Suspend,
+        }
+    }
+}
+
+/// Stops fencelock (SIGSTOP to itself), as SIGTSTP would have; returns once it is
+/// continued (SIGCONT).
+pub fn stop_self() {
+    let _ = nix::sys::signal::raise(Signal::SIGSTOP);
 }
 
 /// The shell's exit status for a process ended by `signal`: 128 + its number.

@@ -172,6 +172,8 @@ fn bench_json(url: &str) {
         "2",
         "--duration",
         "500ms",
+        "--warmup",
+        "200ms",
         "--baseline",
         "--json",
     ]));
@@ -321,4 +323,30 @@ fn the_lease_comes_from_the_url() {
         "a lease of {remaining} ms, not the URL's 2s"
     );
     drop(holder);
+}
+
+/// Redis is refused where linearizability is required, with exit 64 naming it, and
+/// accepted where strong-enough fencing is all that is asked.
+#[test]
+fn capabilities_refuse_what_a_backend_lacks() {
+    let url = redis_url();
+    let out =
+        output(fencelock().args(["capabilities", "--url", &url, "--require", "linearizable"]));
+    assert_code(&out, USAGE);
+    assert!(stderr(&out).contains("linearizable"), "{}", stderr(&out));
+    let out = output(fencelock().args(["capabilities", "--url", &url]));
+    assert_code(&out, 0);
+    assert!(
+        stdout(&out).contains("linearizable    no"),
+        "{}",
+        stdout(&out)
+    );
+    let out = output(fencelock().args([
+        "capabilities",
+        "--url",
+        &etcd_url(),
+        "--require",
+        "linearizable",
+    ]));
+    assert_code(&out, 0);
 }

@@ -196,7 +196,14 @@ fn inspect_prints_text_and_json() {
 
 #[test]
 fn every_subcommand_has_help_with_an_example() {
-    for sub in ["run", "inspect", "hold", "bench"] {
+    for sub in [
+        "run",
+        "inspect",
+        "hold",
+        "bench",
+        "capabilities",
+        "completions",
+    ] {
         let out = output(fencelock().args([sub, "--help"]));
         assert_code(&out, 0);
         let help = stdout(&out);
@@ -218,6 +225,8 @@ fn bench_json_has_every_field_for_each_workload() {
             "3",
             "--duration",
             "300ms",
+            "--warmup",
+            "100ms",
             "--baseline",
             "--json",
         ]));
@@ -229,7 +238,30 @@ fn bench_json_has_every_field_for_each_workload() {
     let out =
         output(fencelock().args(["bench", "--workload", "uncontended", "--duration", "200ms"]));
     assert_code(&out, 0);
-    assert!(stdout(&out).contains("p99"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("p99.9"), "{}", stdout(&out));
+    // --hold keeps each lock: no cycle is shorter than it; --quiet prints no progress.
+    let out = output(fencelock().args([
+        "bench",
+        "--workload",
+        "uncontended",
+        "--duration",
+        "300ms",
+        "--warmup",
+        "0",
+        "--rounds",
+        "1",
+        "--hold",
+        "20ms",
+        "--json",
+        "--quiet",
+    ]));
+    assert_code(&out, 0);
+    assert_eq!(stderr(&out), "");
+    let doc = check_bench_json(&stdout(&out), "uncontended", false);
+    assert!(
+        doc["fencelock"]["p50_us"].as_f64().unwrap() >= 20_000.0,
+        "{doc}"
+    );
 }
 
 #[test]
@@ -434,4 +466,68 @@ fn a_terminal_interrupt_reaches_the_command_once() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let lines = std::fs::read_to_string(&count).unwrap_or_default();
     assert_eq!(lines.lines().count(), 1, "SIGINT arrived {lines:?}");
+}
+
+#[test]
+fn capabilities_and_completions() {
+    let out = output(fencelock().args(["capabilities", "--url", "mem://", "--require", "fifo"]));
+    assert_code(&out, 0);
+    let text = stdout(&out);
+    assert!(
+        text.contains("linearizable    yes") && text.contains("fencing         strong"),
+        "{text}"
+    );
+    let out = output(fencelock().args(["capabilities", "--url", "mem://", "--json"]));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(doc["backend"], "mem");
+    assert_eq!(doc["linearizable"], true);
+    let out = output(fencelock().args(["capabilities"]));
+    assert_code(&out, USAGE);
+    for shell in ["bash", "zsh", "fish"] {
+        let out = output(fencelock().args(["completions", shell]));
+        assert_code(&out, 0);
+        assert!(stdout(&out).contains("hold"), "{shell}: {}", stdout(&out));
+    }
+}
+
+/// Ctrl-Z (SIGTSTP) reaches fencelock's group only: fencelock stops the command's group
+/// too, so the command never runs while fencelock and its renewals are stopped, and
+/// resumes it when fencelock is continued.
+#[test]
+fn a_terminal_stop_stops_the_command_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let running = Running::start(
+        fencelock()
+            .args(["run", "--url", "mem://", "suspended", "--", "sh", "-c"])
+            .arg(r#"echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 30"#)
+            .arg(&pidfile),
+    );
+    wait_for_file(&pidfile, Duration::from_secs(20));
+    let pid = read_pid(&pidfile);
+    let state = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .unwrap_or('?')
+    };
+    signal(running.pid(), Signal::SIGTSTP);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(state(pid) == 'T' && state(running.pid()) == 'T') {
+        assert!(
+            Instant::now() < deadline,
+            "not both stopped: command {}, fencelock {}",
+            state(pid),
+            state(running.pid())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(running.pid(), Signal::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while state(pid) == 'T' {
+        assert!(Instant::now() < deadline, "the command was not resumed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(running);
+    assert!(gone_within(pid, Duration::from_secs(5)));
 }

@@ -16,11 +16,12 @@ const SECRET_PARAMS: &[&str] = &["password", "pass", "pwd", "token", "secret"];
 /// );
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
+    let (mut out, rest) = split_userinfo(url);
+    let (head, query) = match rest.split_once('?') {
         Some((head, query)) => (head, Some(query)),
-        None => (url, None),
+        None => (rest, None),
     };
-    let mut out = redact_userinfo(head);
+    out.push_str(head);
     if let Some(query) = query {
         out.push('?');
         let pairs: Vec<String> = query
@@ -72,20 +73,23 @@ pub const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHAN
     .remove(b'_')
     .remove(b'~');
 
-fn redact_userinfo(head: &str) -> String {
-    let Some((scheme, rest)) = head.split_once("://") else {
-        return head.to_owned();
+/// The scheme and the user info of `url` with its password redacted, and the rest.
+///
+/// The user info ends at the last `@` before the query (whose values may hold URLs of
+/// their own, see `urlparts::query_start`): a password with a raw `/`, `?`, `#` or `=`
+/// is still found and hidden, though a URL with the first three is refused as malformed.
+fn split_userinfo(url: &str) -> (String, &str) {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return (String::new(), url);
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            let secret = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{secret}@{hosts}{path}")
-        }
-        None => head.to_owned(),
-    }
+    let limit = crate::urlparts::query_start(rest);
+    let Some(at) = rest[..limit].rfind('@') else {
+        return (format!("{scheme}://"), rest);
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+    let secret = if userinfo.contains(':') { ":***" } else { "" };
+    (format!("{scheme}://{user}{secret}@"), &rest[at + 1..])
 }
 
 #[cfg(test)]
@@ -107,6 +111,13 @@ mod tests {
                 "zk://h/chroot?digest=u&password=***",
             ),
             ("redis://u:p@ss@h", "redis://u:***@h"),
+            // Raw `/`, `?`, `#` in a password (malformed, refused): still hidden.
+            ("redis://u:pa/ss@h:1/0", "redis://u:***@h:1/0"),
+            ("redis://:pa?ss@h:1?prefix=x", "redis://:***@h:1?prefix=x"),
+            ("etcd://u:p#w@h/x?lease=2s", "etcd://u:***@h/x?lease=2s"),
+            ("redis://h:1/0?prefix=a@b", "redis://h:1/0?prefix=a@b"),
+            ("redis://:p=w@h:1", "redis://:***@h:1"),
+            ("redis://:p&w=x@h:1?db=1", "redis://:***@h:1?db=1"),
             (
                 "redis+sentinel://s1,s2/m?sentinel_password=s3cret&db=1",
                 "redis+sentinel://s1,s2/m?sentinel_password=***&db=1",

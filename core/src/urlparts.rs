@@ -11,10 +11,53 @@
 
 use std::fmt;
 
+/// Refuses a URL whose user info has a raw `/`, `?` or `#` (they end the host list
+/// early, and the host parser's complaint would quote part of the password):
+/// `rest` is the URL after `SCHEME://`. An `@` after the first `/` or `?` but before the
+/// query (the first `?` followed by an option name and `=`) can only be such a
+/// password, or an unencoded `@` in a path.
+///
+/// # Errors
+///
+/// A message that quotes nothing of the URL.
+pub fn check_userinfo_encoded(rest: &str) -> Result<(), String> {
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let limit = query_start(rest);
+    if authority_end < limit && rest[authority_end..limit].contains('@') {
+        return Err(
+            "an `@` after the host list: percent-encode `/`, `?` and `#` in a password \
+             (%2F, %3F, %23), and `@` in a path (%40)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Where the query of `rest` (a URL after `SCHEME://`) begins: the first `?` followed by
+/// an option name and `=`; the length of `rest` without one. A `?` in a malformed
+/// password is not followed by a name and `=` (unless the password has that very shape),
+/// and the query values after it may hold URLs, with `@`, of their own.
+pub(crate) fn query_start(rest: &str) -> usize {
+    let bytes = rest.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if b != b'?' {
+            continue;
+        }
+        let name = bytes[i + 1..]
+            .iter()
+            .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_' || **c == b'-')
+            .count();
+        if name > 0 && bytes.get(i + 1 + name) == Some(&b'=') {
+            return i;
+        }
+    }
+    rest.len()
+}
+
 /// One `host:port` of a host list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPort {
-    /// The host as written: a domain name, an IPv4 address, or an IPv6 address in
+    /// The host: a domain name (lowercase ASCII), an IPv4 address, or an IPv6 address in
     /// brackets (`[::1]`).
     pub host: String,
     /// The port: as written, or the backend's default.
@@ -68,7 +111,8 @@ fn parse_host(entry: &str, default_port: u16) -> Result<HostPort, String> {
     if host.is_empty() {
         return Err(format!("`{entry}`: the host is empty"));
     }
-    url::Host::parse(host)
+    // Stored as parsed: an IPv4 address in its usual form, a domain in lowercase ASCII.
+    let parsed = url::Host::parse(host)
         .map_err(|e| format!("`{entry}`: `{host}` is not a host name or address ({e})"))?;
     let port = match port {
         None => default_port,
@@ -79,7 +123,7 @@ fn parse_host(entry: &str, default_port: u16) -> Result<HostPort, String> {
             .ok_or_else(|| format!("`{entry}`: `{port}` is not a port number (1-65535)"))?,
     };
     Ok(HostPort {
-        host: host.to_owned(),
+        host: parsed.to_string(),
         port,
     })
 }
@@ -208,5 +252,23 @@ mod tests {
         );
         let err = parse_query("password=%FF").unwrap_err();
         assert!(!err.contains("FF"), "{err}");
+        for raw in [
+            "u:s3cr/et@h:1/0",
+            "u:s3cr?et@h:1",
+            "u:s3cr#et@h/x",
+            "h/s3cr@x",
+        ] {
+            let err = check_userinfo_encoded(raw).unwrap_err();
+            assert!(!err.contains("s3cr"), "{err}");
+        }
+        for fine in [
+            "u:p%2Fw@h:1/0",
+            "h:1/0?prefix=a@b",
+            "h:1",
+            "u:p@ss@h",
+            ":p=w@h",
+        ] {
+            assert!(check_userinfo_encoded(fine).is_ok(), "{fine}");
+        }
     }
 }

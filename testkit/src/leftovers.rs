@@ -28,23 +28,35 @@ use crate::ZkServer;
 use crate::binaries::require_program;
 use crate::net::exchange;
 
-/// Polls `probe` every 50 ms until it returns nothing; panics with the last leftovers
-/// if that takes longer than `bound`. Returns how long it took.
+/// How long the servers must stay clean once they are, before a probe counts as empty:
+/// a write still in flight (a create sent before a cancelled acquire's clean-up) lands
+/// within it.
+pub const SETTLE: Duration = Duration::from_millis(300);
+
+/// Polls `probe` every 50 ms until it returns nothing, twice, [`SETTLE`] apart; panics
+/// with the last leftovers if that takes longer than `bound` (+ [`SETTLE`]). Returns how
+/// long it took.
 pub fn assert_none_within(
     what: &str,
     bound: Duration,
     mut probe: impl FnMut() -> Vec<String>,
 ) -> Duration {
     let start = Instant::now();
+    let mut clean_since: Option<Instant> = None;
     loop {
         let left = probe();
         if left.is_empty() {
-            return start.elapsed();
+            let since = *clean_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= SETTLE {
+                return start.elapsed();
+            }
+        } else {
+            clean_since = None;
+            assert!(
+                start.elapsed() < bound,
+                "{what}: left behind {bound:?} after the scenario: {left:?}"
+            );
         }
-        assert!(
-            start.elapsed() < bound,
-            "{what}: left behind {bound:?} after the scenario: {left:?}"
-        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -63,7 +63,8 @@ impl Servers<'_> {
         }
     }
 
-    /// Asserts that nothing is left within `bound` (C5): polls the servers.
+    /// Asserts that nothing is left within `bound`, and stays so for
+    /// `leftovers::SETTLE` (C5): polls the servers.
     pub fn assert_nothing_left_within(&self, what: &str, bound: Duration) {
         tokio::task::block_in_place(|| {
             leftovers::assert_none_within(what, bound, || self.left());

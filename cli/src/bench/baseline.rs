@@ -82,11 +82,14 @@ fn mem_locks(name: &str) -> Arc<tokio::sync::Mutex<()>> {
 
 #[async_trait]
 impl Cycle for MemFloor {
-    async fn cycle(&self, name: &str, deadline: Instant) -> Result<bool, Failure> {
+    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
         let lock = mem_locks(name);
-        Ok(tokio::time::timeout_at(deadline, lock.lock_owned())
-            .await
-            .is_ok())
+        let Ok(guard) = tokio::time::timeout_at(deadline, lock.lock_owned()).await else {
+            return Ok(false);
+        };
+        hold_for(hold).await;
+        drop(guard);
+        Ok(true)
     }
 }
 
@@ -115,7 +118,7 @@ impl EtcdFloor {
 
 #[async_trait]
 impl Cycle for EtcdFloor {
-    async fn cycle(&self, name: &str, deadline: Instant) -> Result<bool, Failure> {
+    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
         let key = format!("{}/{name}", self.prefix);
         let value = format!("{:x}", random_u64());
         let mut kv = self.client.kv_client();
@@ -132,6 +135,7 @@ impl Cycle for EtcdFloor {
             }
             tokio::time::sleep(SPIN).await;
         }
+        hold_for(hold).await;
         let release = Txn::new()
             .when([Compare::value(
                 key.as_str(),
@@ -180,7 +184,7 @@ impl ZkFloor {
 
 #[async_trait]
 impl Cycle for ZkFloor {
-    async fn cycle(&self, name: &str, deadline: Instant) -> Result<bool, Failure> {
+    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
         let path = format!("{}/{}", self.root, name.replace('/', "_"));
         let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
         let fail = |e: zk::Error| unavailable("zookeeper")(one_line(&e));
@@ -195,6 +199,7 @@ impl Cycle for ZkFloor {
             }
             tokio::time::sleep(SPIN).await;
         }
+        hold_for(hold).await;
         self.client.delete(&path, None).await.map_err(fail)?;
         Ok(true)
     }
@@ -234,7 +239,7 @@ impl RedisFloor {
 
 #[async_trait]
 impl Cycle for RedisFloor {
-    async fn cycle(&self, name: &str, deadline: Instant) -> Result<bool, Failure> {
+    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
         let key = format!("fencelock-bench-raw:{name}");
         let value = format!("{:x}", random_u64());
         let mut connection = self.connection.clone();
@@ -257,6 +262,7 @@ impl Cycle for RedisFloor {
             }
             tokio::time::sleep(SPIN).await;
         }
+        hold_for(hold).await;
         let _: i64 = self
             .release
             .key(&key)
@@ -265,6 +271,13 @@ impl Cycle for RedisFloor {
             .await
             .map_err(fail)?;
         Ok(true)
+    }
+}
+
+/// Keeps the lock for `hold` (the workload's time inside the critical section).
+async fn hold_for(hold: Duration) {
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
     }
 }
 
@@ -284,10 +297,10 @@ mod tests {
     async fn mem_floor_excludes_and_times_out() {
         let (floor, _) = connect("mem://").await.unwrap();
         let far = Instant::now() + Duration::from_secs(5);
-        assert!(floor.cycle("floor-a", far).await.unwrap());
+        assert!(floor.cycle("floor-a", far, Duration::ZERO).await.unwrap());
         let held = mem_locks("floor-b").lock_owned().await;
         let soon = Instant::now() + Duration::from_millis(20);
-        assert!(!floor.cycle("floor-b", soon).await.unwrap());
+        assert!(!floor.cycle("floor-b", soon, Duration::ZERO).await.unwrap());
         drop(held);
         assert!(connect("redlock://a:1,b:2,c:3").await.is_err());
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock::{AcquireOptions, DistributedLock, Error};
+use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
 use crate::args::Workload;
@@ -15,9 +16,9 @@ use crate::exit::Failure;
 /// One way of taking and releasing a lock: the library or a raw-client floor.
 #[async_trait]
 pub trait Cycle: Send + Sync {
-    /// Acquires `name`, waiting at most until `deadline`, and releases it. `Ok(false)`
-    /// when the deadline came first.
-    async fn cycle(&self, name: &str, deadline: Instant) -> Result<bool, Failure>;
+    /// Acquires `name`, waiting at most until `deadline`, holds it for `hold`, and
+    /// releases it. `Ok(false)` when the deadline came first.
+    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure>;
 }
 
 /// The library, through `DistributedLock`.
@@ -25,7 +26,7 @@ pub struct Library(pub Arc<dyn DistributedLock>);
 
 #[async_trait]
 impl Cycle for Library {
-    async fn cycle(&self, name: &str, deadline: Instant) -> Result<bool, Failure> {
+    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
         let wait = deadline.saturating_duration_since(Instant::now());
         match self
             .0
@@ -33,6 +34,9 @@ impl Cycle for Library {
             .await
         {
             Ok(guard) => {
+                if !hold.is_zero() {
+                    tokio::time::sleep(hold).await;
+                }
                 guard.release().await?;
                 Ok(true)
             }
@@ -53,10 +57,15 @@ pub struct Measurement {
     pub ops: u64,
     /// Wall time.
     pub elapsed: Duration,
-    /// Cycle latencies, sorted.
-    pub latencies: Vec<Duration>,
+    /// Cycle latencies in microseconds (3 significant digits, up to an hour).
+    pub latencies: Histogram<u64>,
     /// Completed cycles per client.
     pub per_client: Vec<u64>,
+}
+
+/// An empty latency histogram: microseconds from 1 µs to an hour, 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
 }
 
 impl Measurement {
@@ -65,13 +74,25 @@ impl Measurement {
         self.ops as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
     }
 
-    /// The latency at quantile `q` (0..=1); zero without samples.
+    /// The latency at quantile `q` (0..=1; 1 is the maximum); zero without samples.
     pub fn quantile(&self, q: f64) -> Duration {
         if self.latencies.is_empty() {
             return Duration::ZERO;
         }
-        let index = ((self.latencies.len() - 1) as f64 * q).round() as usize;
-        self.latencies[index.min(self.latencies.len() - 1)]
+        Duration::from_micros(self.latencies.value_at_quantile(q))
+    }
+
+    /// Adds another round of the same implementation.
+    pub fn merge(&mut self, other: Measurement) {
+        self.ops += other.ops;
+        self.elapsed += other.elapsed;
+        let _ = self.latencies.add(&other.latencies);
+        if self.per_client.len() < other.per_client.len() {
+            self.per_client.resize(other.per_client.len(), 0);
+        }
+        for (mine, theirs) in self.per_client.iter_mut().zip(other.per_client) {
+            *mine += theirs;
+        }
     }
 
     /// Jain's fairness index of the per-client counts: 1 when all clients got the lock
@@ -96,8 +117,19 @@ pub fn lock_name(workload: Workload, prefix: &str, i: usize) -> String {
     }
 }
 
-/// Runs `workload` with one task per client for `duration`, printing a progress line to
-/// stderr every second.
+/// How a run is driven.
+#[derive(Debug, Clone, Copy)]
+pub struct Drive {
+    /// How long the run lasts.
+    pub duration: Duration,
+    /// How long each holder keeps the lock.
+    pub hold: Duration,
+    /// No progress line.
+    pub quiet: bool,
+}
+
+/// Runs `workload` with one task per client for `drive.duration`, printing a progress
+/// line to stderr every second unless quiet.
 ///
 /// # Errors
 ///
@@ -111,61 +143,70 @@ pub async fn drive(
     description: String,
     workload: Workload,
     prefix: &str,
-    clients: Vec<Arc<dyn Cycle>>,
-    duration: Duration,
+    clients: &[Arc<dyn Cycle>],
+    drive: Drive,
 ) -> Result<Measurement, Failure> {
+    let Drive {
+        duration,
+        hold,
+        quiet,
+    } = drive;
     let start = Instant::now();
     let deadline = start + duration;
     let total = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = clients
-        .into_iter()
+        .iter()
         .enumerate()
         .map(|(i, client)| {
+            let client = client.clone();
             let name = lock_name(workload, prefix, i);
             let total = total.clone();
             tokio::spawn(async move {
-                let mut latencies = Vec::new();
+                let mut latencies = new_histogram();
                 while Instant::now() < deadline {
                     let begun = Instant::now();
-                    if !client.cycle(&name, deadline).await? {
+                    if !client.cycle(&name, deadline, hold).await? {
                         break;
                     }
-                    latencies.push(begun.elapsed());
+                    let micros = u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    latencies.saturating_record(micros.max(1));
                     total.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok::<_, Failure>(latencies)
             })
         })
         .collect();
-    let progress = tokio::spawn(progress(label, workload, total, start, duration));
+    let progress =
+        (!quiet).then(|| tokio::spawn(progress(label, workload, total, start, duration)));
     let mut measurement = Measurement {
         label,
         description,
         ops: 0,
         elapsed: Duration::ZERO,
-        latencies: Vec::new(),
+        latencies: new_histogram(),
         per_client: Vec::new(),
     };
     let mut failure = None;
     for task in tasks {
         match task.await {
             Ok(Ok(latencies)) => {
-                measurement.per_client.push(latencies.len() as u64);
-                measurement.latencies.extend(latencies);
+                measurement.per_client.push(latencies.len());
+                let _ = measurement.latencies.add(&latencies);
             }
             Ok(Err(f)) => failure = failure.or(Some(f)),
             Err(e) => failure = failure.or(Some(Failure::new(70, e.to_string()))),
         }
     }
-    progress.abort();
-    let _ = progress.await;
-    end_progress_line();
+    if let Some(progress) = progress {
+        progress.abort();
+        let _ = progress.await;
+        end_progress_line();
+    }
     if let Some(failure) = failure {
         return Err(failure);
     }
     measurement.elapsed = start.elapsed();
-    measurement.ops = measurement.latencies.len() as u64;
-    measurement.latencies.sort();
+    measurement.ops = measurement.latencies.len();
     Ok(measurement)
 }
 
@@ -176,7 +217,7 @@ async fn progress(
     start: Instant,
     duration: Duration,
 ) {
-    let terminal = std::io::stderr().is_terminal();
+    let terminal = rewrite_in_place();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let ops = total.load(Ordering::Relaxed);
@@ -197,8 +238,14 @@ async fn progress(
     }
 }
 
+/// Whether the progress line is rewritten in place (an ANSI erase): only on a terminal,
+/// and not when `NO_COLOR` is set. Otherwise each update is a line of its own.
+fn rewrite_in_place() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 fn end_progress_line() {
-    if std::io::stderr().is_terminal() {
+    if rewrite_in_place() {
         eprint!("\r\x1b[K");
     }
 }
@@ -208,23 +255,42 @@ mod tests {
     use super::*;
 
     fn measurement(per_client: Vec<u64>) -> Measurement {
+        let mut latencies = new_histogram();
+        for ms in 1..=100 {
+            latencies.record(ms * 1000).unwrap();
+        }
         Measurement {
             label: "fencelock",
             description: String::new(),
             ops: per_client.iter().sum(),
             elapsed: Duration::from_secs(2),
-            latencies: (1..=100).map(Duration::from_millis).collect(),
+            latencies,
             per_client,
         }
+    }
+
+    /// Equal within the histogram's 3 significant digits.
+    fn close(a: Duration, b: Duration) -> bool {
+        a.abs_diff(b) <= b / 500
     }
 
     #[test]
     fn statistics() {
         let m = measurement(vec![50, 50]);
         assert_eq!(m.ops_per_sec(), 50.0);
-        assert_eq!(m.quantile(0.5), Duration::from_millis(51));
-        assert_eq!(m.quantile(0.99), Duration::from_millis(99));
+        assert!(
+            close(m.quantile(0.5), Duration::from_millis(50)),
+            "{:?}",
+            m.quantile(0.5)
+        );
+        assert!(close(m.quantile(0.99), Duration::from_millis(99)));
+        assert!(close(m.quantile(1.0), Duration::from_millis(100)));
         assert_eq!(m.fairness(), 1.0);
         assert_eq!(measurement(vec![100, 0, 0, 0]).fairness(), 0.25);
+        let mut merged = measurement(vec![10, 20]);
+        merged.merge(measurement(vec![5, 5]));
+        assert_eq!(merged.per_client, [15, 25]);
+        assert_eq!(merged.latencies.len(), 200);
+        assert_eq!(merged.elapsed, Duration::from_secs(4));
     }
 }

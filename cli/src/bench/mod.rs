@@ -6,7 +6,7 @@ mod report;
 
 use std::sync::Arc;
 
-use driver::{Cycle, Library, Measurement, drive};
+use driver::{Cycle, Drive, Library, Measurement, drive};
 
 use crate::args::{Backend, BenchArgs, Workload};
 use crate::exit::{Failure, code};
@@ -34,6 +34,16 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         Workload::Uncontended | Workload::ManyKeys => 1,
     };
     let prefix = format!("fencelock-bench/{}-{}", std::process::id(), nanos());
+    let baseline_url = match (&target, args.baseline) {
+        (_, false) => None,
+        (Backend::Url(url), true) => Some(url.clone()),
+        (Backend::File(_), true) => {
+            return Err(Failure::usage(
+                "--baseline needs the backend as a URL (--url or FENCELOCK_URL): the raw \
+                 client floor is built from it",
+            ));
+        }
+    };
 
     let mut library: Vec<Arc<dyn Cycle>> = Vec::new();
     let mut backend = "";
@@ -43,23 +53,7 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         library.push(Arc::new(Library(locks)));
     }
     let library = spread(library, clients);
-    let fencelock = drive(
-        "fencelock",
-        format!("fencelock {backend} backend"),
-        args.workload,
-        &prefix,
-        library,
-        args.duration,
-    )
-    .await?;
-
-    let baseline = if args.baseline {
-        let Backend::Url(url) = &target else {
-            return Err(Failure::usage(
-                "--baseline needs the backend as a URL (--url or FENCELOCK_URL): the raw \
-                 client floor is built from it",
-            ));
-        };
+    let floor = if let Some(url) = &baseline_url {
         let mut raw = Vec::new();
         let mut description = "";
         for _ in 0..connections {
@@ -67,21 +61,76 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
             description = what;
             raw.push(floor);
         }
-        let raw = spread(raw, clients);
-        Some(
-            drive(
-                "baseline",
-                description.to_owned(),
-                args.workload,
-                &prefix,
-                raw,
-                args.duration,
-            )
-            .await?,
-        )
+        Some((spread(raw, clients), description))
     } else {
         None
     };
+
+    let run = |duration| Drive {
+        duration,
+        hold: args.hold,
+        quiet: args.quiet,
+    };
+    let library_label = format!("fencelock {backend} backend");
+    // Warm-up: connections, caches, scripts, JIT of the servers. Not measured.
+    if !args.warmup.is_zero() {
+        let warm = format!("{prefix}/warmup");
+        drive(
+            "warm-up",
+            String::new(),
+            args.workload,
+            &warm,
+            &library,
+            run(args.warmup),
+        )
+        .await?;
+        if let Some((floor, _)) = &floor {
+            drive(
+                "warm-up",
+                String::new(),
+                args.workload,
+                &warm,
+                floor,
+                run(args.warmup),
+            )
+            .await?;
+        }
+    }
+    // Rounds, interleaved: a slow moment of a shared machine hits both.
+    let round = args.duration / u32::from(args.rounds);
+    let mut fencelock: Option<Measurement> = None;
+    let mut baseline: Option<Measurement> = None;
+    for _ in 0..args.rounds {
+        let m = drive(
+            "fencelock",
+            library_label.clone(),
+            args.workload,
+            &prefix,
+            &library,
+            run(round),
+        )
+        .await?;
+        match &mut fencelock {
+            Some(total) => total.merge(m),
+            None => fencelock = Some(m),
+        }
+        if let Some((floor, description)) = &floor {
+            let m = drive(
+                "baseline",
+                (*description).to_owned(),
+                args.workload,
+                &prefix,
+                floor,
+                run(round),
+            )
+            .await?;
+            match &mut baseline {
+                Some(total) => total.merge(m),
+                None => baseline = Some(m),
+            }
+        }
+    }
+    let fencelock = fencelock.expect("at least one round");
 
     let redacted = match &target {
         Backend::Url(url) => fencelock::redact_url(url),
@@ -93,6 +142,8 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         workload: args.workload.as_str(),
         clients,
         duration: args.duration,
+        rounds: args.rounds,
+        hold: args.hold,
     };
     if args.json {
         println!("{}", report::json(&setup, &fencelock, baseline.as_ref()));

@@ -16,8 +16,12 @@ pub struct Setup<'a> {
     pub workload: &'a str,
     /// Clients or workers.
     pub clients: usize,
-    /// Duration of each measurement.
+    /// Measured time of each implementation.
     pub duration: Duration,
+    /// Interleaved rounds it was split into.
+    pub rounds: u16,
+    /// Time each holder kept the lock.
+    pub hold: Duration,
 }
 
 fn micros(d: Duration) -> f64 {
@@ -33,6 +37,7 @@ pub fn measurement_json(m: &Measurement) -> Value {
         "ops_per_sec": m.ops_per_sec(),
         "p50_us": micros(m.quantile(0.5)),
         "p99_us": micros(m.quantile(0.99)),
+        "p999_us": micros(m.quantile(0.999)),
         "max_us": micros(m.quantile(1.0)),
         "per_client_ops": m.per_client,
         "fairness": m.fairness(),
@@ -47,6 +52,8 @@ pub fn json(setup: &Setup<'_>, fencelock: &Measurement, baseline: Option<&Measur
         "workload": setup.workload,
         "clients": setup.clients,
         "duration_s": setup.duration.as_secs_f64(),
+        "rounds": setup.rounds,
+        "hold_s": setup.hold.as_secs_f64(),
         "fencelock": measurement_json(fencelock),
         "baseline": baseline.map(measurement_json),
     })
@@ -55,21 +62,28 @@ pub fn json(setup: &Setup<'_>, fencelock: &Measurement, baseline: Option<&Measur
 /// The whole report as a table.
 pub fn table(setup: &Setup<'_>, rows: &[&Measurement]) -> String {
     let mut out = format!(
-        "{} on {} ({}), {} client(s), {:?} each\n\n",
-        setup.workload, setup.backend, setup.url, setup.clients, setup.duration
+        "{} on {} ({}), {} client(s), {:?} each in {} interleaved round(s), hold {:?}\n\n",
+        setup.workload,
+        setup.backend,
+        setup.url,
+        setup.clients,
+        setup.duration,
+        setup.rounds,
+        setup.hold
     );
     out.push_str(&format!(
-        "{:<10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9}  {}\n",
-        "impl", "ops", "ops/s", "p50", "p99", "max", "fairness", "what"
+        "{:<10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}  {}\n",
+        "impl", "ops", "ops/s", "p50", "p99", "p99.9", "max", "fairness", "what"
     ));
     for m in rows {
         out.push_str(&format!(
-            "{:<10} {:>9} {:>10.0} {:>10} {:>10} {:>10} {:>9.3}  {}\n",
+            "{:<10} {:>9} {:>10.0} {:>10} {:>10} {:>10} {:>10} {:>9.3}  {}\n",
             m.label,
             m.ops,
             m.ops_per_sec(),
             format!("{:.2?}", m.quantile(0.5)),
             format!("{:.2?}", m.quantile(0.99)),
+            format!("{:.2?}", m.quantile(0.999)),
             format!("{:.2?}", m.quantile(1.0)),
             m.fairness(),
             m.description
@@ -90,12 +104,16 @@ mod tests {
 
     #[test]
     fn json_has_every_field() {
+        let mut latencies = super::super::driver::new_histogram();
+        for _ in 0..3 {
+            latencies.record(10).unwrap();
+        }
         let m = Measurement {
             label: "fencelock",
             description: "library".into(),
             ops: 3,
             elapsed: Duration::from_secs(1),
-            latencies: vec![Duration::from_micros(10); 3],
+            latencies,
             per_client: vec![3],
         };
         let setup = Setup {
@@ -104,9 +122,13 @@ mod tests {
             workload: "uncontended",
             clients: 1,
             duration: Duration::from_secs(1),
+            rounds: 3,
+            hold: Duration::ZERO,
         };
         let doc = json(&setup, &m, None);
         assert_eq!(doc["fencelock"]["p50_us"], 10.0);
+        assert_eq!(doc["fencelock"]["p999_us"], 10.0);
+        assert_eq!(doc["rounds"], 3);
         assert!(doc["baseline"].is_null());
         assert!(table(&setup, &[&m]).contains("fencelock"));
     }

@@ -196,6 +196,8 @@ pub fn check_bench_json(text: &str, workload: &str, baseline: bool) -> serde_jso
         "workload",
         "clients",
         "duration_s",
+        "rounds",
+        "hold_s",
         "fencelock",
         "baseline",
     ] {
@@ -216,6 +218,7 @@ pub fn check_bench_json(text: &str, workload: &str, baseline: bool) -> serde_jso
             "ops_per_sec",
             "p50_us",
             "p99_us",
+            "p999_us",
             "max_us",
             "per_client_ops",
             "fairness",

@@ -4,39 +4,59 @@
 //! [`Metrics`] wraps any [`DistributedLock`] and reports through the
 //! [`metrics`](https://docs.rs/metrics) facade (install any recorder, for example
 //! `metrics-exporter-prometheus`; without one, recording costs next to nothing) and opens
-//! `tracing` spans around acquire and release.
+//! `tracing` spans around acquire and release. Every metric is described (`describe_*`)
+//! with its unit and help text when a `Metrics` layer is created.
 //!
-//! | metric | kind | what |
-//! |---|---|---|
-//! | `fencelock_lock_wait_seconds` | histogram | time `acquire` took, for acquisitions that got the lock (the seeds' `lock_wait_ms` P99 alarm) |
-//! | `fencelock_lock_hold_seconds` | histogram | time from grant to release, drop or loss |
-//! | `fencelock_lock_acquisitions_total` | counter | locks granted |
-//! | `fencelock_lock_timeouts_total` | counter | acquires that ran out of their wait |
-//! | `fencelock_lock_contended_total` | counter | `no_wait` acquires that found the lock held |
-//! | `fencelock_lock_acquire_errors_total` | counter | acquires that failed otherwise (backend down, bad input) |
-//! | `fencelock_lock_lost_total` | counter | granted locks lost before release (the seeds' `lock_loss_count` alarm); label `cause` |
-//! | `fencelock_locks_held` | gauge | guards currently holding a lock (granted, not released, dropped or lost) |
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | `fencelock_lock_acquires_total` | counter | `result` | acquires by outcome: `acquired`, `timeout` (ran out of its wait), `contended` (a `no_wait` acquire found the lock held), `error` (backend down, bad input) |
+//! | `fencelock_lock_wait_seconds` | histogram | `result` | time `acquire` took, for every outcome (the seeds' `lock_wait_ms`: alert on its p99 for `result="acquired"`, and on the rate of `result="timeout"`) |
+//! | `fencelock_lock_hold_seconds` | histogram | | time from grant to release, drop or loss |
+//! | `fencelock_lock_lost_total` | counter | `cause` | granted locks lost before release (the seeds' `lock_loss_count`: alert when it rises) |
+//! | `fencelock_locks_held` | gauge | | guards currently holding a lock (granted, not released, dropped or lost) |
+//! | `fencelock_lock_retries_total` | counter | `operation` | retries of the [`Retry`](crate::Retry) layer (`acquire`, `inspect`), with or without this layer |
 //!
-//! Every metric has the labels `backend` (`"etcd"`, `"redis"`, ...) and `name` (the lock
-//! name). `fencelock_lock_lost_total` also has `cause`: the guard's
-//! [`LossCause`](crate::LossCause) (`lease_expired` when its own conservative deadline
-//! passed without a successful renewal, `key_gone`, `taken_over`, `session_ended`,
-//! `client_closed`, `migration_leg`, `other`), or `found_at_release` when the loss was
-//! only discovered by the release.
+//! Every metric has the label `backend` (`"etcd"`, `"redis"`, ...). `cause` is the
+//! guard's [`crate::LossCause`] (`lease_expired` when its own conservative
+//! deadline passed without a successful renewal, `key_gone`, `taken_over`,
+//! `session_ended`, `client_closed`, `migration_leg`, `other`), or `found_at_release`
+//! when the loss was only discovered by the release.
 //!
 //! # Cardinality
 //!
-//! One time series per (backend, lock name) and metric. That is right for a fixed set of
-//! names (`nightly-report`, `orders-sync`), and wrong for names built from ids
-//! (`orders/SKU-8842`): use [`MetricsOptions::without_name_label`] then, and the `name`
-//! label is left out.
+//! Lock names are often ids (`orders/SKU-8842`): a label per name would make one time
+//! series per order. So the `name` label is off by default; turn it on with
+//! [`MetricsOptions::with_name_label`] (URL option `metrics_names=true`) for a fixed,
+//! small set of names (`nightly-report`, `orders-sync`).
 //!
-//! # Renewal failures
+//! # Renewals
 //!
 //! Renewals happen inside each backend, out of a layer's sight, so individual renewal
-//! failures are not counted here. What a layer can see is their consequence: a lock whose
+//! attempts are not counted here. What a layer sees is their consequence: a lock whose
 //! renewals kept failing until its deadline is counted in `fencelock_lock_lost_total` with
-//! `cause="lease_expired"`.
+//! `cause="lease_expired"`, and logged.
+//!
+//! # Prometheus
+//!
+//! With `metrics-exporter-prometheus`, give the wait and hold histograms buckets that
+//! cover lock waits (the exporter's defaults are for request latencies in seconds and
+//! suit them too):
+//!
+//! ```text
+//! PrometheusBuilder::new()
+//!     .set_buckets_for_metric(Matcher::Prefix("fencelock_lock_".into()),
+//!         &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0])?
+//! ```
+//!
+//! and alert, for example:
+//!
+//! ```text
+//! - alert: FencelockLockLost          # the seeds' lock_loss_count > 0
+//!   expr: increase(fencelock_lock_lost_total[5m]) > 0
+//! - alert: FencelockSlowLockWait      # the seeds' lock_wait_ms P99
+//!   expr: histogram_quantile(0.99, sum by (le, backend)
+//!           (rate(fencelock_lock_wait_seconds_bucket{result="acquired"}[5m]))) > 1
+//! ```
 //!
 //! # Tracing
 //!
@@ -48,7 +68,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use metrics::{Label, counter, gauge, histogram};
+use metrics::{
+    Label, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -57,43 +79,68 @@ use crate::{
     LockGuard, LockInfo, LossCause,
 };
 
-/// Histogram of the time `acquire` took, in seconds, for acquisitions that got the lock.
+/// Counter of acquires, labelled `result` (`acquired`, `timeout`, `contended`, `error`).
+pub const LOCK_ACQUIRES_TOTAL: &str = "fencelock_lock_acquires_total";
+/// Histogram of the time `acquire` took, in seconds, labelled `result`.
 pub const LOCK_WAIT_SECONDS: &str = "fencelock_lock_wait_seconds";
 /// Histogram of the time a lock was held, in seconds.
 pub const LOCK_HOLD_SECONDS: &str = "fencelock_lock_hold_seconds";
-/// Counter of locks granted.
-pub const LOCK_ACQUISITIONS_TOTAL: &str = "fencelock_lock_acquisitions_total";
-/// Counter of acquires that ran out of their wait.
-pub const LOCK_TIMEOUTS_TOTAL: &str = "fencelock_lock_timeouts_total";
-/// Counter of `no_wait` acquires that found the lock held.
-pub const LOCK_CONTENDED_TOTAL: &str = "fencelock_lock_contended_total";
-/// Counter of acquires that failed for other reasons.
-pub const LOCK_ACQUIRE_ERRORS_TOTAL: &str = "fencelock_lock_acquire_errors_total";
-/// Counter of granted locks lost before release.
+/// Counter of granted locks lost before release, labelled `cause`.
 pub const LOCK_LOST_TOTAL: &str = "fencelock_lock_lost_total";
 /// Gauge of guards currently holding a lock.
 pub const LOCKS_HELD: &str = "fencelock_locks_held";
+/// Counter of retries of the [`Retry`](crate::Retry) layer, labelled `operation`.
+pub const LOCK_RETRIES_TOTAL: &str = "fencelock_lock_retries_total";
+
+/// Registers the unit and help text of every metric with the installed recorder.
+pub(crate) fn describe() {
+    describe_counter!(
+        LOCK_ACQUIRES_TOTAL,
+        Unit::Count,
+        "Lock acquires by result: acquired, timeout, contended, error."
+    );
+    describe_histogram!(
+        LOCK_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time an acquire took, by result."
+    );
+    describe_histogram!(
+        LOCK_HOLD_SECONDS,
+        Unit::Seconds,
+        "Time from grant to release, drop or loss."
+    );
+    describe_counter!(
+        LOCK_LOST_TOTAL,
+        Unit::Count,
+        "Granted locks lost before release, by cause."
+    );
+    describe_gauge!(LOCKS_HELD, Unit::Count, "Guards currently holding a lock.");
+    describe_counter!(
+        LOCK_RETRIES_TOTAL,
+        Unit::Count,
+        "Retries of the retry layer, by operation."
+    );
+}
 
 /// Options of the [`Metrics`] layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MetricsOptions {
     name_label: bool,
 }
 
-impl Default for MetricsOptions {
-    fn default() -> Self {
-        MetricsOptions { name_label: true }
-    }
-}
-
 impl MetricsOptions {
-    /// Labels `backend` and `name`.
+    /// The label `backend` only (see the module's "Cardinality").
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Leaves the `name` label out, for applications with many or unbounded lock names
-    /// (see the module's "Cardinality").
+    /// Adds the `name` label (the lock name): only for a small, fixed set of names.
+    pub fn with_name_label(mut self) -> Self {
+        self.name_label = true;
+        self
+    }
+
+    /// Leaves the `name` label out (the default).
     pub fn without_name_label(mut self) -> Self {
         self.name_label = false;
         self
@@ -132,8 +179,9 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Wraps `inner`.
+    /// Wraps `inner`, and describes the metrics to the installed recorder.
     pub fn new(inner: Arc<dyn DistributedLock>, options: MetricsOptions) -> Self {
+        describe();
         Metrics { inner, options }
     }
 
@@ -177,21 +225,18 @@ impl DistributedLock for Metrics {
             .acquire(name, options)
             .instrument(span.clone())
             .await;
-        let guard = match result {
-            Ok(guard) => guard,
-            Err(error) => {
-                let metric = match error {
-                    Error::Timeout { .. } => LOCK_TIMEOUTS_TOTAL,
-                    Error::Contended { .. } => LOCK_CONTENDED_TOTAL,
-                    _ => LOCK_ACQUIRE_ERRORS_TOTAL,
-                };
-                counter!(metric, labels).increment(1);
-                return Err(error);
-            }
+        let outcome = match &result {
+            Ok(_) => "acquired",
+            Err(Error::Timeout { .. }) => "timeout",
+            Err(Error::Contended { .. }) => "contended",
+            Err(_) => "error",
         };
+        let mut with_result = labels.clone();
+        with_result.push(Label::new("result", outcome));
+        histogram!(LOCK_WAIT_SECONDS, with_result.clone()).record(start.elapsed().as_secs_f64());
+        counter!(LOCK_ACQUIRES_TOTAL, with_result).increment(1);
+        let guard = result?;
         span.record("token", guard.token().get());
-        histogram!(LOCK_WAIT_SECONDS, labels.clone()).record(start.elapsed().as_secs_f64());
-        counter!(LOCK_ACQUISITIONS_TOTAL, labels.clone()).increment(1);
         gauge!(LOCKS_HELD, labels.clone()).increment(1.0);
 
         let liveness = guard.liveness().clone();
@@ -441,8 +486,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn acquisitions_wait_hold_and_the_held_gauge_move() {
-        let (memory, locks) = metered(MetricsOptions::default());
+        let (memory, locks) = metered(MetricsOptions::new().with_name_label());
         let labels = ["backend=mem", "name=m-basic"];
+        let acquired = ["backend=mem", "name=m-basic", "result=acquired"];
         let first = locks.lock("m-basic").await.unwrap();
         assert_eq!(count(LOCKS_HELD, &labels), 1.0);
         let second = {
@@ -454,9 +500,9 @@ mod tests {
         let second = second.await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(second);
-        assert_eq!(count(LOCK_ACQUISITIONS_TOTAL, &labels), 2.0);
+        assert_eq!(count(LOCK_ACQUIRES_TOTAL, &acquired), 2.0);
         assert_eq!(count(LOCKS_HELD, &labels), 0.0);
-        let (waits, wait_samples) = read(LOCK_WAIT_SECONDS, &labels);
+        let (waits, wait_samples) = read(LOCK_WAIT_SECONDS, &acquired);
         assert_eq!(waits, 2.0);
         assert!(
             wait_samples.iter().any(|w| (*w - 0.25).abs() < 0.01),
@@ -473,24 +519,30 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn timeouts_contention_and_errors_are_counted() {
-        let (_memory, locks) = metered(MetricsOptions::default());
-        let labels = ["backend=mem", "name=m-fail"];
+        let (_memory, locks) = metered(MetricsOptions::new().with_name_label());
+        let with = |result: &'static str| ["backend=mem", "name=m-fail", result];
         let held = locks.lock("m-fail").await.unwrap();
         let wait = AcquireOptions::new().wait_timeout(Duration::from_millis(50));
         assert!(locks.acquire("m-fail", wait).await.is_err());
         assert!(locks.try_lock("m-fail").await.unwrap().is_none());
         let zero = AcquireOptions::new().lease(Duration::ZERO);
         assert!(locks.acquire("m-fail", zero).await.is_err());
-        assert_eq!(count(LOCK_TIMEOUTS_TOTAL, &labels), 1.0);
-        assert_eq!(count(LOCK_CONTENDED_TOTAL, &labels), 1.0);
-        assert_eq!(count(LOCK_ACQUIRE_ERRORS_TOTAL, &labels), 1.0);
-        assert_eq!(count(LOCK_ACQUISITIONS_TOTAL, &labels), 1.0);
+        assert_eq!(count(LOCK_ACQUIRES_TOTAL, &with("result=timeout")), 1.0);
+        assert_eq!(count(LOCK_ACQUIRES_TOTAL, &with("result=contended")), 1.0);
+        assert_eq!(count(LOCK_ACQUIRES_TOTAL, &with("result=error")), 1.0);
+        assert_eq!(count(LOCK_ACQUIRES_TOTAL, &with("result=acquired")), 1.0);
+        // The wait histogram has the timeout too, with its 50 ms.
+        let (_, timeouts) = read(LOCK_WAIT_SECONDS, &with("result=timeout"));
+        assert!(
+            timeouts.iter().any(|w| (*w - 0.05).abs() < 0.01),
+            "{timeouts:?}"
+        );
         held.release().await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_loss_is_counted_once_when_it_happens() {
-        let (_memory, locks) = metered(MetricsOptions::default());
+        let (_memory, locks) = metered(MetricsOptions::new().with_name_label());
         let labels = ["backend=mem", "name=m-lost"];
         let opts = AcquireOptions::new().fixed_lease(Duration::from_secs(1));
         let guard = locks.acquire("m-lost", opts).await.unwrap();
@@ -506,19 +558,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_name_label_can_be_dropped() {
+    async fn the_name_label_is_off_by_default() {
         let memory: Arc<dyn DistributedLock> = Arc::new(MemoryLock::named("m-noname"));
         let _ = snapshotter();
-        let locks = Metrics::new(memory, MetricsOptions::new().without_name_label());
-        assert!(!MetricsOptions::new().without_name_label().has_name_label());
-        let before = count(LOCK_ACQUISITIONS_TOTAL, &["backend=mem"]);
+        let locks = Metrics::new(memory, MetricsOptions::default());
+        assert!(!MetricsOptions::default().has_name_label());
+        assert!(MetricsOptions::new().with_name_label().has_name_label());
+        let acquired = ["backend=mem", "result=acquired"];
+        let before = count(LOCK_ACQUIRES_TOTAL, &acquired);
         let guard = locks.lock("m-noname-a").await.unwrap();
         assert_eq!(guard.backend(), "mem");
         assert!(guard.backend_key().is_none());
         guard.release().await.unwrap();
-        assert!(count(LOCK_ACQUISITIONS_TOTAL, &["backend=mem"]) > before);
+        assert!(count(LOCK_ACQUIRES_TOTAL, &acquired) > before);
         assert_eq!(
-            count(LOCK_ACQUISITIONS_TOTAL, &["backend=mem", "name=m-noname-a"]),
+            count(
+                LOCK_ACQUIRES_TOTAL,
+                &["backend=mem", "name=m-noname-a", "result=acquired"]
+            ),
             0.0
         );
     }

@@ -187,6 +187,8 @@ pub struct Retry {
 impl Retry {
     /// Wraps `inner`, retrying as `policy` says.
     pub fn new(inner: Arc<dyn DistributedLock>, policy: RetryPolicy) -> Self {
+        #[cfg(feature = "metrics")]
+        crate::layer::metrics::describe();
         Retry { inner, policy }
     }
 
@@ -207,7 +209,7 @@ impl Retry {
         delays: &mut impl Iterator<Item = Duration>,
         error: &Error,
         deadline: Option<Instant>,
-        name: &str,
+        (operation, name): (&'static str, &str),
         attempt: usize,
     ) -> Option<Duration> {
         if !error.is_retryable() {
@@ -229,6 +231,15 @@ impl Retry {
             %error,
             "lock backend failed; retrying"
         );
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            crate::layer::metrics::LOCK_RETRIES_TOTAL,
+            "backend" => self.inner.backend(),
+            "operation" => operation
+        )
+        .increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = operation;
         Some(delay)
     }
 }
@@ -270,7 +281,7 @@ impl DistributedLock for Retry {
                 Ok(guard) => return Ok(guard),
                 Err(error) => error,
             };
-            match self.next_delay(&mut delays, &error, deadline, name, attempt) {
+            match self.next_delay(&mut delays, &error, deadline, ("acquire", name), attempt) {
                 Some(delay) => tokio::time::sleep(delay).await,
                 None => return Err(error),
             }
@@ -295,7 +306,7 @@ impl DistributedLock for Retry {
                 Ok(info) => return Ok(info),
                 Err(error) => error,
             };
-            match self.next_delay(&mut delays, &error, None, name, attempt) {
+            match self.next_delay(&mut delays, &error, None, ("inspect", name), attempt) {
                 Some(delay) => tokio::time::sleep(delay).await,
                 None => return Err(error),
             }
