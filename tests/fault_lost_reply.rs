@@ -34,13 +34,11 @@ use fencelock::{
 };
 use fencelock_testkit::checker::Checker;
 use fencelock_testkit::leftovers;
-use fencelock_testkit::{
-    EtcdServer, Fault, FaultProxy, RedisCluster, RedisSentinelSet, RedisServer, ZkServer,
-};
+use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer};
 use tokio::time::Instant;
 
 mod common;
-use common::Servers;
+use common::{Proxied, Servers};
 
 const LEASE: Duration = Duration::from_secs(2);
 /// How long A's acquire is given under the fault before it is dropped.
@@ -356,45 +354,33 @@ async fn f9_redlock() {
         .assert_nothing_left_within("Redlock F9", LEFT_BOUND);
 }
 
-/// Sentinel: the Sentinels name the master's proxy; B's connections (and the
-/// Sentinels' and the replica's links) are exempt from the fault, A's are not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f9_redis_sentinel() {
-    let set = tokio::task::spawn_blocking(RedisSentinelSet::start_behind_proxy)
-        .await
-        .unwrap();
-    let proxy = set.proxy().expect("a proxy in front of the master");
-    let prefix = unique("sentinel");
-    let url = format!("{}?prefix={prefix}:", set.url());
-    let b = connect(&url).await;
-    assert!(proxy.exempt_open_connections() >= 8);
-    let a = connect(&url).await;
-    lost_acquire_reply("sentinel", &a, &*b, &[proxy], &[proxy], "lost", REDIS_BOUND).await;
-    cancel_at_grant("sentinel", [&*a, &*b], "race").await;
-    Servers::redis(set.master(), &prefix).assert_nothing_left_within("Sentinel F9", LEFT_BOUND);
+/// F9 on a deployment behind announced proxies: B's connections (and the servers' own
+/// links) are exempt from the fault, A's are not.
+async fn lost_reply_behind_proxies(deployment: Proxied, label: &str) {
+    let prefix = unique(label);
+    let b = connect(&deployment.url(&prefix)).await;
+    deployment.exempt();
+    let a = connect(&deployment.cut_url(&prefix)).await;
+    let proxies = deployment.proxies();
+    lost_acquire_reply(label, &a, &*b, &proxies, &proxies, "lost", REDIS_BOUND).await;
+    cancel_at_grant(label, [&*a, &*b], "race").await;
+    deployment
+        .servers(&prefix)
+        .assert_nothing_left_within(label, LEFT_BOUND);
+    deployment.assert_no_failover();
 }
 
-/// Cluster: every node announces its proxy; B's connections are exempt, and A reaches
-/// every node (and subscribes) through the proxies.
+/// Sentinel: the Sentinels name the master's proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f9_redis_sentinel() {
+    lost_reply_behind_proxies(Proxied::sentinel().await, "sentinel").await;
+}
+
+/// Cluster: every node announces its proxy; A reaches every node (and subscribes)
+/// through the proxies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f9_redis_cluster() {
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_behind_proxies(3, 0))
-        .await
-        .unwrap();
-    let prefix = unique("cluster");
-    let b = connect(&format!("{}?prefix={prefix}:", cluster.url())).await;
-    let proxies: Vec<&FaultProxy> = cluster.proxies().iter().collect();
-    for proxy in &proxies {
-        assert!(proxy.exempt_open_connections() >= 1);
-    }
-    let a = connect(&format!("{}?prefix={prefix}:", cluster.proxied_url())).await;
-    lost_acquire_reply("cluster", &a, &*b, &proxies, &proxies, "lost", REDIS_BOUND).await;
-    cancel_at_grant("cluster", [&*a, &*b], "race").await;
-    Servers::Redis(
-        cluster.nodes().iter().map(RedisServer::port).collect(),
-        &prefix,
-    )
-    .assert_nothing_left_within("Cluster F9", LEFT_BOUND);
+    lost_reply_behind_proxies(Proxied::cluster().await, "cluster").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

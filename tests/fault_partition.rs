@@ -23,13 +23,11 @@ use std::time::Duration;
 
 use fencelock::{AcquireOptions, DistributedLock, Error};
 use fencelock_testkit::checker::Checker;
-use fencelock_testkit::{
-    EtcdServer, Fault, FaultProxy, RedisCluster, RedisSentinelSet, RedisServer, ZkServer,
-};
+use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer};
 use tokio::time::Instant;
 
 mod common;
-use common::Servers;
+use common::{Proxied, Servers};
 
 const LEASE: Duration = Duration::from_secs(2);
 const PARTITION: Duration = Duration::from_secs(6);
@@ -205,58 +203,34 @@ async fn f4_redlock() {
     partition_of_a_running_holder(&*holder, &*other, &proxies, "stock", &servers).await;
 }
 
+/// F4 on a deployment behind announced proxies: the other client's connections (and the
+/// servers' own links) are exempt, the holder's are cut.
+async fn partition_behind_proxies(deployment: Proxied, tag: &str) {
+    let prefix = unique(tag);
+    let other = fencelock::connect(&deployment.url(&prefix)).await.unwrap();
+    deployment.exempt();
+    let holder = fencelock::connect(&deployment.cut_url(&prefix))
+        .await
+        .unwrap();
+    let proxies = deployment.proxies();
+    let servers = deployment.servers(&prefix);
+    partition_of_a_running_holder(&*holder, &*other, &proxies, "stock", &servers).await;
+    deployment.assert_no_failover();
+}
+
 /// Sentinel: the Sentinels name the master's proxy; the holder's connections to it are
 /// cut (the Sentinels', the replica's and the other client's are exempt, so no failover
 /// follows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f4_redis_sentinel() {
-    let set = tokio::task::spawn_blocking(RedisSentinelSet::start_behind_proxy)
-        .await
-        .unwrap();
-    let proxy = set.proxy().expect("a proxy in front of the master");
-    let prefix = unique("sentinel");
-    let url = format!("{}?prefix={prefix}:", set.url());
-    let other = fencelock::connect(&url).await.unwrap();
-    let exempt = proxy.exempt_open_connections();
-    // The other client's, the replica's and each Sentinel's two links.
-    assert!(exempt >= 8, "only {exempt} connections to exempt");
-    let holder = fencelock::connect(&url).await.unwrap();
-    let servers = Servers::redis(set.master(), &prefix);
-    partition_of_a_running_holder(&*holder, &*other, &[proxy], "stock", &servers).await;
-    assert_eq!(
-        set.sentinels()[0].master_addr(),
-        Some(proxy.addr()),
-        "a failover happened"
-    );
+    partition_behind_proxies(Proxied::sentinel().await, "sentinel").await;
 }
 
 /// Cluster: every node announces its proxy; all of the holder's connections (commands
 /// to every master, and unlock subscriptions through its seeds) are cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f4_redis_cluster() {
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_behind_proxies(3, 0))
-        .await
-        .unwrap();
-    let prefix = unique("cluster");
-    let other = fencelock::connect(&format!("{}?prefix={prefix}:", cluster.url()))
-        .await
-        .unwrap();
-    let proxies: Vec<&FaultProxy> = cluster.proxies().iter().collect();
-    for proxy in &proxies {
-        assert!(
-            proxy.exempt_open_connections() >= 1,
-            "{} unused",
-            proxy.addr()
-        );
-    }
-    let holder = fencelock::connect(&format!("{}?prefix={prefix}:", cluster.proxied_url()))
-        .await
-        .unwrap();
-    let servers = Servers::Redis(
-        cluster.nodes().iter().map(RedisServer::port).collect(),
-        &prefix,
-    );
-    partition_of_a_running_holder(&*holder, &*other, &proxies, "stock", &servers).await;
+    partition_behind_proxies(Proxied::cluster().await, "cluster").await;
 }
 
 /// The migration layer in its mixed phases: both legs of the holder are cut.
