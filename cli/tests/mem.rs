@@ -422,15 +422,7 @@ fn a_lost_lock_stops_the_whole_pipeline() {
 #[test]
 fn a_killed_fencelock_takes_its_command_with_it() {
     let dir = tempfile::tempdir().unwrap();
-    let pidfile = dir.path().join("pid");
-    let running = Running::start(
-        fencelock()
-            .args(["run", "--url", "mem://", "orphan", "--", "sh", "-c"])
-            .arg(r#"echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 30"#)
-            .arg(&pidfile),
-    );
-    wait_for_file(&pidfile, Duration::from_secs(20));
-    let pid = read_pid(&pidfile);
+    let (running, pid) = run_sleeper("orphan", dir.path());
     signal(running.pid(), Signal::SIGKILL);
     assert!(
         gone_within(pid, Duration::from_secs(2)),
@@ -496,15 +488,7 @@ fn capabilities_and_completions() {
 #[test]
 fn a_terminal_stop_stops_the_command_too() {
     let dir = tempfile::tempdir().unwrap();
-    let pidfile = dir.path().join("pid");
-    let running = Running::start(
-        fencelock()
-            .args(["run", "--url", "mem://", "suspended", "--", "sh", "-c"])
-            .arg(r#"echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 30"#)
-            .arg(&pidfile),
-    );
-    wait_for_file(&pidfile, Duration::from_secs(20));
-    let pid = read_pid(&pidfile);
+    let (running, pid) = run_sleeper("suspended", dir.path());
     let state = |pid: u32| {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         stat.rsplit_once(") ")

@@ -38,6 +38,21 @@ pub fn gone_within(pid: u32, timeout: Duration) -> bool {
     true
 }
 
+/// A background `fencelock run --url mem:// NAME` whose command is a `sleep 30` that
+/// wrote its pid to a file first; returns it and the command's pid.
+pub fn run_sleeper(name: &str, dir: &Path) -> (Running, u32) {
+    let pidfile = dir.join("pid");
+    let running = Running::start(
+        fencelock()
+            .args(["run", "--url", "mem://", name, "--", "sh", "-c"])
+            .arg(r#"echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 30"#)
+            .arg(&pidfile),
+    );
+    wait_for_file(&pidfile, Duration::from_secs(20));
+    let pid = read_pid(&pidfile);
+    (running, pid)
+}
+
 /// Reads a pid the command wrote (atomically, with a rename) to `path`.
 pub fn read_pid(path: &Path) -> u32 {
     std::fs::read_to_string(path)
