@@ -24,6 +24,10 @@ impl fmt::Display for Endpoint {
 }
 
 /// Which Redis deployment to talk to, and how.
+///
+/// Every topology can use TLS: `tls: true` is the `rediss` form of its URL scheme
+/// (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`, `redlocks://`), with the
+/// settings of [`RedisConfig::tls`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Topology {
@@ -44,27 +48,74 @@ pub enum Topology {
         service: String,
         /// The logical database (`?db=N`).
         db: i64,
+        /// Whether to use TLS (`rediss+sentinel://`), to the Sentinels and to the master
+        /// alike.
+        tls: bool,
     },
     /// A Redis Cluster, found from its seed nodes (`redis+cluster://a,b,c`).
     Cluster {
         /// Seed nodes.
         seeds: Vec<Endpoint>,
+        /// Whether to use TLS (`rediss+cluster://`) to every node: the nodes must announce
+        /// their TLS ports (`tls-cluster yes`).
+        tls: bool,
     },
     /// Redlock over independent masters (`redlock://a,b,c`).
     Redlock {
         /// The independent instances; a lock needs a majority of them.
         instances: Vec<Endpoint>,
+        /// Whether to use TLS (`redlocks://`) to every instance.
+        tls: bool,
     },
 }
 
-/// TLS settings of a `rediss://` connection: which certificate authorities to trust and,
-/// for mutual TLS, the client certificate.
+impl Topology {
+    /// Whether the connections use TLS.
+    pub fn uses_tls(&self) -> bool {
+        match self {
+            Topology::Single { tls, .. }
+            | Topology::Sentinel { tls, .. }
+            | Topology::Cluster { tls, .. }
+            | Topology::Redlock { tls, .. } => *tls,
+        }
+    }
+
+    /// The URL scheme of this topology: `redis`, `rediss`, `redis+sentinel`,
+    /// `rediss+sentinel`, `redis+cluster`, `rediss+cluster`, `redlock` or `redlocks`.
+    pub fn scheme(&self) -> &'static str {
+        match (self, self.uses_tls()) {
+            (Topology::Single { .. }, false) => "redis",
+            (Topology::Single { .. }, true) => "rediss",
+            (Topology::Sentinel { .. }, false) => "redis+sentinel",
+            (Topology::Sentinel { .. }, true) => "rediss+sentinel",
+            (Topology::Cluster { .. }, false) => "redis+cluster",
+            (Topology::Cluster { .. }, true) => "rediss+cluster",
+            (Topology::Redlock { .. }, false) => "redlock",
+            (Topology::Redlock { .. }, true) => "redlocks",
+        }
+    }
+
+    /// The scheme of the same topology over TLS.
+    pub(crate) fn tls_scheme(&self) -> &'static str {
+        match self {
+            Topology::Single { .. } => "rediss",
+            Topology::Sentinel { .. } => "rediss+sentinel",
+            Topology::Cluster { .. } => "rediss+cluster",
+            Topology::Redlock { .. } => "redlocks",
+        }
+    }
+}
+
+/// TLS settings of a TLS connection (`rediss://`, `rediss+sentinel://`,
+/// `rediss+cluster://`, `redlocks://`): which certificate authorities to trust and, for
+/// mutual TLS, the client certificate. The same settings apply to every server of the
+/// deployment (for Sentinel: the Sentinels, the master and the replicas).
 ///
 /// The URL options `ca=PATH`, `cert=PATH` and `key=PATH` (the names and meaning of
-/// `etcds://`'s). The files are read when connecting; a missing or unreadable file, a file
-/// without the expected PEM item, or `cert` without `key` (or the reverse) is an
-/// [`Error::InvalidConfig`]. All empty (the default): the system's root certificates, no
-/// client certificate. TLS is supported for a single server (`rediss://`) only.
+/// `etcds://`'s). The files are read when connecting, before any connection is made; a
+/// missing or unreadable file, a file without the expected PEM item, or `cert` without
+/// `key` (or the reverse) is an [`Error::InvalidConfig`]. All empty (the default): the
+/// system's root certificates, no client certificate.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisTls {
@@ -95,8 +146,11 @@ impl RedisTls {
 /// | `redis://[user:pass@]host:port[/db]` | single server |
 /// | `rediss://...` | single server over TLS (cargo feature `tls`) |
 /// | `redis+sentinel://[user:pass@]s1:port,s2:port/service` | master found through Sentinels |
+/// | `rediss+sentinel://...` | the same over TLS, to the Sentinels and the master |
 /// | `redis+cluster://[user:pass@]a:port,b:port` | Redis Cluster |
+/// | `rediss+cluster://...` | Redis Cluster over TLS (`tls-cluster yes` on the nodes) |
 /// | `redlock://[user:pass@]a:port,b:port,c:port` | Redlock over independent masters |
+/// | `redlocks://...` | Redlock over TLS to every instance |
 ///
 /// Query options (all optional): `prefix=STR` (key prefix, default `fencelock:`),
 /// `layout=tagged|raw` (`raw`: the key is exactly prefix + name, default prefix empty),
@@ -104,9 +158,8 @@ impl RedisTls {
 /// `timeout=DUR` (response timeout, default 2 s), `connect_timeout=DUR` (default 5 s),
 /// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h),
 /// `db=N`, `sentinel_username=USER` and `sentinel_password=PASS` (the Sentinels' own
-/// credentials, when they require a password) (Sentinel only), and for `rediss://` only
-/// `ca=PATH`, `cert=PATH`, `key=PATH`
-/// (see [`RedisTls`]). Durations are `250ms`, `2s`, `5m` (see
+/// credentials, when they require a password) (Sentinel only), and for the TLS schemes
+/// only `ca=PATH`, `cert=PATH`, `key=PATH` (see [`RedisTls`]). Durations are `250ms`, `2s`, `5m` (see
 /// [`fencelock_core::parse_duration`]).
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -130,8 +183,8 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Lifetime of a name's token counter after its last grant.
     pub token_ttl: Duration,
-    /// TLS settings; only for a single server with `tls: true` (`rediss://`), empty
-    /// otherwise.
+    /// TLS settings; only for a topology with `tls: true` (see [`Topology::uses_tls`]),
+    /// empty otherwise.
     pub tls: RedisTls,
     /// ACL user name for the Sentinels themselves (`sentinel_username=`), if they require
     /// one; Sentinel only.
@@ -160,8 +213,9 @@ impl RedisConfig {
         }
     }
 
-    /// Checks the TLS settings against the topology: none without TLS (`rediss://`),
-    /// and `cert` and `key` both or neither. Does not touch the files.
+    /// Checks the TLS settings against the topology: none without TLS (`rediss://`,
+    /// `rediss+sentinel://`, `rediss+cluster://`, `redlocks://`), and `cert` and `key`
+    /// both or neither. Does not touch the files.
     ///
     /// # Errors
     ///
@@ -177,24 +231,12 @@ impl RedisConfig {
         let Some(setting) = setting else {
             return Ok(());
         };
-        match &self.topology {
-            Topology::Single { tls: true, .. } => {}
-            Topology::Single { tls: false, .. } => {
-                return Err(Error::InvalidConfig(format!(
-                    "redis: `{setting}` is a TLS setting: use rediss://"
-                )));
-            }
-            other => {
-                let scheme = match other {
-                    Topology::Sentinel { .. } => "redis+sentinel://",
-                    Topology::Cluster { .. } => "redis+cluster://",
-                    _ => "redlock://",
-                };
-                return Err(Error::InvalidConfig(format!(
-                    "redis: `{setting}` is a TLS setting, and TLS is supported for a single \
-                     server only (rediss://), not for {scheme}"
-                )));
-            }
+        if !self.topology.uses_tls() {
+            return Err(Error::InvalidConfig(format!(
+                "redis: `{setting}` is a TLS setting: use {}:// (not {}://)",
+                self.topology.tls_scheme(),
+                self.topology.scheme()
+            )));
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return Err(Error::InvalidConfig(
@@ -241,7 +283,10 @@ impl RedisConfig {
             })
             .collect();
         let mut query_db = None;
-        let mut config = RedisConfig::new(Topology::Cluster { seeds: Vec::new() });
+        let mut config = RedisConfig::new(Topology::Cluster {
+            seeds: Vec::new(),
+            tls: false,
+        });
         let mut prefix = None;
         let mut raw = false;
         for (key, value) in urlparts::parse_query(query.unwrap_or("")).map_err(&bad)? {
@@ -312,7 +357,8 @@ impl RedisConfig {
                 Err(bad(format!("{what} takes exactly one host")))
             }
         };
-        config.topology = match scheme.to_ascii_lowercase().as_str() {
+        let scheme = scheme.to_ascii_lowercase();
+        config.topology = match scheme.as_str() {
             "redis" | "rediss" => {
                 let db = if path.is_empty() {
                     query_db.unwrap_or(0)
@@ -322,11 +368,11 @@ impl RedisConfig {
                 };
                 Topology::Single {
                     endpoint: single_host("redis://")?,
-                    tls: scheme.eq_ignore_ascii_case("rediss"),
+                    tls: scheme == "rediss",
                     db,
                 }
             }
-            "redis+sentinel" => {
+            "redis+sentinel" | "rediss+sentinel" => {
                 if path.is_empty() {
                     return Err(bad("expected /SERVICE_NAME after the sentinels".into()));
                 }
@@ -334,15 +380,19 @@ impl RedisConfig {
                     sentinels: endpoints,
                     service: path.to_owned(),
                     db: query_db.unwrap_or(0),
+                    tls: scheme == "rediss+sentinel",
                 }
             }
-            "redis+cluster" => {
+            "redis+cluster" | "rediss+cluster" => {
                 if !path.is_empty() || query_db.is_some() {
                     return Err(bad("a cluster URL has no path or database".into()));
                 }
-                Topology::Cluster { seeds: endpoints }
+                Topology::Cluster {
+                    seeds: endpoints,
+                    tls: scheme == "rediss+cluster",
+                }
             }
-            "redlock" => {
+            "redlock" | "redlocks" => {
                 if !path.is_empty() || query_db.is_some() {
                     return Err(bad("a redlock URL has no path or database".into()));
                 }
@@ -351,6 +401,7 @@ impl RedisConfig {
                 }
                 Topology::Redlock {
                     instances: endpoints,
+                    tls: scheme == "redlocks",
                 }
             }
             other => return Err(bad(format!("`{other}` is not a Redis scheme"))),
@@ -359,7 +410,9 @@ impl RedisConfig {
             && !matches!(config.topology, Topology::Sentinel { .. })
         {
             return Err(bad(
-                "sentinel_username and sentinel_password are for redis+sentinel:// only".into(),
+                "sentinel_username and sentinel_password are for redis+sentinel:// and \
+                 rediss+sentinel:// only"
+                    .into(),
             ));
         }
         config.check_tls()?;
@@ -433,18 +486,44 @@ mod tests {
                     sentinels: vec![ep("a", 1), ep("b", 2)],
                     service: "mymaster".into(),
                     db: 2,
+                    tls: false,
+                },
+            ),
+            (
+                "rediss+sentinel://u:p@a:1,b:2/mymaster",
+                Topology::Sentinel {
+                    sentinels: vec![ep("a", 1), ep("b", 2)],
+                    service: "mymaster".into(),
+                    db: 0,
+                    tls: true,
                 },
             ),
             (
                 "redis+cluster://a:1,b:2,c:3",
                 Topology::Cluster {
                     seeds: vec![ep("a", 1), ep("b", 2), ep("c", 3)],
+                    tls: false,
+                },
+            ),
+            (
+                "REDISS+CLUSTER://a:1,b:2,c:3",
+                Topology::Cluster {
+                    seeds: vec![ep("a", 1), ep("b", 2), ep("c", 3)],
+                    tls: true,
                 },
             ),
             (
                 "redlock://a:1,b:2,c:3",
                 Topology::Redlock {
                     instances: vec![ep("a", 1), ep("b", 2), ep("c", 3)],
+                    tls: false,
+                },
+            ),
+            (
+                "redlocks://a:1,b:2,c:3",
+                Topology::Redlock {
+                    instances: vec![ep("a", 1), ep("b", 2), ep("c", 3)],
+                    tls: true,
                 },
             ),
             (
@@ -459,6 +538,11 @@ mod tests {
         for (url, topology) in cases {
             let config = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
             assert_eq!(config.topology, topology, "{url}");
+            assert!(
+                url.to_ascii_lowercase()
+                    .starts_with(&format!("{}://", topology.scheme())),
+                "{url}"
+            );
         }
     }
 
@@ -485,8 +569,12 @@ mod tests {
             "redis://h:1?layout=odd",
             "redis://h:1?prefix=a{b",
             "redis+sentinel://a:1",
+            "rediss+sentinel://a:1",
             "redis+cluster://a:1/x",
+            "rediss+cluster://a:1?db=1",
             "redlock://a:1,b:2",
+            "redlocks://a:1,b:2",
+            "rediss+redlock://a:1",
             "redis://h:1?timeout=5x",
             "redis://h:1/abc",
             "redis://:1",
@@ -523,14 +611,34 @@ mod tests {
                     key: Some("k.pem".into()),
                 },
             ),
+            (
+                "rediss+sentinel://:p@a:1,b:2/m?ca=ca.pem&sentinel_password=s",
+                RedisTls {
+                    ca: Some("ca.pem".into()),
+                    ..RedisTls::default()
+                },
+            ),
+            (
+                "rediss+cluster://:p@a:1,b:2?ca=ca.pem&cert=c.pem&key=k.pem",
+                RedisTls {
+                    ca: Some("ca.pem".into()),
+                    cert: Some("c.pem".into()),
+                    key: Some("k.pem".into()),
+                },
+            ),
+            ("rediss+cluster://a:1", RedisTls::default()),
+            (
+                "redlocks://a:1,b:2,c:3?ca=ca.pem",
+                RedisTls {
+                    ca: Some("ca.pem".into()),
+                    ..RedisTls::default()
+                },
+            ),
         ];
         for (url, tls) in cases {
             let config = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
             assert_eq!(config.tls, tls, "{url}");
-            assert!(matches!(
-                config.topology,
-                Topology::Single { tls: true, .. }
-            ));
+            assert!(config.topology.uses_tls(), "{url}");
         }
         assert!(RedisConfig::from_url("redis://h:1").unwrap().tls.is_empty());
     }
@@ -549,13 +657,25 @@ mod tests {
             ),
             (
                 "redis+sentinel://a:1/m?ca=x",
-                Some("not for redis+sentinel://"),
+                Some("`ca` is a TLS setting: use rediss+sentinel:// (not redis+sentinel://)"),
             ),
             (
                 "redis+cluster://a:1?key=k&cert=c",
-                Some("not for redis+cluster://"),
+                Some("`cert` is a TLS setting: use rediss+cluster:// (not redis+cluster://)"),
             ),
-            ("redlock://a:1,b:2,c:3?ca=x", Some("not for redlock://")),
+            (
+                "redlock://a:1,b:2,c:3?ca=x",
+                Some("use redlocks:// (not redlock://)"),
+            ),
+            (
+                "rediss+sentinel://a:1/m?key=k.pem",
+                Some("`cert` and `key` go together"),
+            ),
+            (
+                "rediss+cluster://a:1?cert=c.pem",
+                Some("`cert` and `key` go together"),
+            ),
+            ("rediss+cluster://a:1?domain=redis.local", None),
             (
                 "rediss://h:1?cert=c.pem",
                 Some("`cert` and `key` go together"),
@@ -596,6 +716,47 @@ mod tests {
         assert!(matches!(config.check_tls(), Err(Error::InvalidConfig(_))));
         config.tls.cert = Some("c.pem".into());
         assert!(config.check_tls().is_ok());
+        for (plain, tls) in [
+            (
+                Topology::Cluster {
+                    seeds: vec![ep("a", 1)],
+                    tls: false,
+                },
+                Topology::Cluster {
+                    seeds: vec![ep("a", 1)],
+                    tls: true,
+                },
+            ),
+            (
+                Topology::Sentinel {
+                    sentinels: vec![ep("s", 1)],
+                    service: "m".into(),
+                    db: 0,
+                    tls: false,
+                },
+                Topology::Sentinel {
+                    sentinels: vec![ep("s", 1)],
+                    service: "m".into(),
+                    db: 0,
+                    tls: true,
+                },
+            ),
+            (
+                Topology::Redlock {
+                    instances: vec![ep("a", 1)],
+                    tls: false,
+                },
+                Topology::Redlock {
+                    instances: vec![ep("a", 1)],
+                    tls: true,
+                },
+            ),
+        ] {
+            config.topology = plain;
+            assert!(matches!(config.check_tls(), Err(Error::InvalidConfig(_))));
+            config.topology = tls;
+            assert!(config.check_tls().is_ok());
+        }
     }
 
     #[test]
@@ -612,6 +773,18 @@ mod tests {
         let c = RedisConfig::from_url("rediss://alice:hunter2@h:1?ca=/ca.pem").unwrap();
         assert!(!format!("{c:?}").contains("hunter2"));
         assert!(format!("{c:?}").contains("/ca.pem"));
+        let c = RedisConfig::from_url(
+            "rediss+sentinel://:hunter2@s:1/m?ca=/ca.pem&sentinel_password=s3nt",
+        )
+        .unwrap();
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3nt"),
+            "{shown}"
+        );
+        assert!(shown.contains("/ca.pem"), "{shown}");
+        let err = RedisConfig::from_url("rediss+cluster://:hunter2@a:1?cert=c.pem").unwrap_err();
+        assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
         let c = RedisConfig::from_url("redis://:only@h:1").unwrap();
         assert_eq!(c.password.as_deref(), Some("only"));
         assert_eq!(c.username, None);
@@ -638,6 +811,7 @@ mod tests {
         for url in [
             "redis://h:1?sentinel_password=x",
             "redis+cluster://h:1?sentinel_username=u",
+            "rediss+cluster://h:1?sentinel_password=x",
             "redlock://a:1?sentinel_password=x",
         ] {
             let err = RedisConfig::from_url(url).unwrap_err();

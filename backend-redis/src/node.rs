@@ -80,13 +80,57 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Vec<Node>, Error> {
                 ),
             )
         })?
+        .map_err(|e| hint_tls(config, e))
+}
+
+/// A server that speaks only TLS resets a plain connection at its first bytes, which
+/// alone does not point at the URL's scheme: a reset first connection of a plain
+/// topology says which scheme speaks TLS (still [`Error::Unavailable`]: a server that
+/// restarts resets connections too).
+fn hint_tls(config: &RedisConfig, err: Error) -> Error {
+    let Error::Unavailable { source, .. } = &err else {
+        return err;
+    };
+    if config.topology.uses_tls() {
+        return err;
+    }
+    let mut reset = false;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&**source);
+    while let Some(e) = cause {
+        reset |= e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset)
+            || e.to_string().contains("Connection reset by peer");
+        cause = e.source();
+    }
+    if !reset {
+        return err;
+    }
+    let plain = config.topology.scheme();
+    let tls = config.topology.tls_scheme();
+    Error::unavailable(
+        BACKEND,
+        format!(
+            "{source} (the server reset a plain connection: if it speaks only TLS, use \
+             {tls}:// instead of {plain}://)"
+        ),
+    )
 }
 
 async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
     config.check_tls()?;
-    let tls = match config.topology {
-        Topology::Single { tls: true, .. } => Some(Tls::load(&config.tls)?),
-        _ => None,
+    if config.topology.uses_tls() && !cfg!(feature = "tls") {
+        return Err(Error::InvalidConfig(format!(
+            "{}:// needs TLS support: cargo feature `redis-tls` of fencelock (`tls` of \
+             fencelock-redis)",
+            config.topology.scheme()
+        )));
+    }
+    // Every file is read and checked here, before any connection is made.
+    let tls = if config.topology.uses_tls() {
+        Some(Tls::load(&config.tls)?)
+    } else {
+        None
     };
     let manager_config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
@@ -129,12 +173,12 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             node.ping().await?;
             Ok(vec![node])
         }
-        Topology::Redlock { instances } => {
+        Topology::Redlock { instances, .. } => {
             // Instances connect lazily, so a minority may be down at start; a majority
             // must answer PING now, and any authentication failure is fatal.
             let mut nodes = Vec::with_capacity(instances.len());
             for endpoint in instances {
-                let client = client_with(endpoint, None, redis_info(config, 0))?;
+                let client = client_with(endpoint, tls.as_ref(), redis_info(config, 0))?;
                 let conn =
                     ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
                         .map_err(map_err)?;
@@ -160,16 +204,22 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             }
             Ok(nodes)
         }
-        Topology::Cluster { seeds } => {
+        Topology::Cluster { seeds, .. } => {
             let mut builder = redis::cluster::ClusterClientBuilder::new(
                 seeds
                     .iter()
-                    .map(|e| ConnectionAddr::Tcp(e.host.clone(), e.port))
+                    .map(|e| address(e, tls.as_ref()))
                     .collect::<Vec<_>>(),
             )
             .connection_timeout(config.connect_timeout)
             .response_timeout(config.timeout)
             .retries(2);
+            // Every node the cluster names (`CLUSTER SLOTS`, redirections) is reached over
+            // TLS with the same certificates.
+            #[cfg(feature = "tls")]
+            if let Some(tls) = &tls {
+                builder = builder.certs(tls.certificates.clone());
+            }
             if let Some(user) = &config.username {
                 builder = builder.username(user);
             }
@@ -180,7 +230,7 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             let conn = cluster.get_async_connection().await.map_err(map_err)?;
             let seeds = seeds
                 .iter()
-                .map(|e| client_with(e, None, redis_info(config, 0)))
+                .map(|e| client_with(e, tls.as_ref(), redis_info(config, 0)))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(vec![Node::Cluster {
                 conn,
@@ -191,6 +241,7 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             sentinels,
             service,
             db,
+            ..
         } => {
             // The Sentinels' own credentials, if they require them.
             let mut sentinel_info = RedisConnectionInfo::default().set_skip_set_lib_name();
@@ -209,8 +260,9 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(map_err)?;
-            let sentinel_client = |db: i64| {
-                SentinelClient::build(
+            let sentinel_client = |db: i64| match &tls {
+                Some(tls) => tls_sentinel_client(config, sentinels, service, db, tls),
+                None => SentinelClient::build(
                     sentinel_addrs.clone(),
                     service.clone(),
                     Some(
@@ -219,7 +271,7 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
                     ),
                     SentinelServerType::Master,
                 )
-                .map_err(map_err)
+                .map_err(map_err),
             };
             if *db != 0 && config.password.is_some() {
                 // As for a single server: the credentials alone first, without SELECT.
@@ -231,7 +283,7 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             let sentinel = sentinel_client(*db)?;
             let watched = sentinels
                 .iter()
-                .map(|e| client_with(e, None, sentinel_info.clone()))
+                .map(|e| client_with(e, tls.as_ref(), sentinel_info.clone()))
                 .collect::<Result<Vec<_>, _>>()?;
             let node = Arc::new(SentinelNode::new(
                 sentinel,
@@ -247,8 +299,8 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
     }
 }
 
-/// The TLS material of a `rediss://` server, read from [`RedisTls`]'s files at connect
-/// time.
+/// The TLS material of a deployment reached over TLS, read from [`RedisTls`]'s files at
+/// connect time.
 struct Tls {
     /// Trusted roots (`None`: the system's) and the client certificate, as PEM.
     #[cfg(feature = "tls")]
@@ -313,8 +365,8 @@ impl Tls {
         })
     }
 
-    /// Without the `tls` feature no TLS file can be used (`RedisLock::connect` refuses
-    /// `rediss://` altogether before this).
+    /// Without the `tls` feature no TLS file can be used ([`open`] refuses every TLS
+    /// scheme before this).
     #[cfg(not(feature = "tls"))]
     fn load(settings: &RedisTls) -> Result<Tls, Error> {
         if settings.is_empty() {
@@ -327,13 +379,10 @@ impl Tls {
     }
 }
 
-/// A client for one server, over TLS when `tls` is given.
-fn client_with(
-    endpoint: &Endpoint,
-    tls: Option<&Tls>,
-    info: RedisConnectionInfo,
-) -> Result<Client, Error> {
-    let addr = match tls {
+/// The address of `endpoint`, verified TLS when `tls` is given (the certificates are
+/// added by the client or builder that uses it).
+fn address(endpoint: &Endpoint, tls: Option<&Tls>) -> ConnectionAddr {
+    match tls {
         Some(_) => ConnectionAddr::TcpTls {
             host: endpoint.host.clone(),
             port: endpoint.port,
@@ -341,8 +390,68 @@ fn client_with(
             tls_params: None,
         },
         None => ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port),
-    };
-    let conn_info = addr
+    }
+}
+
+/// A Sentinel client that speaks TLS with `tls`' certificates both to the Sentinels and
+/// to the master they name (with the Sentinels' and the master's own credentials).
+#[cfg(feature = "tls")]
+fn tls_sentinel_client(
+    config: &RedisConfig,
+    sentinels: &[Endpoint],
+    service: &str,
+    db: i64,
+    tls: &Tls,
+) -> Result<SentinelClient, Error> {
+    use redis::TlsMode;
+    use redis::sentinel::SentinelClientBuilder;
+
+    let mut builder = SentinelClientBuilder::new(
+        sentinels.iter().map(|e| address(e, Some(tls))),
+        service,
+        SentinelServerType::Master,
+    )
+    .map_err(map_err)?
+    .set_client_to_sentinel_certificates(tls.certificates.clone())
+    .set_client_to_redis_tls_mode(TlsMode::Secure)
+    .set_client_to_redis_certificates(tls.certificates.clone())
+    .set_client_to_redis_db(db);
+    if let Some(user) = &config.sentinel_username {
+        builder = builder.set_client_to_sentinel_username(user);
+    }
+    if let Some(password) = &config.sentinel_password {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    if let Some(user) = &config.username {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = &config.password {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    builder.build().map_err(map_err)
+}
+
+/// Without the `tls` feature there is no TLS ([`open`] refuses it before this).
+#[cfg(not(feature = "tls"))]
+fn tls_sentinel_client(
+    _config: &RedisConfig,
+    _sentinels: &[Endpoint],
+    _service: &str,
+    _db: i64,
+    _tls: &Tls,
+) -> Result<SentinelClient, Error> {
+    Err(Error::InvalidConfig(
+        "rediss+sentinel:// needs the `tls` cargo feature of fencelock-redis".into(),
+    ))
+}
+
+/// A client for one server, over TLS when `tls` is given.
+fn client_with(
+    endpoint: &Endpoint,
+    tls: Option<&Tls>,
+    info: RedisConnectionInfo,
+) -> Result<Client, Error> {
+    let conn_info = address(endpoint, tls)
         .into_connection_info()
         .map_err(map_err)?
         .set_redis_settings(info);
