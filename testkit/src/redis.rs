@@ -63,8 +63,21 @@ impl RedisServer {
     /// Panics if `redis-server` is not installed, was built without TLS, or does not
     /// come up.
     pub fn start_tls(certs: &TestCertificates, auth_clients: bool) -> Self {
+        Self::start_tls_with(certs, auth_clients, &[])
+    }
+
+    /// Like [`RedisServer::start_tls`], with extra `redis-server` arguments appended
+    /// after the TLS ones (later arguments win), e.g. `&["--tls-replication", "yes",
+    /// "--replicaof", "127.0.0.1", "6380"]` or `&["--cluster-enabled", "yes",
+    /// "--tls-cluster", "yes"]`. In cluster mode a free cluster bus port is chosen with
+    /// `--cluster-port` unless one is given.
+    ///
+    /// The server also gets `certs`' client certificate for the connections it opens
+    /// itself (`--tls-client-cert-file`, `--tls-client-key-file`: replication and the
+    /// cluster bus), so that peers started with `auth_clients` accept it.
+    pub fn start_tls_with(certs: &TestCertificates, auth_clients: bool, args: &[&str]) -> Self {
         Self::start_on("redis-server (TLS)", true, |port| {
-            [
+            let mut all: Vec<String> = [
                 "--port",
                 "0",
                 "--tls-port",
@@ -77,10 +90,16 @@ impl RedisServer {
                 &certs.ca().display().to_string(),
                 "--tls-auth-clients",
                 if auth_clients { "yes" } else { "no" },
+                "--tls-client-cert-file",
+                &certs.client_cert().display().to_string(),
+                "--tls-client-key-file",
+                &certs.client_key().display().to_string(),
             ]
             .iter()
             .map(|a| a.to_string())
-            .collect()
+            .collect();
+            all.extend(args.iter().map(|a| a.to_string()));
+            all
         })
     }
 
@@ -211,6 +230,21 @@ impl RedisServer {
             self.spawn_and_wait(&program)
         });
     }
+}
+
+/// The `redis-cli` options that make it speak TLS to servers started with `certs`: trust
+/// the CA, and present the client certificate (for servers started with
+/// `--tls-auth-clients yes`).
+pub(crate) fn cli_tls_args(certs: &TestCertificates) -> Vec<String> {
+    vec![
+        "--tls".into(),
+        "--cacert".into(),
+        certs.ca().display().to_string(),
+        "--cert".into(),
+        certs.client_cert().display().to_string(),
+        "--key".into(),
+        certs.client_key().display().to_string(),
+    ]
 }
 
 impl Drop for RedisServer {

@@ -4,7 +4,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::binaries::require_program;
-use crate::{FaultProxy, RedisServer};
+use crate::redis::cli_tls_args;
+use crate::{FaultProxy, RedisServer, TestCertificates};
 
 /// A Redis Cluster of `n` masters, created with `redis-cli --cluster create`, each node a
 /// [`RedisServer`] in cluster mode (`--cluster-node-timeout 2000`). Killed when dropped.
@@ -12,7 +13,8 @@ use crate::{FaultProxy, RedisServer};
 /// [`RedisCluster::start`] makes masters only; [`RedisCluster::start_with_replicas`]
 /// gives each master replicas, so that a killed master fails over (about 3–4 s with the
 /// 2 s node timeout); [`RedisCluster::start_with_password`] also protects every node
-/// with `requirepass` (and `masterauth` for the replicas).
+/// with `requirepass` (and `masterauth` for the replicas); [`RedisCluster::start_tls`]
+/// makes one that speaks only TLS, to clients and among its nodes.
 ///
 /// ```no_run
 /// let cluster = fencelock_testkit::RedisCluster::start(3);
@@ -27,13 +29,22 @@ pub struct RedisCluster {
     /// One proxy per node, in the order of `nodes` then `replicas`
     /// ([`RedisCluster::start_behind_proxies`]).
     proxies: Vec<FaultProxy>,
+    /// `redis-cli`'s TLS options ([`RedisCluster::start_tls`]; empty otherwise).
+    cli_tls: Vec<String>,
+}
+
+/// How the nodes of a TLS cluster are started.
+#[derive(Clone, Copy)]
+struct ClusterTls<'a> {
+    certs: &'a TestCertificates,
+    auth_clients: bool,
 }
 
 impl RedisCluster {
     /// Starts `n` (at least 3) masters, creates the cluster and waits until every node
     /// reports `cluster_state:ok`. Panics if that does not happen within 30 s.
     pub fn start(n: usize) -> Self {
-        Self::start_cluster(n, 0, None)
+        Self::start_cluster(n, 0, None, None)
     }
 
     /// Starts `masters` (at least 3) masters and `replicas_per_master` replicas of each,
@@ -44,14 +55,43 @@ impl RedisCluster {
     /// [`RedisCluster::nodes`] are the masters as created, [`RedisCluster::replicas`] the
     /// replicas; after a failover, ask [`RedisCluster::master_of_slot`] who is master.
     pub fn start_with_replicas(masters: usize, replicas_per_master: usize) -> Self {
-        Self::start_cluster(masters, replicas_per_master, None)
+        Self::start_cluster(masters, replicas_per_master, None, None)
+    }
+
+    /// Like [`RedisCluster::start_with_replicas`] (with `password`: and
+    /// [`RedisCluster::start_with_password`]), with every node listening only on TLS
+    /// ([`RedisServer::start_tls_with`]: `--port 0`, `certs`' server certificate, with
+    /// `auth_clients` a client certificate required) and talking TLS to the other nodes
+    /// (`--tls-cluster yes`: the cluster bus, and the ports the nodes announce to clients
+    /// in `CLUSTER SLOTS` and redirections, are the TLS ones) and to its master
+    /// (`--tls-replication yes`). Nodes present `certs`' client certificate to each other.
+    ///
+    /// [`RedisCluster::url`] is a `rediss+cluster://` URL without options: clients must
+    /// trust [`TestCertificates::ca`] (and, with `auth_clients`, present
+    /// [`TestCertificates::client_cert`]). [`RedisCluster::cli`] speaks TLS.
+    pub fn start_tls(
+        certs: &TestCertificates,
+        masters: usize,
+        replicas_per_master: usize,
+        password: Option<&str>,
+        auth_clients: bool,
+    ) -> Self {
+        Self::start_cluster(
+            masters,
+            replicas_per_master,
+            password,
+            Some(ClusterTls {
+                certs,
+                auth_clients,
+            }),
+        )
     }
 
     /// Like [`RedisCluster::start_with_replicas`], with every node started with
     /// `--requirepass PASSWORD --masterauth PASSWORD`: clients must authenticate (as the
     /// `default` user), and replicas authenticate to their masters.
     pub fn start_with_password(masters: usize, replicas_per_master: usize, password: &str) -> Self {
-        Self::start_cluster(masters, replicas_per_master, Some(password))
+        Self::start_cluster(masters, replicas_per_master, Some(password), None)
     }
 
     /// Like [`RedisCluster::start_with_replicas`], with a [`FaultProxy`] in front of every
@@ -65,7 +105,7 @@ impl RedisCluster {
     /// off (with [`RedisCluster::proxied_url`] as its seeds, so that its unlock
     /// subscriptions go through the proxies too), then set the fault.
     pub fn start_behind_proxies(masters: usize, replicas_per_master: usize) -> Self {
-        let mut cluster = Self::start_cluster(masters, replicas_per_master, None);
+        let mut cluster = Self::start_cluster(masters, replicas_per_master, None, None);
         cluster.proxies = cluster
             .all_nodes()
             .map(|node| FaultProxy::start(&node.addr()))
@@ -130,7 +170,12 @@ impl RedisCluster {
         format!("redis+cluster://{}", hosts.join(","))
     }
 
-    fn start_cluster(masters: usize, replicas_per_master: usize, password: Option<&str>) -> Self {
+    fn start_cluster(
+        masters: usize,
+        replicas_per_master: usize,
+        password: Option<&str>,
+        tls: Option<ClusterTls<'_>>,
+    ) -> Self {
         assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
         let mut args = vec![
             "--cluster-enabled",
@@ -143,15 +188,23 @@ impl RedisCluster {
         if let Some(password) = password {
             args.extend(["--requirepass", password, "--masterauth", password]);
         }
+        if tls.is_some() {
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+        }
         let total = masters * (1 + replicas_per_master);
-        let mut nodes: Vec<RedisServer> =
-            (0..total).map(|_| RedisServer::start_with(&args)).collect();
+        let mut nodes: Vec<RedisServer> = (0..total)
+            .map(|_| match tls {
+                Some(tls) => RedisServer::start_tls_with(tls.certs, tls.auth_clients, &args),
+                None => RedisServer::start_with(&args),
+            })
+            .collect();
         let replicas = nodes.split_off(masters);
         let cluster = RedisCluster {
             nodes,
             replicas,
             password: password.map(str::to_owned),
             proxies: Vec::new(),
+            cli_tls: tls.map_or_else(Vec::new, |tls| cli_tls_args(tls.certs)),
         };
         let mut create = cluster.cli_command();
         create.arg("--cluster").arg("create");
@@ -190,17 +243,19 @@ impl RedisCluster {
         cluster
     }
 
-    /// `redis-cli` with the password, if any, and no warning about it.
+    /// `redis-cli` with the TLS options and the password, if any, and no warning about
+    /// the password.
     fn cli_command(&self) -> Command {
         let mut command = Command::new(require_program("redis-cli", "redis-tools"));
+        command.args(&self.cli_tls);
         if let Some(password) = &self.password {
             command.args(["--no-auth-warning", "-a", password]);
         }
         command
     }
 
-    /// Runs `redis-cli -p PORT ARGS...` against `node` (with the cluster's password) and
-    /// returns its standard output, or `None` if it could not run, failed, or printed an
+    /// Runs `redis-cli -p PORT ARGS...` against `node` (with the cluster's password, and
+    /// over TLS for a [`RedisCluster::start_tls`] cluster) and returns its standard output, or `None` if it could not run, failed, or printed an
     /// error reply (`ERR`, `NOAUTH`, ... or a refused connection).
     pub fn cli(&self, node: &RedisServer, args: &[&str]) -> Option<String> {
         let output = self
@@ -327,10 +382,21 @@ impl RedisCluster {
             .collect()
     }
 
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...` (the masters as created).
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...` (the masters as created), or
+    /// `rediss+cluster://...` for a [`RedisCluster::start_tls`] cluster.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self.nodes.iter().map(RedisServer::addr).collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let scheme = if self.is_tls() {
+            "rediss+cluster"
+        } else {
+            "redis+cluster"
+        };
+        format!("{scheme}://{}", hosts.join(","))
+    }
+
+    /// Whether the nodes speak only TLS ([`RedisCluster::start_tls`]).
+    pub fn is_tls(&self) -> bool {
+        !self.cli_tls.is_empty()
     }
 }
 
