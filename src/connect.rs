@@ -39,6 +39,12 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "redis+cluster",
     #[cfg(feature = "redis")]
     "redlock",
+    #[cfg(feature = "redis")]
+    "rediss+sentinel",
+    #[cfg(feature = "redis")]
+    "rediss+cluster",
+    #[cfg(feature = "redis")]
+    "redlocks",
 ];
 
 /// Connects to the lock backend named by `url`.
@@ -48,7 +54,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `mem://` / `mem://NAMESPACE` | in-process memory; one shared set of locks per namespace | always |
 /// | `etcd://host:port[,host:port...]/prefix[?lease=30s]`, `etcds://` | etcd v3 (see `fencelock_etcd::EtcdConfig`) | `etcd` (`etcds://`: `etcd-tls`) |
 /// | `zk://host:port[,...][/chroot][?session_timeout=30s]`, `zookeeper://` | ZooKeeper (see `fencelock_zk::ZkConfig`) | `zookeeper` |
-/// | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | Redis (see `fencelock_redis::RedisConfig`) | `redis` (`rediss://`: `redis-tls`) |
+/// | `redis://`, `redis+sentinel://`, `redis+cluster://`, `redlock://`; over TLS `rediss://`, `rediss+sentinel://`, `rediss+cluster://`, `redlocks://` | Redis (see `fencelock_redis::RedisConfig`) | `redis` (the TLS schemes: `redis-tls`) |
 /// | `migrate://?legacy=URL&target=URL&phase=...` | the migration layer over two of the above | always (plus the legs' features) |
 ///
 /// On every scheme the query may also carry the facade's options: `require=...`
@@ -182,13 +188,18 @@ async fn open_scheme(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
         "zk" | "zookeeper" => fencelock_zk::connect(url).await,
         #[cfg(not(feature = "zookeeper"))]
         "zk" | "zookeeper" => Err(not_compiled(scheme, "zookeeper")),
+        // Without `redis-tls` the Redis backend refuses the TLS schemes itself
+        // (`Error::InvalidConfig` naming the feature).
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" => {
-            fencelock_redis::connect(url).await
+        "redis" | "redis+sentinel" | "redis+cluster" | "redlock" | "rediss" | "rediss+sentinel"
+        | "rediss+cluster" | "redlocks" => fencelock_redis::connect(url).await,
+        #[cfg(not(feature = "redis"))]
+        "redis" | "redis+sentinel" | "redis+cluster" | "redlock" => {
+            Err(not_compiled(scheme, "redis"))
         }
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" => {
-            Err(not_compiled(scheme, "redis"))
+        "rediss" | "rediss+sentinel" | "rediss+cluster" | "redlocks" => {
+            Err(not_compiled(scheme, "redis-tls"))
         }
         _ => Err(Error::UnknownScheme {
             scheme: scheme.to_owned(),
@@ -269,9 +280,8 @@ pub(crate) fn check_backend_url(url: &str) -> Result<(), Error> {
         #[cfg(feature = "zookeeper")]
         "zk" | "zookeeper" => fencelock_zk::ZkConfig::from_url(url).map(drop),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" => {
-            fencelock_redis::RedisConfig::from_url(url).map(drop)
-        }
+        "redis" | "redis+sentinel" | "redis+cluster" | "redlock" | "rediss" | "rediss+sentinel"
+        | "rediss+cluster" | "redlocks" => fencelock_redis::RedisConfig::from_url(url).map(drop),
         _ => Ok(()),
     }
 }
@@ -326,6 +336,10 @@ mod tests {
             ("redis://127.0.0.1", "needs-feature:redis"),
             ("redis+cluster://a:1,b:2", "needs-feature:redis"),
             ("redlock://a:1,b:2,c:3", "needs-feature:redis"),
+            ("rediss://h:1", "needs-feature:redis-tls"),
+            ("rediss+cluster://a:1,b:2", "needs-feature:redis-tls"),
+            ("rediss+sentinel://a:1/m", "needs-feature:redis-tls"),
+            ("redlocks://a:1,b:2,c:3", "needs-feature:redis-tls"),
             ("consul://127.0.0.1:8500", "unknown-scheme"),
             ("mem://?require=linearizable,fencing=strong,fifo", "ok:mem"),
             ("mem://?require=fast", "invalid-config"),
@@ -351,6 +365,7 @@ mod tests {
             (feature == "etcd" && cfg!(feature = "etcd"))
                 || (feature == "zookeeper" && cfg!(feature = "zookeeper"))
                 || (feature == "redis" && cfg!(feature = "redis"))
+                || (feature == "redis-tls" && cfg!(feature = "redis"))
         };
         for (url, expected) in cases {
             // Backends that are compiled in are tested against real servers in their own
@@ -362,6 +377,31 @@ mod tests {
                 continue;
             }
             assert_eq!(kind(connect(url).await), expected, "{url}");
+        }
+    }
+
+    /// The Redis TLS schemes reach the Redis backend: a missing CA file is its
+    /// configuration error, found before any I/O, or without `redis-tls` its refusal
+    /// naming the feature.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn redis_tls_schemes_reach_the_redis_backend() {
+        for url in [
+            "rediss://127.0.0.1:1?ca=/no/such/ca.pem",
+            "rediss+sentinel://127.0.0.1:1/m?ca=/no/such/ca.pem",
+            "rediss+cluster://127.0.0.1:1,127.0.0.1:2?ca=/no/such/ca.pem",
+            "redlocks://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?ca=/no/such/ca.pem",
+        ] {
+            let err = connect(url).await.unwrap_err();
+            let expected = if cfg!(feature = "redis-tls") {
+                "cannot read TLS file /no/such/ca.pem"
+            } else {
+                "`redis-tls`"
+            };
+            assert!(
+                matches!(&err, Error::InvalidConfig(m) if m.contains(expected)),
+                "{url}: {err:?}"
+            );
         }
     }
 

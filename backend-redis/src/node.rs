@@ -627,3 +627,27 @@ pub(crate) fn map_err(err: RedisError) -> Error {
         Error::backend(BACKEND, false, err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without the `tls` feature every TLS scheme is refused before any I/O, naming the
+    /// feature (the hosts do not exist).
+    #[cfg(not(feature = "tls"))]
+    #[tokio::test]
+    async fn tls_schemes_need_the_tls_feature() {
+        for url in [
+            "rediss+sentinel://no-such-host.invalid:1/m",
+            "rediss+cluster://no-such-host.invalid:1",
+            "redlocks://no-such-host.invalid:1",
+        ] {
+            let config = RedisConfig::from_url(url).unwrap();
+            match open(&config).await {
+                Err(Error::InvalidConfig(m)) => assert!(m.contains("`redis-tls`"), "{m}"),
+                Err(other) => panic!("{url}: {other:?}"),
+                Ok(_) => panic!("{url}: connected"),
+            }
+        }
+    }
+}
