@@ -189,17 +189,27 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             }
             let pings = futures_util::future::join_all(nodes.iter().map(|n| n.ping())).await;
             let mut up = 0;
+            let mut last = None;
             for ping in pings {
                 match ping {
                     Ok(()) => up += 1,
                     Err(e) if !e.is_retryable() => return Err(e),
-                    Err(_) => {}
+                    Err(e) => last = Some(e),
                 }
             }
             if up < nodes.len() / 2 + 1 {
+                // The last failure says why (and, for a reset, `hint_tls` which scheme
+                // speaks TLS).
+                let why = last
+                    .as_ref()
+                    .and_then(std::error::Error::source)
+                    .map_or_else(String::new, |e| format!(" (last error: {e})"));
                 return Err(Error::unavailable(
                     BACKEND,
-                    format!("only {up} of {} Redlock instances answered", nodes.len()),
+                    format!(
+                        "only {up} of {} Redlock instances answered{why}",
+                        nodes.len()
+                    ),
                 ));
             }
             Ok(nodes)
@@ -573,7 +583,10 @@ fn is_certificate_rejection(err: &RedisError) -> bool {
         }
         source = e.source();
     }
-    false
+    // redis-rs' cluster client keeps only the text of its first connections' failures
+    // ("Failed to create initial connections - Io: invalid peer certificate: ..."):
+    // rustls' wording of `InvalidCertificate`.
+    err.to_string().contains("invalid peer certificate")
 }
 
 /// `e` as a rustls error, also when wrapped in an `io::Error` (whose `source` skips the
