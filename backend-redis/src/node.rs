@@ -641,13 +641,13 @@ pub(crate) fn map_err(err: RedisError) -> Error {
     }
 }
 
-#[cfg(test)]
+/// Without the `tls` feature (with it, `tests/tls_topologies.rs` connects for real).
+#[cfg(all(test, not(feature = "tls")))]
 mod tests {
     use super::*;
 
     /// Without the `tls` feature every TLS scheme is refused before any I/O, naming the
     /// feature (the hosts do not exist).
-    #[cfg(not(feature = "tls"))]
     #[tokio::test]
     async fn tls_schemes_need_the_tls_feature() {
         for url in [
