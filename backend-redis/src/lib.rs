@@ -1,12 +1,14 @@
 //! fencelock backend for Redis: a single server, Sentinel, Cluster and Redlock.
 //!
-//! Connect with [`connect`] (what `fencelock::connect` calls for `redis://`, `rediss://`,
-//! `redis+sentinel://`, `redis+cluster://` and `redlock://` URLs) or build a
+//! Connect with [`connect`] (what `fencelock::connect` calls for `redis://`,
+//! `redis+sentinel://`, `redis+cluster://` and `redlock://` URLs, and their TLS forms
+//! `rediss://`, `rediss+sentinel://`, `rediss+cluster://` and `redlocks://`) or build a
 //! [`RedisConfig`] and call [`RedisLock::connect`].
 //!
-//! `rediss://` (TLS, cargo feature `tls`, through rustls) trusts the system's root
-//! certificates, or only the CA file of `ca=PATH`, and presents a client certificate with
-//! `cert=PATH&key=PATH` (see [`RedisTls`]).
+//! TLS (cargo feature `tls`, through rustls) trusts the system's root certificates, or
+//! only the CA file of `ca=PATH`, and presents a client certificate with
+//! `cert=PATH&key=PATH` (see [`RedisTls`]), on every server of the deployment: for
+//! Sentinel the Sentinels and the master alike, for Cluster every node it announces.
 //!
 //! # What it guarantees, and what it does not
 //!
