@@ -49,4 +49,4 @@ pub use redis_sentinel::{RedisSentinel, RedisSentinelSet, SENTINEL_SERVICE};
 pub use server::Server;
 pub use tls::TestCertificates;
 pub use zk_ensemble::ZkEnsemble;
-pub use zookeeper::ZkServer;
+pub use zookeeper::{ZkSecurity, ZkServer};

@@ -14,6 +14,7 @@ use crate::netns::in_namespace;
 use crate::port::free_port;
 use crate::process::at_exit;
 use crate::server::Server;
+use crate::tls::TestCertificates;
 
 /// How long a start or restart may take before it counts as failed (a JVM is slow).
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -26,6 +27,46 @@ const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// An slf4j binding that writes to stderr (Debian's `libslf4j-java`, a dependency of
 /// `zookeeper`). Without it the server logs nothing.
 const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// Netty jars the Netty connection factory (needed for TLS) uses that `zookeeper.jar`'s
+/// manifest does not name (Debian's `libnetty-java`, a dependency of `zookeeper`):
+/// `SslHandler` is a netty-codec decoder, and netty-transport needs the resolver.
+const NETTY_EXTRA_JARS: &[&str] = &[
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-resolver.jar",
+    "/usr/share/java/netty-transport-native-unix-common.jar",
+];
+
+/// How a [`ZkServer`] started with [`ZkServer::start_secure`] protects its clients'
+/// connections.
+///
+/// ```no_run
+/// use fencelock_testkit::{TestCertificates, ZkSecurity, ZkServer};
+///
+/// let certs = TestCertificates::generate();
+/// let server = ZkServer::start_secure(&ZkSecurity {
+///     tls: Some(&certs),
+///     client_auth: true,
+///     sasl_users: vec![("app".into(), "s3cret".into())],
+/// });
+/// println!("zks://app:s3cret@127.0.0.1:{}?sasl=digest-md5", server.tls_port().unwrap());
+/// ```
+#[derive(Clone, Default)]
+pub struct ZkSecurity<'a> {
+    /// Serve TLS with these certificates on a second port, [`ZkServer::tls_port`]
+    /// (`secureClientPort`, through the Netty connection factory; the server's key store
+    /// and trust store are the PEM files). The plain [`ZkServer::port`] stays open for
+    /// the testkit's four-letter-word probes (and for plain clients).
+    pub tls: Option<&'a TestCertificates>,
+    /// With `tls`: require a client certificate signed by the CA
+    /// (`ssl.clientAuth=need`); otherwise none is asked for (`none`).
+    pub client_auth: bool,
+    /// SASL DIGEST-MD5 users, `(name, password)`, in a JAAS `Server` section
+    /// (`DigestLoginModule`). When not empty, the server requires SASL authentication of
+    /// every session (`enforce.auth.enabled=true`, `enforce.auth.schemes=sasl`): a client
+    /// without it, or with a wrong password, is refused.
+    pub sasl_users: Vec<(String, String)>,
+}
 
 /// The ZooKeeper settings every server here uses: `tickTime=500` so sessions as short
 /// as 1 s are allowed, up to 60 s; no AdminServer (it would take port 8080); every
@@ -58,6 +99,11 @@ pub struct ZkServer {
     /// may need other members to form a quorum.
     ensemble: bool,
     config: PathBuf,
+    /// The TLS client port (`secureClientPort`), if TLS is served.
+    tls_port: Option<u16>,
+    /// JVM options for TLS and SASL (`-D...`), and whether the Netty jars are needed.
+    jvm_options: Vec<String>,
+    netty: bool,
 }
 
 impl ZkServer {
@@ -76,6 +122,51 @@ impl ZkServer {
             )?;
             server.wait_up(|mode| mode == "standalone")?;
             Ok(server)
+        })
+    }
+
+    /// Starts a standalone server with TLS and/or SASL as `security` says, and waits
+    /// until it serves (judged on the plain port, see [`ZkSecurity::tls`]).
+    ///
+    /// Panics as [`ZkServer::start`] does.
+    pub fn start_secure(security: &ZkSecurity<'_>) -> Self {
+        with_retries("ZooKeeper (TLS/SASL)", || {
+            let port = free_port();
+            let tls_port = security.tls.map(|_| free_port());
+            let server = ZkServer::spawn_with(
+                Ipv4Addr::LOCALHOST,
+                None,
+                port,
+                "org.apache.zookeeper.server.ZooKeeperServerMain",
+                "",
+                None,
+                Some((security, tls_port)),
+            )?;
+            server.wait_up(|mode| mode == "standalone")?;
+            Ok(server)
+        })
+    }
+
+    /// A standalone server that also serves TLS on [`ZkServer::tls_port`] with `certs`,
+    /// requiring client certificates if `client_auth` (see [`ZkSecurity`]).
+    pub fn start_tls(certs: &TestCertificates, client_auth: bool) -> Self {
+        Self::start_secure(&ZkSecurity {
+            tls: Some(certs),
+            client_auth,
+            sasl_users: Vec::new(),
+        })
+    }
+
+    /// A standalone server that requires SASL DIGEST-MD5 authentication of every
+    /// session, with the `(name, password)` users (see [`ZkSecurity::sasl_users`]).
+    pub fn start_sasl(users: &[(&str, &str)]) -> Self {
+        Self::start_secure(&ZkSecurity {
+            tls: None,
+            client_auth: false,
+            sasl_users: users
+                .iter()
+                .map(|(user, password)| (user.to_string(), password.to_string()))
+                .collect(),
         })
     }
 
@@ -124,6 +215,20 @@ impl ZkServer {
         extra_config: &str,
         myid: Option<usize>,
     ) -> Result<ZkServer, String> {
+        Self::spawn_with(ip, netns, port, main_class, extra_config, myid, None)
+    }
+
+    /// [`ZkServer::spawn_member_at`] with TLS on the port given (if any) and SASL as
+    /// `security` says.
+    fn spawn_with(
+        ip: Ipv4Addr,
+        netns: Option<&str>,
+        port: u16,
+        main_class: &'static str,
+        extra_config: &str,
+        myid: Option<usize>,
+        security: Option<(&ZkSecurity<'_>, Option<u16>)>,
+    ) -> Result<ZkServer, String> {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-zk-")
             .tempdir()
@@ -135,10 +240,24 @@ impl ZkServer {
                 .map_err(|e| format!("cannot write myid: {e}"))?;
         }
         let config = dir.path().join("zoo.cfg");
-        let text = format!(
+        let mut text = format!(
             "{BASE_CONFIG}dataDir={}\nclientPort={port}\nclientPortAddress={ip}\n{extra_config}",
             data.display()
         );
+        let mut jvm_options = Vec::new();
+        let mut tls_port = None;
+        if let Some((security, secure_port)) = security {
+            if let (Some(certs), Some(secure_port)) = (security.tls, secure_port) {
+                text.push_str(&format!(
+                    "secureClientPort={secure_port}\nsecureClientPortAddress={ip}\n"
+                ));
+                tls_port = Some(secure_port);
+                jvm_options.extend(tls_options(dir.path(), certs, security.client_auth)?);
+            }
+            if !security.sasl_users.is_empty() {
+                jvm_options.extend(sasl_options(dir.path(), &security.sasl_users)?);
+            }
+        }
         std::fs::write(&config, text).map_err(|e| format!("cannot write {config:?}: {e}"))?;
         let server = ZkServer {
             core: Server::new(dir, "zookeeper.log"),
@@ -148,6 +267,9 @@ impl ZkServer {
             main_class,
             ensemble: myid.is_some(),
             config,
+            netty: tls_port.is_some(),
+            tls_port,
+            jvm_options,
         };
         server.spawn()?;
         Ok(server)
@@ -162,8 +284,15 @@ impl ZkServer {
             classpath.push(':');
             classpath.push_str(SLF4J_SIMPLE_JAR);
         }
+        if self.netty {
+            for jar in NETTY_EXTRA_JARS {
+                classpath.push(':');
+                classpath.push_str(&require_file(jar, "libnetty-java").display().to_string());
+            }
+        }
         let mut command = Command::new(&java);
         command
+            .args(&self.jvm_options)
             .args([
                 "-Xms32m",
                 "-Xmx256m",
@@ -228,9 +357,15 @@ impl ZkServer {
             .map(|mode| mode.trim().to_string())
     }
 
-    /// The client port.
+    /// The client port (plain TCP).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS client port (`secureClientPort`) of a server started with TLS (see
+    /// [`ZkServer::start_secure`]), `None` otherwise.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// `127.0.0.1:PORT`; `IP:PORT` for a member in a network namespace.
@@ -268,6 +403,66 @@ impl ZkServer {
             }
         });
     }
+}
+
+/// The JVM options that serve TLS with `certs` (key store: the server key and
+/// certificate in one PEM file written to `dir`; trust store: the CA).
+fn tls_options(
+    dir: &Path,
+    certs: &TestCertificates,
+    client_auth: bool,
+) -> Result<Vec<String>, String> {
+    let read = |path: PathBuf| {
+        std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path:?}: {e}"))
+    };
+    let key_store = dir.join("server-keystore.pem");
+    let pem = format!(
+        "{}{}",
+        read(certs.server_key())?,
+        read(certs.server_cert())?
+    );
+    std::fs::write(&key_store, pem).map_err(|e| format!("cannot write {key_store:?}: {e}"))?;
+    Ok(vec![
+        "-Dzookeeper.serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory"
+            .to_string(),
+        format!("-Dzookeeper.ssl.keyStore.location={}", key_store.display()),
+        "-Dzookeeper.ssl.keyStore.type=PEM".to_string(),
+        format!(
+            "-Dzookeeper.ssl.trustStore.location={}",
+            certs.ca().display()
+        ),
+        "-Dzookeeper.ssl.trustStore.type=PEM".to_string(),
+        format!(
+            "-Dzookeeper.ssl.clientAuth={}",
+            if client_auth { "need" } else { "none" }
+        ),
+    ])
+}
+
+/// The JVM options that require SASL DIGEST-MD5 with `users`, whose JAAS file is written
+/// to `dir`.
+fn sasl_options(dir: &Path, users: &[(String, String)]) -> Result<Vec<String>, String> {
+    let quote = |text: &str| text.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut jaas =
+        String::from("Server {\n    org.apache.zookeeper.server.auth.DigestLoginModule required");
+    for (user, password) in users {
+        if user.is_empty() || !user.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!(
+                "SASL user name {user:?}: use letters, digits and _"
+            ));
+        }
+        jaas.push_str(&format!("\n    user_{user}=\"{}\"", quote(password)));
+    }
+    jaas.push_str(";\n};\n");
+    let path = dir.join("jaas.conf");
+    std::fs::write(&path, jaas).map_err(|e| format!("cannot write {path:?}: {e}"))?;
+    Ok(vec![
+        format!("-Djava.security.auth.login.config={}", path.display()),
+        "-Dzookeeper.authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider"
+            .to_string(),
+        "-Dzookeeper.enforce.auth.enabled=true".to_string(),
+        "-Dzookeeper.enforce.auth.schemes=sasl".to_string(),
+    ])
 }
 
 impl Drop for ZkServer {
