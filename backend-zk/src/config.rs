@@ -1,4 +1,4 @@
-//! Typed configuration of the ZooKeeper backend, and the `zk://` URL parser.
+//! Typed configuration of the ZooKeeper backend, and the `zk://` / `zks://` URL parser.
 
 use std::fmt;
 use std::time::Duration;
@@ -32,7 +32,76 @@ pub enum AclPolicy {
     CreatorOnly,
 }
 
-/// Digest credentials (`addauth digest user:password`).
+/// How the credentials ([`DigestAuth`]) are presented to ZooKeeper.
+///
+/// | | [`Digest`](AuthMethod::Digest) (default) | [`SaslDigestMd5`](AuthMethod::SaslDigestMd5) |
+/// |---|---|---|
+/// | URL | `zk://user:password@...` | `zk://user:password@...?sasl=digest-md5` |
+/// | wire | `addauth digest user:password` after connecting | SASL DIGEST-MD5 handshake while connecting (the password itself is never sent) |
+/// | checked by the server | never: any password is accepted, it only decides which `digest:user:hash` ACLs match | at connect, against the server's JAAS `DigestLoginModule` users: a wrong password fails the connect |
+/// | identity in ACLs | `digest:user:base64(sha1(user:password))` | `sasl:user` |
+/// | server setting | none | `authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider` and a JAAS `Server` section; `enforce.auth.enabled=true`, `enforce.auth.schemes=sasl` to refuse clients without it |
+/// | cargo feature | always | `sasl` of fencelock-zk (`zookeeper-sasl` of fencelock) |
+///
+/// With either method, [`AclPolicy::CreatorOnly`] gives the nodes to the authenticated
+/// identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AuthMethod {
+    /// ZooKeeper's `digest` scheme (`addauth digest user:password`).
+    #[default]
+    Digest,
+    /// SASL with the DIGEST-MD5 mechanism (`sasl=digest-md5`).
+    SaslDigestMd5,
+}
+
+/// TLS settings of a `zks://` connection: which certificate authorities to trust and, for
+/// mutual TLS, the client certificate.
+///
+/// The URL options `ca=PATH`, `cert=PATH` and `key=PATH` (the names and meaning of
+/// `etcds://`'s and `rediss://`'s). The files are read and checked by
+/// [`ZkLock::connect`](crate::ZkLock::connect) before any connection is made: a missing or
+/// unreadable file, a file without the expected PEM item, a key that does not belong to
+/// the certificate, or `cert` without `key` (or the reverse) is an
+/// [`Error::InvalidConfig`]. All empty (the default): the system's root certificates, no
+/// client certificate. The server's certificate must name the host as written in the URL
+/// (a DNS name or IP address subject alternative name).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZkTls {
+    /// PEM file with the CA certificate(s) to trust *instead of* the system's root
+    /// certificates (`ca=PATH`).
+    pub ca: Option<String>,
+    /// PEM file with the client certificate (chain) for mutual TLS (`cert=PATH`); needs
+    /// [`ZkTls::key`].
+    pub cert: Option<String>,
+    /// PEM file with the private key of [`ZkTls::cert`] (`key=PATH`).
+    pub key: Option<String>,
+}
+
+impl ZkTls {
+    /// TLS with the system's root certificates and no client certificate.
+    pub fn new() -> Self {
+        ZkTls::default()
+    }
+
+    /// Trusts only the CA certificate(s) in the PEM file `path`.
+    pub fn with_ca(mut self, path: impl Into<String>) -> Self {
+        self.ca = Some(path.into());
+        self
+    }
+
+    /// Presents the client certificate in the PEM file `cert`, whose private key is in
+    /// the PEM file `key` (mutual TLS).
+    pub fn with_identity(mut self, cert: impl Into<String>, key: impl Into<String>) -> Self {
+        self.cert = Some(cert.into());
+        self.key = Some(key.into());
+        self
+    }
+}
+
+/// Credentials (`user:password` of the URL): for `addauth digest` or SASL DIGEST-MD5,
+/// as [`AuthMethod`] says.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DigestAuth {
     /// The user name.
@@ -57,6 +126,7 @@ impl fmt::Debug for DigestAuth {
 ///
 /// ```text
 /// zk://[user:password@]host[:port][,host[:port]...][/chroot][?key=value&...]
+/// zks://[user:password@]host[:port][,host[:port]...][/chroot][?ca=PATH&cert=PATH&key=PATH&...]
 /// ```
 ///
 /// | query key | meaning | default |
@@ -65,9 +135,14 @@ impl fmt::Debug for DigestAuth {
 /// | `min_lease` | the shortest lease accepted; set it to the server's `minSessionTimeout` | `4s` |
 /// | `acl` | `open` or `creator` (see [`AclPolicy`]) | `open` |
 /// | `connect_timeout` | how long opening a session may take (a server that accepts the connection but never answers fails after this long) | `5s` |
+/// | `sasl` | `digest-md5`: the user info is SASL DIGEST-MD5 credentials (see [`AuthMethod`]) | unset: `addauth digest` |
+/// | `ca`, `cert`, `key` | `zks://` only: TLS files (see [`ZkTls`]) | system roots, no client certificate |
 ///
 /// `zookeeper://` is accepted as a synonym of `zk://`. The user info, when present, is
-/// digest credentials.
+/// credentials: `addauth digest` ones, or SASL DIGEST-MD5 ones with `sasl=digest-md5`.
+/// `zks://` is ZooKeeper over TLS (the servers' `secureClientPort`); it needs the cargo
+/// feature `tls` of fencelock-zk (`zookeeper-tls` of fencelock) to connect, and SASL
+/// needs the feature `sasl` (`zookeeper-sasl`).
 ///
 /// # Examples
 ///
@@ -81,6 +156,11 @@ impl fmt::Debug for DigestAuth {
 /// assert_eq!(config.session_timeout(), Duration::from_secs(10));
 /// assert_eq!(config.acl(), AclPolicy::CreatorOnly);
 /// assert!(!format!("{config:?}").contains("s3cret"));
+///
+/// let secure = ZkConfig::from_url("zks://app:s3cret@zk1:2281/locks?ca=/etc/zk/ca.pem&sasl=digest-md5")?;
+/// assert_eq!(secure.tls().and_then(|tls| tls.ca.as_deref()), Some("/etc/zk/ca.pem"));
+/// assert_eq!(secure.auth_method(), fencelock_zk::AuthMethod::SaslDigestMd5);
+/// assert!(!format!("{secure:?}").contains("s3cret"));
 /// # Ok::<(), fencelock_core::Error>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -91,7 +171,9 @@ pub struct ZkConfig {
     min_lease: Duration,
     connect_timeout: Duration,
     auth: Option<DigestAuth>,
+    auth_method: AuthMethod,
     acl: AclPolicy,
+    tls: Option<ZkTls>,
 }
 
 impl ZkConfig {
@@ -105,11 +187,13 @@ impl ZkConfig {
             min_lease: DEFAULT_MIN_LEASE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             auth: None,
+            auth_method: AuthMethod::Digest,
             acl: AclPolicy::Open,
+            tls: None,
         }
     }
 
-    /// Parses a `zk://` or `zookeeper://` URL (see the type's documentation).
+    /// Parses a `zk://`, `zookeeper://` or `zks://` URL (see the type's documentation).
     ///
     /// # Errors
     ///
@@ -124,9 +208,15 @@ impl ZkConfig {
             .split_once("://")
             .ok_or_else(|| bad("expected zk://host:port/chroot".into()))?;
         urlparts::check_userinfo_encoded(rest).map_err(&bad)?;
-        if !matches!(scheme.to_ascii_lowercase().as_str(), "zk" | "zookeeper") {
-            return Err(bad(format!("the scheme {scheme:?} is not zk or zookeeper")));
-        }
+        let tls = match scheme.to_ascii_lowercase().as_str() {
+            "zk" | "zookeeper" => false,
+            "zks" => true,
+            _ => {
+                return Err(bad(format!(
+                    "the scheme {scheme:?} is not zk, zookeeper or zks"
+                )));
+            }
+        };
         let (rest, query) = match rest.split_once('?') {
             Some((rest, query)) => (rest, Some(query)),
             None => (rest, None),
@@ -143,6 +233,9 @@ impl ZkConfig {
             None => (None, authority),
         };
         let mut config = ZkConfig::new(normalize_hosts(hosts).map_err(&bad)?);
+        if tls {
+            config.tls = Some(ZkTls::default());
+        }
         if let Some(userinfo) = userinfo {
             let (user, password) = userinfo
                 .split_once(':')
@@ -171,6 +264,32 @@ impl ZkConfig {
                     config.connect_timeout =
                         parse_duration(value).map_err(|r| bad(format!("connect_timeout: {r}")))?
                 }
+                "sasl" => {
+                    config.auth_method = match value.to_ascii_lowercase().as_str() {
+                        "digest-md5" => AuthMethod::SaslDigestMd5,
+                        _ => {
+                            return Err(bad(format!(
+                                "sasl must be digest-md5 (the one SASL mechanism supported), \
+                                 not {value:?}"
+                            )));
+                        }
+                    }
+                }
+                "ca" | "cert" | "key" => {
+                    let tls = config
+                        .tls
+                        .as_mut()
+                        .ok_or_else(|| bad(format!("`{key}` is a TLS setting: use zks://")))?;
+                    let slot = match key.as_str() {
+                        "ca" => &mut tls.ca,
+                        "cert" => &mut tls.cert,
+                        _ => &mut tls.key,
+                    };
+                    if value.is_empty() {
+                        return Err(bad(format!("`{key}` needs a file path")));
+                    }
+                    *slot = Some(value.to_owned());
+                }
                 "acl" => {
                     config.acl = match value {
                         "open" => AclPolicy::Open,
@@ -183,7 +302,7 @@ impl ZkConfig {
                 _ => {
                     return Err(bad(format!(
                         "unknown query key {key:?} (known: session_timeout, min_lease, acl, \
-                         connect_timeout)"
+                         connect_timeout, sasl, and with zks:// ca, cert, key)"
                     )));
                 }
             }
@@ -221,12 +340,32 @@ impl ZkConfig {
         self
     }
 
-    /// Authenticates every session with ZooKeeper's `digest` scheme.
+    /// Authenticates every session with ZooKeeper's `digest` scheme (`addauth digest`).
     pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.auth = Some(DigestAuth {
             user: user.into(),
             password: password.into(),
         });
+        self.auth_method = AuthMethod::Digest;
+        self
+    }
+
+    /// Authenticates every session with SASL DIGEST-MD5 while connecting (see
+    /// [`AuthMethod`]; needs the cargo feature `sasl`).
+    pub fn with_sasl_digest_md5(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self = self.with_digest(user, password);
+        self.auth_method = AuthMethod::SaslDigestMd5;
+        self
+    }
+
+    /// Uses ZooKeeper over TLS with `tls`'s files (see [`ZkTls`]; needs the cargo feature
+    /// `tls`); `None` for plain TCP.
+    pub fn with_tls(mut self, tls: Option<ZkTls>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -261,9 +400,19 @@ impl ZkConfig {
         self.connect_timeout
     }
 
-    /// The digest credentials, if any.
+    /// The credentials, if any (presented as [`ZkConfig::auth_method`] says).
     pub fn auth(&self) -> Option<&DigestAuth> {
         self.auth.as_ref()
+    }
+
+    /// How the credentials are presented: `addauth digest` or SASL DIGEST-MD5.
+    pub fn auth_method(&self) -> AuthMethod {
+        self.auth_method
+    }
+
+    /// The TLS settings: `Some` for ZooKeeper over TLS (`zks://`).
+    pub fn tls(&self) -> Option<&ZkTls> {
+        self.tls.as_ref()
     }
 
     /// The ACL policy.
@@ -299,6 +448,14 @@ impl ZkConfig {
         if self.acl == AclPolicy::CreatorOnly && self.auth.is_none() {
             return invalid("acl=creator needs digest credentials (zk://user:password@...)");
         }
+        if self.auth_method == AuthMethod::SaslDigestMd5 && self.auth.is_none() {
+            return invalid("sasl=digest-md5 needs credentials (zk://user:password@...)");
+        }
+        if let Some(tls) = &self.tls {
+            if tls.cert.is_some() != tls.key.is_some() {
+                return invalid("zookeeper: TLS `cert` and `key` go together");
+            }
+        }
         Ok(())
     }
 }
@@ -312,7 +469,9 @@ impl fmt::Debug for ZkConfig {
             .field("min_lease", &self.min_lease)
             .field("connect_timeout", &self.connect_timeout)
             .field("auth", &self.auth)
+            .field("auth_method", &self.auth_method)
             .field("acl", &self.acl)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -445,5 +604,96 @@ mod tests {
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(debug.contains("me"), "{debug}");
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn zks_urls_carry_the_tls_files() {
+        let plain = ok("zk://h:1");
+        assert!(plain.tls().is_none());
+        let system_roots = ok("zks://h:2281/locks");
+        assert_eq!(system_roots.tls(), Some(&ZkTls::default()));
+        assert_eq!(system_roots.hosts(), "h:2281");
+        let full = ok("ZKS://h?ca=/c/ca.pem&cert=/c/me.pem&key=/c/me-key.pem");
+        assert_eq!(
+            full.tls(),
+            Some(
+                &ZkTls::new()
+                    .with_ca("/c/ca.pem")
+                    .with_identity("/c/me.pem", "/c/me-key.pem")
+            )
+        );
+        let debug = format!("{full:?}");
+        assert!(debug.contains("/c/ca.pem"), "{debug}");
+    }
+
+    #[test]
+    fn misplaced_or_half_tls_settings_are_typed_errors() {
+        for (url, text) in [
+            ("zk://h?ca=/ca.pem", "`ca` is a TLS setting: use zks://"),
+            (
+                "zookeeper://h?key=/k.pem",
+                "`key` is a TLS setting: use zks://",
+            ),
+            ("zks://h?ca=", "`ca` needs a file path"),
+        ] {
+            match ZkConfig::from_url(url) {
+                Err(Error::InvalidUrl { reason, .. }) => {
+                    assert!(reason.contains(text), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        for url in ["zks://h?cert=/c.pem", "zks://h?key=/k.pem&ca=/ca.pem"] {
+            assert!(
+                matches!(ZkConfig::from_url(url), Err(Error::InvalidConfig(m)) if m.contains("`cert` and `key` go together")),
+                "{url}"
+            );
+        }
+        let hand_built = ZkConfig::new("h:1").with_tls(Some(ZkTls {
+            cert: Some("c.pem".into()),
+            ..ZkTls::default()
+        }));
+        assert!(matches!(
+            hand_built.validate(),
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+
+    #[test]
+    fn sasl_digest_md5_uses_the_user_info_and_hides_the_password() {
+        let c = ok("zks://app:hunter2@h?sasl=digest-md5&acl=creator");
+        assert_eq!(c.auth_method(), AuthMethod::SaslDigestMd5);
+        assert_eq!(c.auth().map(|a| a.user.as_str()), Some("app"));
+        assert_eq!(c.acl(), AclPolicy::CreatorOnly);
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert_eq!(ok("zk://app:pw@h").auth_method(), AuthMethod::Digest);
+        assert_eq!(
+            ZkConfig::new("h:1")
+                .with_sasl_digest_md5("u", "p")
+                .auth_method(),
+            AuthMethod::SaslDigestMd5
+        );
+        assert_eq!(
+            ZkConfig::new("h:1")
+                .with_sasl_digest_md5("u", "p")
+                .with_digest("u", "p")
+                .auth_method(),
+            AuthMethod::Digest
+        );
+        for url in [
+            "zk://h?sasl=digest-md5",
+            "zk://app:hunter2@h?sasl=gssapi",
+            "zk://app:hunter2@h?sasl=plain",
+        ] {
+            let err = ZkConfig::from_url(url).expect_err(url);
+            assert!(
+                matches!(err, Error::InvalidUrl { .. } | Error::InvalidConfig(_)),
+                "{url}: {err:?}"
+            );
+            assert!(
+                !format!("{err} {err:?}").contains("hunter2"),
+                "{url}: {err:?}"
+            );
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! The ZooKeeper backend of [fencelock](https://docs.rs/fencelock): `zk://` and
-//! `zookeeper://` URLs.
+//! `zookeeper://` URLs, and `zks://` for ZooKeeper over TLS.
 //!
 //! Locks follow Apache Curator's `InterProcessMutex` recipe, so a Java service using
 //! Curator on the same path and a Rust service using fencelock exclude each other:
@@ -13,7 +13,13 @@
 //!
 //! ```text
 //! zk://[user:password@]host[:port][,host[:port]...][/chroot][?session_timeout=30s&min_lease=4s&acl=open|creator]
+//! zks://[user:password@]host[:port][,...][/chroot][?ca=PATH&cert=PATH&key=PATH&sasl=digest-md5]
 //! ```
+//!
+//! Cargo features: `tls` for `zks://` (through `zookeeper-client`'s rustls support, see
+//! [`ZkTls`]), `sasl` for SASL DIGEST-MD5 authentication (`sasl=digest-md5`, see
+//! [`AuthMethod`]). Without them such a URL is an [`Error::InvalidConfig`] saying which
+//! feature to enable.
 //!
 //! See [`ZkConfig`] for the settings and [`ZkFence`] for writes that only succeed while
 //! the lock is held.
@@ -26,13 +32,15 @@ mod held;
 mod lock;
 mod names;
 mod session;
+mod transport;
 
 use std::sync::Arc;
 
 use fencelock_core::{DistributedLock, Error};
 
 pub use config::{
-    AclPolicy, DEFAULT_MIN_LEASE, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, DigestAuth, ZkConfig,
+    AclPolicy, AuthMethod, DEFAULT_MIN_LEASE, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, DigestAuth,
+    ZkConfig, ZkTls,
 };
 pub use fence::ZkFence;
 pub use lock::ZkLock;
@@ -40,7 +48,7 @@ pub use lock::ZkLock;
 /// [`ZkLock::client`].
 pub use zookeeper_client;
 
-/// Connects to the ZooKeeper ensemble named by a `zk://` or `zookeeper://` URL.
+/// Connects to the ZooKeeper ensemble named by a `zk://`, `zookeeper://` or `zks://` URL.
 ///
 /// # Cancel safety
 ///

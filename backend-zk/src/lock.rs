@@ -16,6 +16,7 @@ use crate::error::{BACKEND, map, retry};
 use crate::fence::ZkFence;
 use crate::names;
 use crate::session::{SessionPool, ZkSession};
+use crate::transport::Transport;
 
 /// Locks in a ZooKeeper ensemble, compatible with Apache Curator's `InterProcessMutex`.
 ///
@@ -62,11 +63,15 @@ impl ZkLock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for inconsistent settings or a session timeout the
-    /// server does not grant; [`Error::Unavailable`] when no server answers.
+    /// [`Error::InvalidConfig`] for inconsistent settings, a missing or unusable TLS file
+    /// (checked before connecting), TLS or SASL without its cargo feature, or a session
+    /// timeout the server does not grant; [`Error::Unavailable`] when no server answers;
+    /// a non-retryable [`Error::Backend`] when the TLS handshake or the authentication
+    /// fails.
     pub async fn connect(config: ZkConfig) -> Result<Self, Error> {
         config.validate()?;
-        let pool = Arc::new(SessionPool::new(config));
+        let transport = Transport::prepare(&config)?;
+        let pool = Arc::new(SessionPool::new(config, transport));
         pool.get(pool.config().session_timeout()).await?;
         Ok(ZkLock { pool })
     }

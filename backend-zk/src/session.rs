@@ -29,8 +29,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-use crate::config::{AclPolicy, ZkConfig};
+use crate::config::{AclPolicy, AuthMethod, ZkConfig};
 use crate::error::{BACKEND, map, session_ended};
+use crate::transport::Transport;
 
 /// One ZooKeeper session and the locks held in it.
 pub(crate) struct ZkSession {
@@ -62,30 +63,43 @@ impl ZkSession {
     /// [`Error::Unavailable`] when no server answers; [`Error::InvalidConfig`] when the
     /// server negotiated a different timeout (it is outside the server's
     /// `minSessionTimeout`..`maxSessionTimeout`): the lease is never silently changed.
-    pub(crate) async fn connect(config: &ZkConfig, timeout: Duration) -> Result<Arc<Self>, Error> {
+    /// A failed TLS handshake (untrusted server, client certificate required, not a TLS
+    /// port) and failed authentication are non-retryable [`Error::Backend`]s.
+    pub(crate) async fn connect(
+        config: &ZkConfig,
+        transport: &Transport,
+        timeout: Duration,
+    ) -> Result<Arc<Self>, Error> {
         let mut connector = zk::Client::connector()
             .with_session_timeout(timeout)
             .with_fail_eagerly();
-        if let Some(auth) = config.auth() {
+        if let (Some(auth), AuthMethod::Digest) = (config.auth(), config.auth_method()) {
             let credentials = format!("{}:{}", auth.user, auth.password);
             connector = connector.with_auth("digest", credentials.as_bytes());
         }
         let connecting = Instant::now();
         // A server that accepts the connection but never answers would hold the connect
         // for 2/5 of the session timeout per host.
-        let client =
-            tokio::time::timeout(config.connect_timeout(), connector.connect(config.hosts()))
-                .await
-                .map_err(|_| {
-                    Error::unavailable(
-                        BACKEND,
-                        format!(
-                            "no ZooKeeper server answered within connect_timeout ({:?})",
-                            config.connect_timeout()
-                        ),
-                    )
-                })?
-                .map_err(map)?;
+        let client = match tokio::time::timeout(
+            config.connect_timeout(),
+            transport.connect(connector, config.hosts()),
+        )
+        .await
+        {
+            Ok(Ok(client)) => client,
+            Ok(Err(err)) => {
+                return Err(transport.connect_failed(config, connecting, err).await);
+            }
+            Err(_) => {
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!(
+                        "no ZooKeeper server answered within connect_timeout ({:?})",
+                        config.connect_timeout()
+                    ),
+                ));
+            }
+        };
         let negotiated = client.session_timeout();
         if negotiated != timeout {
             return Err(Error::InvalidConfig(format!(
@@ -303,13 +317,16 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<ZkSession>>>>;
 #[derive(Debug)]
 pub(crate) struct SessionPool {
     config: ZkConfig,
+    /// The TLS and SASL material, read once.
+    transport: Transport,
     slots: Mutex<HashMap<Duration, Slot>>,
 }
 
 impl SessionPool {
-    pub(crate) fn new(config: ZkConfig) -> Self {
+    pub(crate) fn new(config: ZkConfig, transport: Transport) -> Self {
         SessionPool {
             config,
+            transport,
             slots: Mutex::new(HashMap::new()),
         }
     }
@@ -364,7 +381,7 @@ impl SessionPool {
         if let Some(session) = current.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
-        let session = ZkSession::connect(&self.config, timeout).await?;
+        let session = ZkSession::connect(&self.config, &self.transport, timeout).await?;
         *current = Some(session.clone());
         Ok(session)
     }
