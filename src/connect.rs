@@ -29,6 +29,8 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "zk",
     #[cfg(feature = "zookeeper")]
     "zookeeper",
+    #[cfg(feature = "zookeeper-tls")]
+    "zks",
     #[cfg(feature = "redis")]
     "redis",
     #[cfg(feature = "redis")]
@@ -53,7 +55,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// |---|---|---|
 /// | `mem://` / `mem://NAMESPACE` | in-process memory; one shared set of locks per namespace | always |
 /// | `etcd://host:port[,host:port...]/prefix[?lease=30s]`, `etcds://` | etcd v3 (see `fencelock_etcd::EtcdConfig`) | `etcd` (`etcds://`: `etcd-tls`) |
-/// | `zk://host:port[,...][/chroot][?session_timeout=30s]`, `zookeeper://` | ZooKeeper (see `fencelock_zk::ZkConfig`) | `zookeeper` |
+/// | `zk://host:port[,...][/chroot][?session_timeout=30s]`, `zookeeper://`, `zks://` | ZooKeeper (see `fencelock_zk::ZkConfig`) | `zookeeper` (`zks://`: `zookeeper-tls`; `sasl=digest-md5`: `zookeeper-sasl`) |
 /// | `redis://`, `redis+sentinel://`, `redis+cluster://`, `redlock://`; over TLS `rediss://`, `rediss+sentinel://`, `rediss+cluster://`, `redlocks://` | Redis (see `fencelock_redis::RedisConfig`) | `redis` (the TLS schemes: `redis-tls`) |
 /// | `migrate://?legacy=URL&target=URL&phase=...` | the migration layer over two of the above | always (plus the legs' features) |
 ///
@@ -188,6 +190,10 @@ async fn open_scheme(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
         "zk" | "zookeeper" => fencelock_zk::connect(url).await,
         #[cfg(not(feature = "zookeeper"))]
         "zk" | "zookeeper" => Err(not_compiled(scheme, "zookeeper")),
+        #[cfg(feature = "zookeeper-tls")]
+        "zks" => fencelock_zk::connect(url).await,
+        #[cfg(not(feature = "zookeeper-tls"))]
+        "zks" => Err(not_compiled(scheme, "zookeeper-tls")),
         // Without `redis-tls` the Redis backend refuses the TLS schemes itself
         // (`Error::InvalidConfig` naming the feature).
         #[cfg(feature = "redis")]
@@ -278,7 +284,7 @@ pub(crate) fn check_backend_url(url: &str) -> Result<(), Error> {
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => fencelock_etcd::EtcdConfig::from_url(url).map(drop),
         #[cfg(feature = "zookeeper")]
-        "zk" | "zookeeper" => fencelock_zk::ZkConfig::from_url(url).map(drop),
+        "zk" | "zookeeper" | "zks" => fencelock_zk::ZkConfig::from_url(url).map(drop),
         #[cfg(feature = "redis")]
         "redis" | "redis+sentinel" | "redis+cluster" | "redlock" | "rediss" | "rediss+sentinel"
         | "rediss+cluster" | "redlocks" => fencelock_redis::RedisConfig::from_url(url).map(drop),
@@ -294,7 +300,12 @@ fn invalid(url: &str, reason: &str) -> Error {
 }
 
 #[cfg_attr(
-    all(feature = "etcd", feature = "zookeeper", feature = "redis"),
+    all(
+        feature = "etcd",
+        feature = "zookeeper",
+        feature = "zookeeper-tls",
+        feature = "redis"
+    ),
     allow(dead_code)
 )]
 fn not_compiled(scheme: &str, feature: &'static str) -> Error {
@@ -333,6 +344,7 @@ mod tests {
             ("etcds://127.0.0.1:2379/locks", "needs-feature:etcd"),
             ("zk://127.0.0.1:2181/locks", "needs-feature:zookeeper"),
             ("zookeeper://127.0.0.1:2181", "needs-feature:zookeeper"),
+            ("zks://127.0.0.1:2281/locks", "needs-feature:zookeeper-tls"),
             ("redis://127.0.0.1", "needs-feature:redis"),
             ("redis+cluster://a:1,b:2", "needs-feature:redis"),
             ("redlock://a:1,b:2,c:3", "needs-feature:redis"),
@@ -364,6 +376,7 @@ mod tests {
         let compiled = |feature: &str| {
             (feature == "etcd" && cfg!(feature = "etcd"))
                 || (feature == "zookeeper" && cfg!(feature = "zookeeper"))
+                || (feature == "zookeeper-tls" && cfg!(feature = "zookeeper-tls"))
                 || (feature == "redis" && cfg!(feature = "redis"))
                 || (feature == "redis-tls" && cfg!(feature = "redis"))
         };
