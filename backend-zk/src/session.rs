@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::config::{AclPolicy, AuthMethod, ZkConfig};
-use crate::error::{BACKEND, map, session_ended};
+use crate::error::{BACKEND, session_ended};
 use crate::transport::Transport;
 
 /// One ZooKeeper session and the locks held in it.
