@@ -37,8 +37,9 @@ pub use fencelock_core::layer;
 pub use fencelock_core::{
     AcquireOptions, BoxError, Capabilities, DEFAULT_LEASE, DistributedLock, DistributedLockExt,
     Error, FOREVER, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Lease,
-    Liveness, LockGuard, LockInfo, LossCause, LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock,
-    SHORTEST_LEASE, StaleToken, Wait, downcast_lock, parse_duration, validate_name,
+    ListedLock, Liveness, LockGuard, LockInfo, LossCause, LossDetection, MAX_LEASE, MAX_NAME_LEN,
+    MemoryLock, SHORTEST_LEASE, StaleToken, Wait, downcast_lock, parse_duration, validate_name,
+    validate_prefix,
 };
 #[cfg(feature = "metrics")]
 pub use fencelock_core::{Metrics, MetricsOptions};

@@ -41,6 +41,8 @@ const LEAST_PRIVILEGE: &str = "~fencelock:* &fencelock:* -@all +evalsha +eval +p
 /// What Redis Cluster needs on top (redis-rs asks for the slot map and sends `READONLY`,
 /// whose refusal it ignores, on every node connection).
 const CLUSTER_EXTRA: &str = "+cluster|slots +readonly";
+/// What `list` needs on top (an operator's command: a service taking locks does without).
+const OPERATOR_EXTRA: &str = "+scan";
 /// What a Sentinel-found master needs on top (redis-rs checks the master's `ROLE`).
 const SENTINEL_EXTRA: &str = "+role";
 
@@ -546,6 +548,7 @@ mod redis_least_privilege {
                 .args(["-p", &server.port().to_string()])
                 .args(["ACL", "SETUSER", "app", "reset", "on", ">app-pw"])
                 .args(super::LEAST_PRIVILEGE.split_whitespace())
+                .arg(super::OPERATOR_EXTRA)
                 .output()
                 .expect("redis-cli runs");
             assert!(

@@ -318,6 +318,7 @@ impl EtcdHeld {
 
 #[async_trait]
 impl HeldLock for EtcdHeld {
+    #[tracing::instrument(name = "fencelock.etcd.release", level = "debug", skip_all, fields(lock = %self.name))]
     async fn release(&self) -> Result<(), Error> {
         if self.released.load(Ordering::SeqCst) {
             return Ok(());

@@ -3,7 +3,7 @@
 /// Escapes `%` (so the encoding is injective) and `/` (so no name's key range contains
 /// another name's keys: `a` never sees `a/b`); everything else, including non-ASCII text,
 /// stays as it is, so keys remain readable in `etcdctl get --prefix`.
-fn encode(name: &str) -> String {
+pub(crate) fn encode(name: &str) -> String {
     let mut encoded = String::with_capacity(name.len());
     for c in name.chars() {
         match c {
@@ -13,6 +13,27 @@ fn encode(name: &str) -> String {
         }
     }
     encoded
+}
+
+/// The name [`encode`] made `encoded` from; `None` for anything `encode` cannot make.
+pub(crate) fn decode(encoded: &str) -> Option<String> {
+    let mut name = String::with_capacity(encoded.len());
+    let mut rest = encoded;
+    while let Some(at) = rest.find('%') {
+        name.push_str(&rest[..at]);
+        rest = &rest[at..];
+        if let Some(after) = rest.strip_prefix("%25") {
+            name.push('%');
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("%2F") {
+            name.push('/');
+            rest = after;
+        } else {
+            return None;
+        }
+    }
+    name.push_str(rest);
+    Some(name)
 }
 
 /// The key range of one lock name: `{prefix}/{encoded name}/`.
@@ -53,6 +74,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn decoding_undoes_encoding() {
+        for name in ["a", "a/b", "a%2Fb", "%", "%%25/", "锁 {x}", "/"] {
+            assert_eq!(decode(&encode(name)).as_deref(), Some(name));
+        }
+        assert_eq!(decode("a%2"), None);
+        assert_eq!(decode("a%41"), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `EtcdLock`: the etcd implementation of `DistributedLock`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,11 +11,13 @@ use etcd_client::{
 };
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Lease, Liveness, LockGuard, LockInfo, LossCause, LossDetection, Wait,
-    validate_name,
+    HolderInfo, Lease, ListedLock, Liveness, LockGuard, LockInfo, LossCause, LossDetection, Wait,
+    validate_name, validate_prefix,
 };
 use tokio::runtime::Handle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::batch::{Batcher, Created};
 use crate::config::{EtcdConfig, MIN_LEASE, lease_seconds};
@@ -22,8 +25,8 @@ use crate::delayed::Delayed;
 use crate::error::{BACKEND, map, timed_out};
 use crate::gate::Gates;
 use crate::held::{Armed, Cleanup, EtcdHeld, KeyState};
-use crate::keys::{name_prefix, own_key};
-use crate::session::{Session, Sessions};
+use crate::keys::{decode, encode, name_prefix, own_key};
+use crate::session::{FixedLeases, Session, Sessions, revoke};
 use crate::wait;
 
 /// Locks in etcd, with the algorithm of etcd's Go `concurrency.Mutex`, done right.
@@ -71,6 +74,10 @@ struct Inner {
     delayed: Arc<Delayed>,
     config: EtcdConfig,
     sessions: Sessions,
+    /// The dedicated leases of fixed-lease grants, revoked by `close`.
+    fixed: FixedLeases,
+    /// Cancelled by `close`: waiting acquires end with `Error::Closed`.
+    closed: CancellationToken,
     gates: Arc<Gates>,
     runtime: Handle,
 }
@@ -137,6 +144,8 @@ impl EtcdLock {
                     client,
                     config,
                     sessions,
+                    fixed: FixedLeases::default(),
+                    closed: CancellationToken::new(),
                     gates: Arc::default(),
                     runtime: Handle::current(),
                 }
@@ -154,18 +163,13 @@ impl EtcdLock {
         &self.inner.config
     }
 
-    /// Revokes the client's session leases, releasing every lock held through it at once.
-    /// Guards still alive report loss.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe; leases not yet revoked expire on their own.
-    ///
-    /// # Errors
-    ///
-    /// None; revocation failures are logged, and the leases then expire.
-    pub async fn close(&self) {
-        self.inner.sessions.revoke_all(&self.inner.client).await;
+    /// Fails with [`Error::Closed`] once the client is closed.
+    fn check_open(&self) -> Result<(), Error> {
+        if self.inner.closed.is_cancelled() {
+            Err(Error::Closed { backend: BACKEND })
+        } else {
+            Ok(())
+        }
     }
 
     /// [`take`](Self::take), once more on a new session if the session turned out to be
@@ -273,7 +277,9 @@ impl EtcdLock {
             .await??;
             if first != mine {
                 let waiting = async {
-                    wait::for_turn(&inner.client, &names, mine, &session, name).await?;
+                    wait::for_turn(&inner.client, &names, mine, &session, name)
+                        .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name))
+                        .await?;
                     self.check_still_queued(&key, mine, name).await
                 };
                 match within(deadline, waiting, timed_out).await {
@@ -308,6 +314,10 @@ impl EtcdLock {
             ));
         }
         let liveness = Liveness::new(valid_until);
+        if fixed && !inner.fixed.register(session.lease_id(), &liveness) {
+            // Closed while granting: the clean-up revokes the lease.
+            return Err(Error::Closed { backend: BACKEND });
+        }
         let registration = (!fixed).then(|| session.register(liveness.clone()));
         let cleanup = pending.disarm();
         let held = EtcdHeld::start(
@@ -560,6 +570,35 @@ async fn within<T>(
     }
 }
 
+impl EtcdLock {
+    /// What [`DistributedLock::inspect`] reports of the name whose key range is `names`,
+    /// given its keys (key, create revision, lease) in create order.
+    async fn describe(&self, names: &str, keys: &[(&[u8], i64, i64)]) -> LockInfo {
+        let local = self.inner.gates.queued(names);
+        let Some(&(key, revision, lease)) = keys.first() else {
+            return LockInfo::free(Some(local));
+        };
+        let remaining = match self
+            .inner
+            .client
+            .lease_client()
+            .time_to_live(lease, None)
+            .await
+        {
+            Ok(ttl) if ttl.ttl() >= 0 => Some(Duration::from_secs(ttl.ttl().unsigned_abs())),
+            _ => None,
+        };
+        let owner = String::from_utf8_lossy(key)
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let token = FencingToken::new(u64::try_from(revision).unwrap_or_default());
+        let waiters = keys.len() - 1 + local;
+        LockInfo::held(HolderInfo::new(owner, token, remaining), Some(waiters))
+    }
+}
+
 /// Sort options selecting the first-created key under a name.
 fn first_created() -> GetOptions {
     GetOptions::new()
@@ -586,11 +625,19 @@ impl DistributedLock for EtcdLock {
         validate_name(name)?;
         options.validate(MIN_LEASE)?;
         lease_seconds(options.lease_or(self.inner.config.lease).duration())?;
-        self.take_fresh(name, options).await
+        self.check_open()?;
+        let span = tracing::debug_span!("fencelock.etcd.acquire", lock = name);
+        tokio::select! {
+            biased;
+            // Dropping the acquire undoes whatever it did, as for any cancellation.
+            () = self.inner.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
+            taken = self.take_fresh(name, options).instrument(span) => taken,
+        }
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
         validate_name(name)?;
+        self.check_open()?;
         let names = name_prefix(&self.inner.config.prefix, name);
         let options = GetOptions::new()
             .with_prefix()
@@ -603,31 +650,100 @@ impl DistributedLock for EtcdLock {
             .get(names.as_str(), Some(options))
             .await
             .map_err(map)?;
-        let local = self.inner.gates.queued(&names);
-        let Some(first) = response.kvs().first() else {
-            return Ok(LockInfo::free(Some(local)));
-        };
-        let remaining = match self
+        let keys: Vec<(&[u8], i64, i64)> = response
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key(), kv.create_revision(), kv.lease()))
+            .collect();
+        Ok(self.describe(&names, &keys).await)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        validate_prefix(prefix)?;
+        self.check_open()?;
+        let root = format!("{}/", self.inner.config.prefix);
+        let range = format!("{root}{}", encode(prefix));
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only();
+        let response = self
             .inner
             .client
-            .lease_client()
-            .time_to_live(first.lease(), None)
+            .kv_client()
+            .get(range.as_str(), Some(options))
             .await
-        {
-            Ok(ttl) if ttl.ttl() >= 0 => Some(Duration::from_secs(ttl.ttl().unsigned_abs())),
-            _ => None,
+            .map_err(map)?;
+        // Every key is `{root}{encoded name}/{lease}`; group them by name, keeping the
+        // create order within each.
+        let mut by_name: BTreeMap<String, Vec<(&[u8], i64, i64)>> = BTreeMap::new();
+        for kv in response.kvs() {
+            let Some(rest) = kv.key().strip_prefix(root.as_bytes()) else {
+                continue;
+            };
+            let Some(slash) = rest.iter().position(|&b| b == b'/') else {
+                continue;
+            };
+            let Some(name) = std::str::from_utf8(&rest[..slash]).ok().and_then(decode) else {
+                continue;
+            };
+            by_name
+                .entry(name)
+                .or_default()
+                .push((kv.key(), kv.create_revision(), kv.lease()));
+        }
+        let mut found = Vec::with_capacity(by_name.len());
+        for (name, keys) in by_name {
+            let info = self
+                .describe(&name_prefix(&self.inner.config.prefix, &name), &keys)
+                .await;
+            found.push(ListedLock::new(name, info));
+        }
+        Ok(found)
+    }
+
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+        validate_name(name)?;
+        self.check_open()?;
+        let names = name_prefix(&self.inner.config.prefix, name);
+        let response = self
+            .inner
+            .client
+            .kv_client()
+            .get(names.as_str(), Some(first_created()))
+            .await
+            .map_err(map)?;
+        let Some(first) = response.kvs().first() else {
+            return Ok(None);
         };
-        let owner = String::from_utf8_lossy(first.key())
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        let token = FencingToken::new(u64::try_from(first.create_revision()).unwrap_or_default());
-        let waiters = response.kvs().len() - 1 + local;
-        Ok(LockInfo::held(
-            HolderInfo::new(owner, token, remaining),
-            Some(waiters),
-        ))
+        let key = first.key_str().map_err(map)?.to_owned();
+        let info = self
+            .describe(
+                &names,
+                &[(first.key(), first.create_revision(), first.lease())],
+            )
+            .await;
+        // Only the incarnation seen: a holder that took the name since keeps it.
+        let deleted =
+            crate::held::delete_incarnation(&self.inner.client, &key, first.create_revision())
+                .await?;
+        if deleted {
+            tracing::warn!(lock = name, key, "etcd: lock revoked");
+        }
+        Ok(info.holder.filter(|_| deleted))
+    }
+
+    async fn close(&self) -> Result<(), Error> {
+        self.inner.closed.cancel();
+        let fixed = self.inner.fixed.close();
+        let mut outcome = self.inner.sessions.revoke_all(&self.inner.client).await;
+        for lease in fixed {
+            if let Err(error) = revoke(&self.inner.client, lease).await {
+                tracing::warn!(lease, %error, "etcd: a fixed lease could not be revoked at close; it expires on its own");
+                outcome = outcome.and(Err(error));
+            }
+        }
+        outcome
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use fencelock_core::{Error, Liveness, LossCause};
+use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::error::{map, timed_out};
 
@@ -132,6 +133,11 @@ impl Session {
         self.state().guards.remove(&id);
     }
 
+    /// How many guards hold locks on this session now.
+    pub(crate) fn registered(&self) -> usize {
+        self.state().guards.len()
+    }
+
     /// Declares the session lost and tells every guard on it.
     pub(crate) fn mark_lost(&self, cause: LossCause, reason: &str) {
         self.lost.cancel();
@@ -206,10 +212,18 @@ async fn keep_alive_loop(
             keeper.keep_alive().await?;
             stream.message().await
         })
+        .instrument(tracing::debug_span!("fencelock.etcd.renew", lease = id))
         .await;
         let Some(session) = session.upgrade() else {
             return;
         };
+        let outcome = match &answer {
+            Ok(Ok(Some(response))) if response.ttl() > 0 => RenewalOutcome::Renewed,
+            Ok(Ok(Some(_))) => RenewalOutcome::Gone,
+            _ => RenewalOutcome::Failed,
+        };
+        let locks = session.registered();
+        record_renewal(crate::error::BACKEND, outcome, sent.elapsed(), locks);
         match answer {
             Ok(Ok(Some(response))) if response.ttl() > 0 => {
                 let granted = Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(0));
@@ -280,7 +294,8 @@ pub(crate) struct Sessions {
     /// The live sessions, read without waiting on every acquire.
     live: std::sync::RwLock<HashMap<Duration, Arc<Session>>>,
     /// Serializes granting, so concurrent first acquisitions share one new session.
-    granting: tokio::sync::Mutex<()>,
+    /// Holds `true` once the client is closed: nothing is granted any more.
+    granting: tokio::sync::Mutex<bool>,
 }
 
 impl Sessions {
@@ -290,7 +305,12 @@ impl Sessions {
         if let Some(session) = self.live(ttl) {
             return Ok(session);
         }
-        let _granting = self.granting.lock().await;
+        let closed = self.granting.lock().await;
+        if *closed {
+            return Err(Error::Closed {
+                backend: crate::error::BACKEND,
+            });
+        }
         if let Some(session) = self.live(ttl) {
             return Ok(session);
         }
@@ -343,9 +363,11 @@ impl Sessions {
         sessions.get(&ttl).filter(|s| !s.is_lost()).cloned()
     }
 
-    /// Revokes every session lease (on close).
-    pub(crate) async fn revoke_all(&self, client: &Client) {
-        let _granting = self.granting.lock().await;
+    /// Revokes every session lease and grants none any more (on close). Returns the
+    /// first revocation that failed (that lease expires on its own).
+    pub(crate) async fn revoke_all(&self, client: &Client) -> Result<(), Error> {
+        let mut closed = self.granting.lock().await;
+        *closed = true;
         let sessions: Vec<Arc<Session>> = self
             .live
             .write()
@@ -353,9 +375,70 @@ impl Sessions {
             .drain()
             .map(|(_, s)| s)
             .collect();
+        let mut outcome = Ok(());
         for session in sessions {
             session.mark_lost(LossCause::ClientClosed, "the client was closed");
-            let _ = client.lease_client().revoke(session.lease_id).await;
+            if let Err(error) = revoke(client, session.lease_id).await {
+                tracing::warn!(lease = session.lease_id, %error, "etcd: a session lease could not be revoked at close; it expires on its own");
+                outcome = outcome.and(Err(error));
+            }
         }
+        outcome
+    }
+}
+
+/// Revokes `lease`; one that is already gone counts as revoked.
+pub(crate) async fn revoke(client: &Client, lease: i64) -> Result<(), Error> {
+    match client.lease_client().revoke(lease).await {
+        Ok(_) => Ok(()),
+        Err(etcd_client::Error::GRpcStatus(status)) if status.message().contains("not found") => {
+            Ok(())
+        }
+        Err(error) => Err(crate::error::map(error)),
+    }
+}
+
+/// The fixed leases of the locks a client holds, each its own lease outside the
+/// sessions, so that closing the client can revoke them too.
+#[derive(Debug, Default)]
+pub(crate) struct FixedLeases {
+    /// `true` once closed; the leases of guards not yet ended.
+    state: std::sync::Mutex<(bool, Vec<(i64, Liveness)>)>,
+}
+
+impl FixedLeases {
+    /// Records a grant on fixed lease `lease`. Returns `false` when the client was
+    /// closed meanwhile: the grant must not be handed out.
+    pub(crate) fn register(&self, lease: i64, liveness: &Liveness) -> bool {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.0 {
+            return false;
+        }
+        // Forget the guards that ended, so the list stays as long as what is held.
+        state.1.retain(|(_, l)| !l.is_ended() && !l.is_lost());
+        state.1.push((lease, liveness.clone()));
+        true
+    }
+
+    /// Marks every registered guard lost, registers nothing more, and returns their
+    /// leases to revoke.
+    pub(crate) fn close(&self) -> Vec<i64> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.0 = true;
+        state
+            .1
+            .drain(..)
+            .filter(|(_, l)| !l.is_ended())
+            .map(|(lease, liveness)| {
+                liveness.mark_lost(LossCause::ClientClosed, "the client was closed");
+                lease
+            })
+            .collect()
     }
 }

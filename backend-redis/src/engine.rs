@@ -1,14 +1,16 @@
 //! The shared state of a client and one acquisition attempt over one or more nodes
 //! (one for single, Sentinel and Cluster; N for Redlock, which needs a majority).
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use fencelock_core::{Error, FencingToken};
+use fencelock_core::{Error, FencingToken, LossCause};
 use futures_util::future::join_all;
 use redis::Value;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::RedisConfig;
 use crate::keys::LockKeys;
@@ -38,7 +40,19 @@ pub(crate) struct Engine {
     client_id: String,
     next_id: AtomicU64,
     pub(crate) renewals: Renewals,
+    /// Every lock granted through this client and not yet released, for `close`.
+    pub(crate) held: Mutex<HashMap<u64, Granted>>,
+    /// Cancelled by `close`: waiting acquires end, the renewal and subscription tasks stop.
+    pub(crate) closed: CancellationToken,
     runtime: tokio::runtime::Handle,
+}
+
+/// What `close` needs of a granted lock to release it.
+pub(crate) struct Granted {
+    pub(crate) keys: LockKeys,
+    pub(crate) owner: String,
+    pub(crate) token: u64,
+    pub(crate) liveness: fencelock_core::Liveness,
 }
 
 /// What one attempt found.
@@ -83,15 +97,18 @@ impl Drop for InFlight<'_> {
 
 impl Engine {
     pub(crate) fn new(config: RedisConfig, nodes: Vec<Node>) -> Self {
+        let closed = CancellationToken::new();
         let subscribers = nodes
             .iter()
-            .map(|n| Subscriber::new(n.clone(), config.timeout))
+            .map(|n| Subscriber::new(n.clone(), config.timeout, closed.clone()))
             .collect();
         Engine {
             quorum: nodes.len() / 2 + 1,
             client_id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             next_id: AtomicU64::new(1),
             renewals: Renewals::default(),
+            held: Mutex::new(HashMap::new()),
+            closed,
             runtime: tokio::runtime::Handle::current(),
             config,
             nodes,
@@ -321,6 +338,39 @@ impl Engine {
         } else {
             Ok(false)
         }
+    }
+
+    /// The locks granted through this client and not yet released.
+    pub(crate) fn held(&self) -> MutexGuard<'_, HashMap<u64, Granted>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Closes the client: nothing is granted any more, every lock granted through it is
+    /// marked lost and released, and its tasks stop. Returns the first release that
+    /// failed (that key expires with its lease).
+    pub(crate) async fn close(&self) -> Result<(), Error> {
+        // Cancelled under the lock of `held`, which a new grant takes to register: a
+        // grant is either drained here or refused there.
+        let granted: Vec<(u64, Granted)> = {
+            let mut held = self.held();
+            self.closed.cancel();
+            held.drain().collect()
+        };
+        let releases = granted.iter().map(|(id, g)| {
+            self.renewals.remove(*id);
+            g.liveness
+                .mark_lost(LossCause::ClientClosed, "the client was closed");
+            self.release(&g.keys, &g.owner, Some(g.token))
+        });
+        let mut outcome = Ok(());
+        for result in join_all(releases).await {
+            if let Err(error) = result {
+                tracing::warn!(%error, "redis: a lock could not be released at close; it expires with its lease");
+                outcome = outcome.and(Err(error));
+            }
+        }
+        self.renewals.wake_to_stop();
+        outcome
     }
 
     /// Releases in a background task, bounded by the command timeout.

@@ -26,8 +26,10 @@ pub(crate) struct RedisHeld {
 
 #[async_trait]
 impl HeldLock for RedisHeld {
+    #[tracing::instrument(name = "fencelock.redis.release", level = "debug", skip_all, fields(lock = %self.name))]
     async fn release(&self) -> Result<(), Error> {
         self.engine.renewals.remove(self.id);
+        self.engine.held().remove(&self.id);
         match self
             .engine
             .release(&self.keys, &self.owner, Some(self.token))
@@ -47,6 +49,7 @@ impl HeldLock for RedisHeld {
 
     fn release_in_background(&self) {
         self.engine.renewals.remove(self.id);
+        self.engine.held().remove(&self.id);
         if !self.released.load(Ordering::Acquire) {
             self.engine.release_in_background(
                 self.keys.clone(),
@@ -65,6 +68,7 @@ impl HeldLock for RedisHeld {
 impl Drop for RedisHeld {
     fn drop(&mut self) {
         self.engine.renewals.remove(self.id);
+        self.engine.held().remove(&self.id);
     }
 }
 

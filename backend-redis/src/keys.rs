@@ -69,13 +69,7 @@ impl KeyLayout {
             let mut lock = String::with_capacity(self.prefix.len() + name.len() + 2);
             lock.push_str(&self.prefix);
             lock.push('{');
-            for c in name.chars() {
-                match c {
-                    '%' => lock.push_str("%25"),
-                    '}' => lock.push_str("%7D"),
-                    c => lock.push(c),
-                }
-            }
+            lock.push_str(&encode_tagged(name));
             lock.push('}');
             LockKeys {
                 token: format!("{lock}:token"),
@@ -86,6 +80,75 @@ impl KeyLayout {
             }
         }
     }
+}
+
+impl KeyLayout {
+    /// A `SCAN MATCH` glob for the lock keys of names starting with `prefix`. In the raw
+    /// layout it matches every key under the layout's prefix that starts so.
+    pub(crate) fn match_pattern(&self, prefix: &str) -> String {
+        let mut pattern = glob_escape(&self.prefix);
+        if self.raw {
+            pattern.push_str(&glob_escape(prefix));
+            pattern.push('*');
+        } else {
+            pattern.push('{');
+            pattern.push_str(&glob_escape(&encode_tagged(prefix)));
+            pattern.push_str("*}");
+        }
+        pattern
+    }
+
+    /// The lock name whose lock key is `key`, if it is one of this layout's lock keys.
+    pub(crate) fn name_of(&self, key: &str) -> Option<String> {
+        let rest = key.strip_prefix(self.prefix.as_str())?;
+        if self.raw {
+            // The auxiliary keys of raw lock keys: `{tag}:fencelock-token:...`.
+            let auxiliary = rest.starts_with('{') && rest.contains("}:fencelock-")
+                || key.starts_with('{') && key.contains("}:fencelock-");
+            return (!auxiliary).then(|| rest.to_owned());
+        }
+        let encoded = rest.strip_prefix('{')?.strip_suffix('}')?;
+        let mut name = String::with_capacity(encoded.len());
+        let mut chars = encoded.char_indices();
+        while let Some((at, c)) = chars.next() {
+            match c {
+                '%' if encoded[at..].starts_with("%25") => name.push('%'),
+                '%' if encoded[at..].starts_with("%7D") => name.push('}'),
+                '%' | '}' => return None,
+                c => {
+                    name.push(c);
+                    continue;
+                }
+            }
+            chars.nth(1);
+        }
+        Some(name)
+    }
+}
+
+/// The tagged layout's spelling of a name inside its braces.
+fn encode_tagged(name: &str) -> String {
+    let mut encoded = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '%' => encoded.push_str("%25"),
+            '}' => encoded.push_str("%7D"),
+            c => encoded.push(c),
+        }
+    }
+    encoded
+}
+
+/// `text` with Redis glob's special characters escaped, to match literally.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 impl Default for KeyLayout {
@@ -147,6 +210,54 @@ pub(crate) fn slot(key: &str) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_keys_are_found_by_their_pattern_and_named_back() {
+        let names = ["a", "a}b", "100%", "{x}", "odd *?[]\\^ ü", "a%7D"];
+        for layout in [KeyLayout::default(), KeyLayout::raw("lock:")] {
+            for name in names {
+                let keys = layout.keys(name);
+                assert_eq!(
+                    layout.name_of(&keys.lock).as_deref(),
+                    Some(name),
+                    "{layout:?}"
+                );
+                for auxiliary in [&keys.token, &keys.waiters] {
+                    assert_eq!(layout.name_of(auxiliary), None, "{auxiliary}");
+                }
+                assert!(glob(&layout.match_pattern(""), &keys.lock), "{}", keys.lock);
+                assert!(
+                    glob(&layout.match_pattern(name), &keys.lock),
+                    "{}",
+                    keys.lock
+                );
+                assert!(!glob(
+                    &layout.match_pattern(&format!("{name}x")),
+                    &keys.lock
+                ));
+                if !layout.is_raw() {
+                    assert!(!glob(&layout.match_pattern(""), &keys.token));
+                }
+            }
+        }
+        assert_eq!(KeyLayout::default().name_of("fencelock:{a}b}"), None);
+        assert_eq!(KeyLayout::default().name_of("fencelock:{a%41}"), None);
+        assert_eq!(KeyLayout::default().name_of("other:{a}"), None);
+    }
+
+    /// Redis's glob, for the patterns made here: `*`, and `\` escaping one character.
+    fn glob(pattern: &str, text: &str) -> bool {
+        fn matches(p: &[char], t: &[char]) -> bool {
+            match p.first() {
+                None => t.is_empty(),
+                Some('*') => (0..=t.len()).any(|i| matches(&p[1..], &t[i..])),
+                Some('\\') => t.first() == p.get(1) && !t.is_empty() && matches(&p[2..], &t[1..]),
+                Some(c) => t.first() == Some(c) && matches(&p[1..], &t[1..]),
+            }
+        }
+        let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+        matches(&p, &t)
+    }
 
     #[test]
     fn slots_match_redis() {

@@ -8,14 +8,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Lease, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+    HolderInfo, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+    validate_prefix,
 };
 use futures_util::future::join_all;
 use redis::Value;
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::config::{RedisConfig, Topology};
-use crate::engine::{Attempt, Engine, drift};
+use crate::engine::{Attempt, Engine, Granted, drift};
 use crate::held::RedisHeld;
 use crate::keys::LockKeys;
 use crate::node::{self, BACKEND};
@@ -102,7 +104,7 @@ impl RedisLock {
                     owner,
                     id,
                     sent,
-                } => return Ok(self.guard(name, keys, lease, token, owner, id, sent)),
+                } => return self.guard(name, keys, lease, token, owner, id, sent),
                 Attempt::Held(_) if options.wait_kind() == Wait::NoWait => {
                     return Err(Error::Contended {
                         name: name.to_owned(),
@@ -139,9 +141,28 @@ impl RedisLock {
         owner: String,
         id: u64,
         sent: tokio::time::Instant,
-    ) -> LockGuard {
+    ) -> Result<LockGuard, Error> {
         let duration = lease.duration();
         let liveness = fencelock_core::Liveness::new(sent + duration - drift(duration));
+        {
+            let mut held = self.engine.held();
+            if self.engine.closed.is_cancelled() {
+                // Closed while granting: not handed out.
+                drop(held);
+                self.engine
+                    .release_in_background(keys.clone(), owner, Some(token.get()));
+                return Err(Error::Closed { backend: BACKEND });
+            }
+            held.insert(
+                id,
+                Granted {
+                    keys: keys.clone(),
+                    owner: owner.clone(),
+                    token: token.get(),
+                    liveness: liveness.clone(),
+                },
+            );
+        }
         if lease.is_renewing() {
             self.engine.renewals.insert(
                 &self.engine,
@@ -162,7 +183,22 @@ impl RedisLock {
             token: token.get(),
             released: AtomicBool::new(false),
         };
-        LockGuard::new(name, token, BACKEND, liveness, Arc::new(held))
+        Ok(LockGuard::new(
+            name,
+            token,
+            BACKEND,
+            liveness,
+            Arc::new(held),
+        ))
+    }
+
+    /// Fails with [`Error::Closed`] once the client is closed.
+    fn check_open(&self) -> Result<(), Error> {
+        if self.engine.closed.is_cancelled() {
+            Err(Error::Closed { backend: BACKEND })
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -171,25 +207,127 @@ impl DistributedLock for RedisLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
         options.validate(MIN_LEASE)?;
+        self.check_open()?;
         let keys = self.engine.config.layout.keys(name);
-        match options.wait_kind() {
-            Wait::Timeout(limit) => {
-                tokio::time::timeout(limit, self.wait_for_grant(name, &keys, options))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Error::Timeout {
-                            name: name.to_owned(),
-                            waited: limit,
+        let waiting = async {
+            match options.wait_kind() {
+                Wait::Timeout(limit) => {
+                    tokio::time::timeout(limit, self.wait_for_grant(name, &keys, options))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Error::Timeout {
+                                name: name.to_owned(),
+                                waited: limit,
+                            })
                         })
-                    })
+                }
+                Wait::NoWait | Wait::Forever => self.wait_for_grant(name, &keys, options).await,
             }
-            Wait::NoWait | Wait::Forever => self.wait_for_grant(name, &keys, options).await,
+        };
+        let span = tracing::debug_span!("fencelock.redis.acquire", lock = name);
+        tokio::select! {
+            biased;
+            // Dropping the attempt releases what it may have taken, as for any cancellation.
+            () = self.engine.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
+            taken = waiting.instrument(span) => taken,
         }
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
         validate_name(name)?;
+        self.check_open()?;
         let keys = self.engine.config.layout.keys(name);
+        Ok(match self.holder_of(&keys).await? {
+            Some(h) => LockInfo::held(h, None),
+            None => LockInfo::free(None),
+        })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        validate_prefix(prefix)?;
+        self.check_open()?;
+        let layout = &self.engine.config.layout;
+        let pattern = layout.match_pattern(prefix);
+        let scans = join_all(self.engine.nodes.iter().map(|n| n.scan(&pattern))).await;
+        let mut names = std::collections::BTreeSet::new();
+        let mut answered = 0;
+        let mut first_error = None;
+        for scan in scans {
+            match scan {
+                Ok(keys) => {
+                    answered += 1;
+                    names.extend(
+                        keys.iter()
+                            .filter_map(|k| layout.name_of(k))
+                            .filter(|n| n.starts_with(prefix)),
+                    );
+                }
+                Err(e) => first_error = first_error.or(Some(e)),
+            }
+        }
+        if answered < self.engine.quorum {
+            return Err(
+                first_error.unwrap_or_else(|| Error::unavailable(BACKEND, "no quorum answered"))
+            );
+        }
+        let mut found = Vec::with_capacity(names.len());
+        for name in names {
+            // A key seen by the scan may have gone since; a name a Redlock minority
+            // holds has no holder: neither is listed.
+            match self.holder_of(&layout.keys(&name)).await {
+                Ok(Some(holder)) => found.push(ListedLock::new(name, LockInfo::held(holder, None))),
+                Ok(None) => {}
+                // The raw layout's prefix may hold the application's own keys (a hash
+                // answers WRONGTYPE): they are not locks.
+                Err(error) if layout.is_raw() && !error.is_retryable() => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(found)
+    }
+
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+        validate_name(name)?;
+        self.check_open()?;
+        let keys = self.engine.config.layout.keys(name);
+        let Some(holder) = self.holder_of(&keys).await? else {
+            return Ok(None);
+        };
+        // Compare-and-delete of the owner value seen: a holder that took the name since
+        // keeps it. Waiters are told, as by a release.
+        let deleted = self.engine.release(&keys, &holder.owner, None).await?;
+        if deleted {
+            tracing::warn!(lock = name, key = %keys.lock, "redis: lock revoked");
+        }
+        Ok(deleted.then_some(holder))
+    }
+
+    async fn close(&self) -> Result<(), Error> {
+        self.engine.close().await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            false,
+            FencingStrength::BestEffort,
+            false,
+            LossDetection::Notified,
+        )
+        .with_min_lease(MIN_LEASE)
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+}
+
+impl RedisLock {
+    /// The holder a quorum of nodes agrees on, if any.
+    async fn holder_of(&self, keys: &LockKeys) -> Result<Option<HolderInfo>, Error> {
         let mut invocation = scripts::INSPECT.prepare_invoke();
         invocation.key(&keys.lock).key(&keys.token);
         let replies = join_all(
@@ -235,28 +373,7 @@ impl DistributedLock for RedisLock {
                 HolderInfo::new(owner.clone(), FencingToken::new(token), remaining)
             })
         });
-        Ok(match holder {
-            Some(h) => LockInfo::held(h, None),
-            None => LockInfo::free(None),
-        })
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            false,
-            FencingStrength::BestEffort,
-            false,
-            LossDetection::Notified,
-        )
-        .with_min_lease(MIN_LEASE)
-    }
-
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+        Ok(holder)
     }
 }
 

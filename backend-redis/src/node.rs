@@ -119,6 +119,17 @@ fn hint_tls(config: &RedisConfig, err: Error) -> Error {
 
 async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
     config.check_tls()?;
+    #[cfg(feature = "tls")]
+    if config.topology.uses_tls() {
+        // The redis crate builds its rustls configuration with the process-wide default
+        // provider, which rustls cannot pick by itself when another crate of the
+        // application compiled in a second one (zookeeper-client's TLS brings aws-lc-rs):
+        // then `rediss://` would panic. Ours is `ring`; an application's choice stays.
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            // Err: another thread installed one just now, which is as good.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+    }
     if config.topology.uses_tls() && !cfg!(feature = "tls") {
         return Err(Error::InvalidConfig(format!(
             "{}:// needs TLS support: cargo feature `redis-tls` of fencelock (`tls` of \
@@ -525,6 +536,81 @@ impl Node {
                 })
             }
         })
+    }
+
+    /// Every key matching the glob `pattern`, by `SCAN` (never `KEYS`, which blocks the
+    /// server): on each master of a cluster, on the one server otherwise. A key may be
+    /// reported twice; none that existed throughout is missed.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        let Node::Cluster { conn, .. } = self else {
+            return self.scan_one(pattern, None).await;
+        };
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(map_err)?;
+        let mut keys = Vec::new();
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else {
+                continue;
+            };
+            if !flags.split(',').any(|f| f == "master")
+                || flags
+                    .split(',')
+                    .any(|f| matches!(f, "fail" | "noaddr" | "handshake"))
+            {
+                continue;
+            }
+            // `ip:port@cport[,hostname]`
+            let address = address.split(['@', ',']).next().unwrap_or_default();
+            let Some((host, port)) = address.rsplit_once(':') else {
+                continue;
+            };
+            let Ok(port) = port.parse::<u16>() else {
+                continue;
+            };
+            keys.extend(self.scan_one(pattern, Some((host, port))).await?);
+        }
+        Ok(keys)
+    }
+
+    /// `SCAN` to completion on one server (`at`: a cluster node's address).
+    async fn scan_one(&self, pattern: &str, at: Option<(&str, u16)>) -> Result<Vec<String>, Error> {
+        let mut keys = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let (next, batch): (u64, Vec<String>) = match (self, at) {
+                (Node::Cluster { conn, .. }, Some((host, port))) => {
+                    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.to_owned(),
+                        port,
+                    });
+                    let value = conn
+                        .clone()
+                        .route_command(cmd, routing)
+                        .await
+                        .map_err(map_err)?;
+                    redis::from_redis_value(value).map_err(|e| {
+                        Error::backend(BACKEND, false, format!("unexpected SCAN reply: {e}"))
+                    })?
+                }
+                _ => self.query(&cmd).await?,
+            };
+            keys.extend(batch);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
     }
 
     /// `PING`: fails (not retryable) when the server wants a password it did not get.

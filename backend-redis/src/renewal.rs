@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use fencelock_core::{Liveness, LossCause};
+use fencelock_core::{Liveness, LossCause, RenewalOutcome, record_renewal};
 use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -102,6 +102,11 @@ impl Renewals {
         self.state().entries.remove(&id);
     }
 
+    /// Wakes the task so that it sees the client closed and ends.
+    pub(crate) fn wake_to_stop(&self) {
+        self.wake.notify_one();
+    }
+
     /// The number of locks being renewed.
     pub(crate) fn len(&self) -> usize {
         self.state().entries.len()
@@ -157,6 +162,10 @@ async fn run(engine: Weak<Engine>) {
         let Some(strong) = engine.upgrade() else {
             return;
         };
+        if strong.closed.is_cancelled() {
+            strong.renewals.state().running = false;
+            return;
+        }
         let (due, next) = strong.renewals.take_due();
         if !due.is_empty() {
             renew(&strong, due).await;
@@ -199,6 +208,7 @@ async fn renew(engine: &Arc<Engine>, due: Vec<Due>) {
     join_all(chunks.into_iter().map(|chunk| renew_chunk(engine, chunk))).await;
 }
 
+#[tracing::instrument(name = "fencelock.redis.renew", level = "debug", skip_all, fields(locks = chunk.len()))]
 async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
     let sent = Instant::now();
     let mut invocation = scripts::RENEW.prepare_invoke();
@@ -225,6 +235,15 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
         }
     }))
     .await;
+    let latency = sent.elapsed();
+    for reply in &replies {
+        let outcome = match reply {
+            None => RenewalOutcome::Failed,
+            Some(renewed) if renewed.iter().all(|r| *r == 1) => RenewalOutcome::Renewed,
+            Some(_) => RenewalOutcome::Gone,
+        };
+        record_renewal(crate::node::BACKEND, outcome, latency, chunk.len());
+    }
     let nodes = engine.nodes.len();
     for (i, d) in chunk.iter().enumerate() {
         let mut renewed = 0;

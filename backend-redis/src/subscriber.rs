@@ -20,6 +20,7 @@ use futures_util::future::join_all;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::node::Node;
 
@@ -89,10 +90,12 @@ impl Shared {
 impl Subscriber {
     /// Starts the subscription task of `node`. It connects on first use and ends when
     /// the subscriber and all its subscriptions are dropped.
-    pub(crate) fn new(node: Node, timeout: Duration) -> Self {
+    ///
+    /// It also ends when `closed` is cancelled (the client was closed).
+    pub(crate) fn new(node: Node, timeout: Duration, closed: CancellationToken) -> Self {
         let shared = Arc::new(Shared::default());
         let (commands, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run(node, timeout, shared.clone(), receiver));
+        tokio::spawn(run(node, timeout, shared.clone(), receiver, closed));
         Subscriber { shared, commands }
     }
 
@@ -351,10 +354,12 @@ async fn run(
     timeout: Duration,
     shared: Arc<Shared>,
     mut commands: mpsc::UnboundedReceiver<Command>,
+    closed: CancellationToken,
 ) {
     let mut task = Task::new(node, timeout, shared);
     loop {
         tokio::select! {
+            () = closed.cancelled() => return,
             command = commands.recv() => match command {
                 None => return,
                 Some(Command::Subscribe(channel, ack)) => task.subscribe(channel, ack).await,

@@ -136,7 +136,7 @@ impl ZkHeld {
         cap: Option<tokio::time::Instant>,
     ) -> Self {
         let node = Arc::new(node);
-        let registration = node.session.register(liveness.clone(), cap);
+        let registration = node.session.register(liveness.clone(), cap, &node.path);
         let stop = CancellationToken::new();
         node.session
             .runtime()
@@ -229,6 +229,7 @@ async fn watch_node(node: Arc<Node>, liveness: Liveness, stop: CancellationToken
 
 #[async_trait]
 impl HeldLock for ZkHeld {
+    #[tracing::instrument(name = "fencelock.zookeeper.release", level = "debug", skip_all, fields(lock = %self.name))]
     async fn release(&self) -> Result<(), Error> {
         self.stop_tracking();
         let _serial = self.releasing.lock().await;

@@ -6,8 +6,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Lease, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+    HolderInfo, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+    validate_prefix,
 };
+use tracing::Instrument;
 use zookeeper_client as zk;
 
 use crate::acquire;
@@ -15,7 +17,7 @@ use crate::config::ZkConfig;
 use crate::error::{BACKEND, map, retry};
 use crate::fence::ZkFence;
 use crate::names;
-use crate::session::{SessionPool, ZkSession};
+use crate::session::{SessionPool, ZkSession, closed};
 use crate::transport::Transport;
 
 /// Locks in a ZooKeeper ensemble, compatible with Apache Curator's `InterProcessMutex`.
@@ -169,6 +171,19 @@ async fn holder(
     ))
 }
 
+/// What `inspect` reports of a holder found by [`holder`].
+fn describe((path, stat, waiters): (String, zk::Stat, usize)) -> LockInfo {
+    let node = path.rsplit('/').next().unwrap_or_default();
+    LockInfo::held(
+        HolderInfo::new(
+            format!("session {:#x} node {node}", stat.ephemeral_owner),
+            FencingToken::new(stat.czxid as u64),
+            None,
+        ),
+        Some(waiters),
+    )
+}
+
 /// Session timeouts are negotiated in whole milliseconds that fit an `i32`.
 fn check_session_lease(lease: Duration) -> Result<(), Error> {
     if lease.subsec_nanos() % 1_000_000 != 0 || lease.as_millis() > i32::MAX as u128 {
@@ -201,7 +216,13 @@ impl DistributedLock for ZkLock {
         };
         let attempt = async {
             let session = self.pool.get(session_timeout).await?;
-            acquire::acquire(session, name, lease, wait == Wait::NoWait, deadline).await
+            tokio::select! {
+                biased;
+                // Dropping the acquire deletes its node, as for any cancellation.
+                () = self.pool.closed().cancelled() => Err(closed()),
+                taken = acquire::acquire(session, name, lease, wait == Wait::NoWait, deadline)
+                    .instrument(tracing::debug_span!("fencelock.zookeeper.acquire", lock = name)) => taken,
+            }
         };
         let timed_out = |limit| Error::Timeout {
             name: name.to_owned(),
@@ -226,18 +247,66 @@ impl DistributedLock for ZkLock {
         let dir = names::lock_dir(session.root(), name);
         Ok(match holder(&session, &dir).await? {
             None => LockInfo::free(Some(0)),
-            Some((path, stat, waiters)) => {
-                let node = path.rsplit('/').next().unwrap_or_default();
-                LockInfo::held(
-                    HolderInfo::new(
-                        format!("session {:#x} node {node}", stat.ephemeral_owner),
-                        FencingToken::new(stat.czxid as u64),
-                        None,
-                    ),
-                    Some(waiters),
-                )
-            }
+            Some(found) => describe(found),
         })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        validate_prefix(prefix)?;
+        let session = self.default_session().await?;
+        let root = session.root();
+        let at_root = root.is_empty();
+        let children = match retry(|| {
+            session
+                .client
+                .list_children(if at_root { "/" } else { root })
+        })
+        .await
+        {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(err) => return Err(map(err)),
+        };
+        let mut names: Vec<String> = children
+            .iter()
+            .filter_map(|segment| names::decode_name(segment, at_root))
+            .filter(|name| name.starts_with(prefix))
+            .collect();
+        names.sort_unstable();
+        let mut found = Vec::new();
+        for name in names {
+            let dir = names::lock_dir(root, &name);
+            // Lock directories are containers that outlive their last lock until the
+            // server reaps them: only those with nodes are listed.
+            if let Some(found_holder) = holder(&session, &dir).await? {
+                found.push(ListedLock::new(name, describe(found_holder)));
+            }
+        }
+        Ok(found)
+    }
+
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+        validate_name(name)?;
+        let session = self.default_session().await?;
+        let dir = names::lock_dir(session.root(), name);
+        let Some(found) = holder(&session, &dir).await? else {
+            return Ok(None);
+        };
+        let path = found.0.clone();
+        // The path names this grant alone (it holds the grant's uuid): a holder that
+        // took the name since has another node and keeps it.
+        match retry(|| session.client.delete(&path, None)).await {
+            Ok(()) => {
+                tracing::warn!(lock = name, node = %path, "zookeeper: lock revoked");
+                Ok(describe(found).holder)
+            }
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(err) => Err(map(err)),
+        }
+    }
+
+    async fn close(&self) -> Result<(), Error> {
+        self.pool.close().await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -53,6 +53,27 @@ pub(crate) fn encode_name(name: &str, at_root: bool) -> String {
     out
 }
 
+/// The lock name whose path segment is `segment`: `None` for a child of the lock root
+/// that [`encode_name`] cannot have made (`/zookeeper`, an application's own node).
+pub(crate) fn decode_name(segment: &str, at_root: bool) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = segment.get(i + 1..i + 3)?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            decoded.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let name = String::from_utf8(decoded).ok()?;
+    // Only the one spelling encode_name produces: the mapping stays injective.
+    (encode_name(&name, at_root) == segment).then_some(name)
+}
+
 /// The directory (a container node) holding the lock nodes of `name`.
 pub(crate) fn lock_dir(root: &str, name: &str) -> String {
     format!("{root}/{}", encode_name(name, root.is_empty()))
@@ -143,6 +164,30 @@ mod tests {
         assert_eq!(encode_name("zookeeper", false), "zookeeper");
         assert_eq!(lock_dir("", "zookeeper"), "/%7Aookeeper");
         assert_eq!(lock_dir("/r", ".."), "/r/%2E%2E");
+    }
+
+    #[test]
+    fn decoding_undoes_encoding_and_refuses_other_nodes() {
+        for name in [
+            "a",
+            "a/b",
+            "%",
+            ".",
+            "..",
+            "zookeeper",
+            "锁 {x}",
+            "\u{1F512}",
+            "a\u{7f}",
+        ] {
+            for at_root in [false, true] {
+                let segment = encode_name(name, at_root);
+                assert_eq!(decode_name(&segment, at_root).as_deref(), Some(name));
+            }
+        }
+        assert_eq!(decode_name("zookeeper", true), None);
+        assert_eq!(decode_name("%61", false), None, "not how `a` is spelled");
+        assert_eq!(decode_name("%2", false), None);
+        assert_eq!(decode_name("%FF", false), None);
     }
 
     #[test]

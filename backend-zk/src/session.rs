@@ -23,14 +23,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use fencelock_core::{Error, Liveness, LossCause};
+use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::config::{AclPolicy, AuthMethod, ZkConfig};
-use crate::error::{BACKEND, session_ended};
+use crate::error::{BACKEND, map, session_ended};
 use crate::transport::Transport;
 
 /// One ZooKeeper session and the locks held in it.
@@ -51,8 +51,9 @@ pub(crate) struct ZkSession {
 /// A held lock as the monitor sees it.
 struct Registered {
     liveness: Liveness,
-    /// The end of a fixed lease: the deadline never moves past it.
     cap: Option<Instant>,
+    /// The lock node of the grant, deleted by [`ZkSession::close`].
+    node: String,
 }
 
 impl ZkSession {
@@ -186,18 +187,57 @@ impl ZkSession {
 
     /// Lets the monitor renew and report on `liveness`. Returns the id for
     /// [`unregister`](Self::unregister).
-    pub(crate) fn register(&self, liveness: Liveness, cap: Option<Instant>) -> u64 {
+    pub(crate) fn register(&self, liveness: Liveness, cap: Option<Instant>, node: &str) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if self.ended.is_cancelled() {
             liveness.mark_lost(LossCause::SessionEnded, "the ZooKeeper session ended");
         }
-        self.held().insert(id, Registered { liveness, cap });
+        self.held().insert(
+            id,
+            Registered {
+                liveness,
+                cap,
+                node: node.to_owned(),
+            },
+        );
         id
     }
 
     /// Stops tracking a released lock.
     pub(crate) fn unregister(&self, id: u64) {
         self.held().remove(&id);
+    }
+
+    /// Gives up every lock held on this session (on close): each guard reports
+    /// [`LossCause::ClientClosed`] and its node is deleted, each delete bounded by
+    /// `limit`. Returns the first delete that failed (that node goes with the session).
+    pub(crate) async fn close(&self, limit: Duration) -> Result<(), Error> {
+        let nodes: Vec<String> = self
+            .held()
+            .drain()
+            .map(|(_, entry)| {
+                entry
+                    .liveness
+                    .mark_lost(LossCause::ClientClosed, "the client was closed");
+                entry.node
+            })
+            .collect();
+        let mut outcome = Ok(());
+        for node in nodes {
+            let deleted = tokio::time::timeout(limit, self.client.delete(&node, None)).await;
+            match deleted {
+                Ok(Ok(()) | Err(zk::Error::NoNode)) => {}
+                Ok(Err(err)) if session_ended(&err) => {}
+                Ok(Err(err)) => outcome = outcome.and(Err(map(err))),
+                Err(_) => {
+                    outcome = outcome.and(Err(Error::unavailable(
+                        BACKEND,
+                        "a lock node could not be deleted at close in time; it goes with the session",
+                    )));
+                }
+            }
+        }
+        outcome
     }
 
     fn set_at_risk(&self, at_risk: bool) {
@@ -217,6 +257,7 @@ impl ZkSession {
     /// from our server after `sent`. A plain read alone would not: a follower cut off
     /// from the leader answers reads for up to syncLimit × tickTime, which may be after
     /// the leader expired the session; its `sync` fails instead.
+    #[tracing::instrument(name = "fencelock.zookeeper.renew", level = "debug", skip_all)]
     async fn probe(&self) {
         let sent = Instant::now();
         let answer = tokio::time::timeout(self.timeout / 3, async {
@@ -224,6 +265,12 @@ impl ZkSession {
             self.client.check_stat("/").await
         })
         .await;
+        let outcome = match &answer {
+            Ok(Ok(_)) => RenewalOutcome::Renewed,
+            Ok(Err(err)) if session_ended(err) => RenewalOutcome::Gone,
+            _ => RenewalOutcome::Failed,
+        };
+        record_renewal(BACKEND, outcome, sent.elapsed(), self.held().len());
         match answer {
             Ok(Ok(_)) => {
                 let anchor = {
@@ -320,6 +367,9 @@ pub(crate) struct SessionPool {
     /// The TLS and SASL material, read once.
     transport: Transport,
     slots: Mutex<HashMap<Duration, Slot>>,
+    /// Cancelled by [`SessionPool::close`]: no session is opened any more, and waiting
+    /// acquires end.
+    closed: CancellationToken,
 }
 
 impl SessionPool {
@@ -328,6 +378,7 @@ impl SessionPool {
             config,
             transport,
             slots: Mutex::new(HashMap::new()),
+            closed: CancellationToken::new(),
         }
     }
 
@@ -378,6 +429,11 @@ impl SessionPool {
             slots.entry(timeout).or_default().clone()
         };
         let mut current = slot.lock().await;
+        // Checked under the slot's lock, which `close` takes too: no session is opened
+        // after `close` went through the slots.
+        if self.closed.is_cancelled() {
+            return Err(closed());
+        }
         if let Some(session) = current.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
@@ -385,4 +441,36 @@ impl SessionPool {
         *current = Some(session.clone());
         Ok(session)
     }
+
+    /// Whether [`SessionPool::close`] was called, as a future to select on.
+    pub(crate) fn closed(&self) -> &CancellationToken {
+        &self.closed
+    }
+
+    /// Closes the client: every lock held is given up and its node deleted, and the
+    /// sessions are dropped (each ends on the server when the last guard using it is
+    /// gone). Returns the first delete that failed.
+    pub(crate) async fn close(&self) -> Result<(), Error> {
+        self.closed.cancel();
+        let slots: Vec<Slot> = self
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .map(|(_, slot)| slot)
+            .collect();
+        let mut outcome = Ok(());
+        for slot in slots {
+            let session = slot.lock().await.take();
+            if let Some(session) = session {
+                outcome = outcome.and(session.close(self.config.connect_timeout()).await);
+            }
+        }
+        outcome
+    }
+}
+
+/// The error of every call on a closed client.
+pub(crate) fn closed() -> Error {
+    Error::Closed { backend: BACKEND }
 }

@@ -108,6 +108,14 @@ pub enum Error {
         reason: String,
     },
 
+    /// The client was closed with [`DistributedLock::close`](crate::DistributedLock::close):
+    /// it takes no locks any more. Not retryable; connect a new client.
+    #[error("lock backend {backend} client was closed")]
+    Closed {
+        /// The backend's short name.
+        backend: &'static str,
+    },
+
     /// The backend could not be reached (connection refused or reset, no quorum, timed out
     /// talking to the server). Retryable.
     #[error("lock backend {backend} is unavailable")]
@@ -184,6 +192,7 @@ mod tests {
         assert!(!Error::backend("mem", false, io()).is_retryable());
         assert!(!Error::Contended { name: "a".into() }.is_retryable());
         assert!(!Error::lost("a", "expired").is_retryable());
+        assert!(!Error::Closed { backend: "mem" }.is_retryable());
         assert!(
             !Error::Timeout {
                 name: "a".into(),

@@ -1,6 +1,7 @@
 //! Conveniences on top of [`DistributedLock`], for every backend at once.
 
 use std::future::Future;
+use std::time::Duration;
 
 use crate::{AcquireOptions, DistributedLock, Error, FencingToken, LockGuard};
 
@@ -140,27 +141,122 @@ pub trait DistributedLockExt: DistributedLock {
     {
         async move {
             let guard = self.acquire(name, options).await?;
-            let outcome = tokio::select! {
-                biased;
-                _ = guard.lost() => None,
-                value = work(guard.token()) => Some(value),
-            };
-            let Some(value) = outcome else {
-                let reason = guard
-                    .lost_reason()
-                    .unwrap_or("lost while working")
-                    .to_owned();
-                drop(guard);
-                return Err(Error::lost(name, reason));
-            };
-            match guard.release().await {
-                Ok(()) => Ok(value),
-                Err(lost @ Error::Lost { .. }) => Err(lost),
-                Err(error) => {
-                    tracing::warn!(lock = name, %error, "release failed; the lock expires with its lease");
-                    Ok(value)
-                }
+            run_under(guard, name, work).await
+        }
+    }
+
+    /// Takes the lock if it is free right now, with the default renewing lease, and
+    /// waits at most `wait` for it: `Ok(None)` when the wait ran out (the holder kept it),
+    /// instead of [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`DistributedLock::acquire`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLock::acquire`]; running out of `wait` is `Ok(None)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fencelock_core::{DistributedLockExt, MemoryLock};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+    /// let locks = MemoryLock::new();
+    /// let held = locks.lock("report").await?;
+    /// assert!(locks.lock_within("report", Duration::from_millis(10)).await?.is_none());
+    /// held.release().await?;
+    /// # Ok(()) }
+    /// ```
+    fn lock_within<'a>(
+        &'a self,
+        name: &'a str,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Option<LockGuard>, Error>> + Send + 'a {
+        async move {
+            match self
+                .acquire(name, AcquireOptions::new().wait_timeout(wait))
+                .await
+            {
+                Ok(guard) => Ok(Some(guard)),
+                Err(Error::Timeout { .. }) => Ok(None),
+                Err(error) => Err(error),
             }
+        }
+    }
+
+    /// Runs `work` under the lock only if the lock is free right now (a cron job that
+    /// another host already runs is skipped, not queued): `Ok(None)` when it is held,
+    /// otherwise as [`with_lock`](Self::with_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `work` and the guard (released in the background).
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock_opts`](Self::with_lock_opts); contention is `Ok(None)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelock_core::{DistributedLockExt, MemoryLock};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+    /// let locks = MemoryLock::new();
+    /// assert_eq!(locks.try_with_lock("nightly", |_| async { 1 }).await?, Some(1));
+    /// let held = locks.lock("nightly").await?;
+    /// assert_eq!(locks.try_with_lock("nightly", |_| async { 2 }).await?, None);
+    /// held.release().await?;
+    /// # Ok(()) }
+    /// ```
+    fn try_with_lock<'a, F, Fut, T>(
+        &'a self,
+        name: &'a str,
+        work: F,
+    ) -> impl Future<Output = Result<Option<T>, Error>> + Send + 'a
+    where
+        F: FnOnce(FencingToken) -> Fut + Send + 'a,
+        Fut: Future<Output = T> + Send + 'a,
+        T: Send + 'a,
+    {
+        async move {
+            let guard = match self.acquire(name, AcquireOptions::new().no_wait()).await {
+                Ok(guard) => guard,
+                Err(Error::Contended { .. }) => return Ok(None),
+                Err(error) => return Err(error),
+            };
+            run_under(guard, name, work).await.map(Some)
+        }
+    }
+}
+
+/// Runs `work(token)` while `guard` holds its lock, then releases it; see
+/// [`DistributedLockExt::with_lock_opts`].
+async fn run_under<F, Fut, T>(guard: LockGuard, name: &str, work: F) -> Result<T, Error>
+where
+    F: FnOnce(FencingToken) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let outcome = tokio::select! {
+        biased;
+        _ = guard.lost() => None,
+        value = work(guard.token()) => Some(value),
+    };
+    let Some(value) = outcome else {
+        let reason = guard
+            .lost_reason()
+            .unwrap_or("lost while working")
+            .to_owned();
+        drop(guard);
+        return Err(Error::lost(name, reason));
+    };
+    match guard.release().await {
+        Ok(()) => Ok(value),
+        Err(lost @ Error::Lost { .. }) => Err(lost),
+        Err(error) => {
+            tracing::warn!(lock = name, %error, "release failed; the lock expires with its lease");
+            Ok(value)
         }
     }
 }

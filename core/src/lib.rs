@@ -33,6 +33,7 @@ mod memory;
 mod name;
 mod options;
 pub mod redact;
+mod renewal;
 mod token;
 pub mod urlparts;
 
@@ -47,11 +48,12 @@ pub use layer::metrics::{Metrics, MetricsOptions};
 pub use layer::migration::{MigrationLock, MigrationPhase};
 pub use layer::retry::{Retry, RetryPolicy};
 pub use liveness::{Liveness, LossCause};
-pub use lock::{DistributedLock, HolderInfo, LockInfo, downcast_lock};
+pub use lock::{DistributedLock, HolderInfo, ListedLock, LockInfo, downcast_lock};
 pub use memory::MemoryLock;
-pub use name::{MAX_NAME_LEN, validate_name};
+pub use name::{MAX_NAME_LEN, validate_name, validate_prefix};
 pub use options::{AcquireOptions, DEFAULT_LEASE, FOREVER, Lease, MAX_LEASE, SHORTEST_LEASE, Wait};
 pub use redact::redact_url;
+pub use renewal::{RENEWAL_SECONDS, RENEWALS_TOTAL, RenewalOutcome, record_renewal};
 pub use token::FencingToken;
 
 /// Re-exports for the macros of this crate. Not public API.

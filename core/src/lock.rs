@@ -31,6 +31,9 @@ use crate::{AcquireOptions, Capabilities, Error, FencingToken, LockGuard};
 /// 7. **Waiting** does not poll: waiters are woken by the backend.
 /// 8. **Names**: every name accepted by [`validate_name`](crate::validate_name) works and
 ///    is independent of every other name; bad names fail before any I/O.
+/// 9. **Not reentrant**: a lock held by a guard is held for its own client and task too:
+///    a second `acquire` of the name waits (or is refused) like anyone else's. Pass the
+///    guard (or its token) down instead of locking again.
 #[async_trait]
 pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// Takes the lock `name`, waiting as `options` allow.
@@ -78,6 +81,67 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// [`Error::InvalidName`] for a bad name; backend errors as for `acquire`.
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error>;
 
+    /// The locks whose names start with `prefix` (`""`: all) that someone holds or waits
+    /// for now, sorted by name, each as [`inspect`](Self::inspect) would report it.
+    ///
+    /// For operators (`fencelock list`); like `inspect`, the answer can be stale by the
+    /// time it arrives, and it is not one atomic snapshot. It reads every matching key
+    /// or node, so its cost grows with the number of locks under `prefix`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a prefix [`validate_prefix`](crate::validate_prefix)
+    /// refuses, before any I/O; [`Error::Closed`] after [`close`](Self::close); backend
+    /// errors as for `acquire`.
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error>;
+
+    /// Takes `name` away from whoever holds it, as an operator deleting the lock's key
+    /// would, and returns who that was (`None` when nobody held it). The holder's guard
+    /// reports loss ([`LossCause::KeyGone`](crate::LossCause::KeyGone)), as soon as its
+    /// backend notices ([`Capabilities::loss_detection`]); the next waiter is granted the
+    /// lock with a larger token. Only the grant seen is deleted: a holder that took the
+    /// lock in the meantime keeps it.
+    ///
+    /// For operators (`fencelock revoke`), to free a lock whose holder is stuck but alive.
+    /// The revoked holder may go on working until it notices; only a resource that
+    /// checks fencing tokens refuses it at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the delete either reached the backend or not; nothing is left behind.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] before any I/O; [`Error::Closed`] after
+    /// [`close`](Self::close); backend errors as for `acquire`.
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error>;
+
+    /// Closes the client gracefully: every lock held through it is released (its
+    /// guard reports loss with [`LossCause::ClientClosed`](crate::LossCause::ClientClosed),
+    /// since the holder can no longer rely on it), renewals stop, waiting acquires fail with
+    /// [`Error::Closed`], sessions and connections are closed, and every later call fails
+    /// with [`Error::Closed`]. Closing again does nothing. Clones and layers share the
+    /// client they wrap: closing any of them closes it for all.
+    ///
+    /// Call it at shutdown so the names are free at once, instead of after the leases
+    /// run out.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe in the sense that a dropped `close` may leave some locks held
+    /// until their leases expire (they are released on the server as the backend
+    /// allows); the client is closed for new acquires from the first poll.
+    ///
+    /// # Errors
+    ///
+    /// A backend error when a release could not be confirmed; the locks concerned expire
+    /// with their leases, and the client is closed regardless.
+    async fn close(&self) -> Result<(), Error>;
+
     /// What this backend guarantees.
     fn capabilities(&self) -> Capabilities;
 
@@ -123,6 +187,26 @@ pub fn downcast_lock<T: DistributedLock>(lock: &dyn DistributedLock) -> Option<&
             return Some(found);
         }
         current = current.wrapped()?;
+    }
+}
+
+/// One lock found by [`DistributedLock::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListedLock {
+    /// The lock name.
+    pub name: String,
+    /// Its holder and waiters, as [`DistributedLock::inspect`] reports them.
+    pub info: LockInfo,
+}
+
+impl ListedLock {
+    /// Describes a listed lock.
+    pub fn new(name: impl Into<String>, info: LockInfo) -> Self {
+        ListedLock {
+            name: name.into(),
+            info,
+        }
     }
 }
 
@@ -195,6 +279,15 @@ macro_rules! forward {
             }
             async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
                 (**self).inspect(name).await
+            }
+            async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+                (**self).list(prefix).await
+            }
+            async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+                (**self).revoke(name).await
+            }
+            async fn close(&self) -> Result<(), Error> {
+                (**self).close().await
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()

@@ -44,6 +44,20 @@ pub fn validate_name(name: &str) -> Result<(), Error> {
     })
 }
 
+/// Checks a name prefix (for [`DistributedLock::list`](crate::DistributedLock::list))
+/// before any I/O: empty (every name), or what [`validate_name`] accepts.
+///
+/// # Errors
+///
+/// [`Error::InvalidName`] saying what is wrong.
+pub fn validate_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.is_empty() {
+        Ok(())
+    } else {
+        validate_name(prefix)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

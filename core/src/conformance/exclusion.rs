@@ -238,3 +238,49 @@ pub async fn with_lock_runs_and_releases(lock: &dyn DistributedLock) {
         .expect("released after with_lock");
     after.release().await.expect("release");
 }
+
+/// Locks are not reentrant: while a guard holds a name, a second acquire of it through
+/// the same client (the same task, even) is refused or waits like anyone else's, and gets
+/// the lock only once the first guard is released. `try_with_lock` skips held names;
+/// `lock_within` gives `None` when its wait runs out.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
+pub async fn locks_are_not_reentrant(lock: &dyn DistributedLock) {
+    let name = unique_name("not-reentrant");
+    let held = lock.lock(&name).await.expect("acquire");
+    assert!(
+        lock.try_lock(&name).await.expect("try_lock").is_none(),
+        "a second acquire by the holder's own client is refused"
+    );
+    let wait = Duration::from_millis(300);
+    let waited = lock.lock_within(&name, wait).await.expect("lock_within");
+    assert!(
+        waited.is_none(),
+        "the holder's own client waits like anyone else"
+    );
+    let ran = lock
+        .try_with_lock(&name, |_| async { "ran" })
+        .await
+        .expect("try_with_lock");
+    assert_eq!(ran, None, "try_with_lock skips a held name");
+    held.release().await.expect("release");
+    let ran = lock
+        .try_with_lock(&name, |token| async move { token })
+        .await
+        .expect("try_with_lock")
+        .expect("a free name runs");
+    let again = lock
+        .lock_within(&name, Duration::from_secs(5))
+        .await
+        .expect("lock_within")
+        .expect("free again after try_with_lock");
+    assert!(again.token() > ran);
+    again.release().await.expect("release");
+}

@@ -20,13 +20,14 @@ mod exclusion;
 mod expiry;
 mod handoff;
 mod names;
+mod operators;
 mod support;
 
 pub use cancellation::{cancelled_acquires_leave_nothing, dropped_guard_frees_promptly};
 pub use clients::{exclusion_is_visible_across_clients, mutual_exclusion_across_clients};
 pub use exclusion::{
-    fifo_order, mutual_exclusion, release_is_idempotent, try_lock_under_contention,
-    wait_timeout_is_honoured, with_lock_runs_and_releases,
+    fifo_order, locks_are_not_reentrant, mutual_exclusion, release_is_idempotent,
+    try_lock_under_contention, wait_timeout_is_honoured, with_lock_runs_and_releases,
 };
 pub use expiry::{
     fixed_lease_expires_and_reports_loss, renewing_lease_outlives_its_duration,
@@ -37,6 +38,10 @@ pub use handoff::{
     contended_fixed_lease_starts_at_grant, expiry_after_handoff_passes_the_turn_on,
 };
 pub use names::{invalid_input_is_rejected, odd_names_are_independent};
+pub use operators::{
+    close_releases_and_refuses, list_finds_held_and_waited_names,
+    revoke_takes_the_lock_from_its_holder,
+};
 pub use support::unique_name;
 
 /// Generates one `#[tokio::test]` per conformance case, each calling `$setup` (an
@@ -65,12 +70,16 @@ macro_rules! conformance_suite {
             contended_fixed_lease_starts_at_grant,
             odd_names_are_independent,
             invalid_input_is_rejected,
+            locks_are_not_reentrant,
         );
         $crate::conformance_suite!(@pairs $setup;
             mutual_exclusion_across_clients,
             exclusion_is_visible_across_clients,
             cancelled_release_frees_the_name,
             cancelled_give_up_leaves_no_waiter,
+            list_finds_held_and_waited_names,
+            revoke_takes_the_lock_from_its_holder,
+            close_releases_and_refuses,
         );
     };
     (@pairs $setup:expr; $($case:ident),+ $(,)?) => {

@@ -14,7 +14,9 @@
 //! | `fencelock_lock_hold_seconds` | histogram | | time from grant to release, drop or loss |
 //! | `fencelock_lock_lost_total` | counter | `cause` | granted locks lost before release (the seeds' `lock_loss_count`: alert when it rises) |
 //! | `fencelock_locks_held` | gauge | | guards currently holding a lock (granted, not released, dropped or lost) |
-//! | `fencelock_lock_retries_total` | counter | `operation` | retries of the [`Retry`](crate::Retry) layer (`acquire`, `inspect`), with or without this layer |
+//! | `fencelock_lock_retries_total` | counter | `operation` | retries of the [`Retry`](crate::Retry) layer (`acquire`, `inspect`, `list`), with or without this layer |
+//! | `fencelock_renewals_total` | counter | `result` | lease renewal requests the backend sent, by outcome: `renewed`, `failed` (no answer; retried before the deadline), `gone` (the server says the lease or key is gone), with or without this layer |
+//! | `fencelock_renewal_seconds` | histogram | | time a renewal request took to be answered |
 //!
 //! Every metric has the label `backend` (`"etcd"`, `"redis"`, ...). `cause` is the
 //! guard's [`crate::LossCause`] (`lease_expired` when its own conservative
@@ -31,10 +33,13 @@
 //!
 //! # Renewals
 //!
-//! Renewals happen inside each backend, out of a layer's sight, so individual renewal
-//! attempts are not counted here. What a layer sees is their consequence: a lock whose
-//! renewals kept failing until its deadline is counted in `fencelock_lock_lost_total` with
-//! `cause="lease_expired"`, and logged.
+//! Renewals happen inside each backend, so they are counted by the backend itself
+//! ([`record_renewal`](crate::record_renewal)), with or without this layer: one request
+//! is a batch of up to 100 keys on Redis (per node), one keepalive of a session lease on
+//! etcd (covering every lock on it), one session check (`sync` + `exists`) on ZooKeeper,
+//! whose own client library sends the session's pings; on `mem://`, one renewal per lock.
+//! A rising `result="failed"` rate is the early warning: locks are lost
+//! (`cause="lease_expired"`) only when renewals keep failing until the deadline.
 //!
 //! # Prometheus
 //!
@@ -56,6 +61,8 @@
 //! - alert: FencelockSlowLockWait      # the seeds' lock_wait_ms P99
 //!   expr: histogram_quantile(0.99, sum by (le, backend)
 //!           (rate(fencelock_lock_wait_seconds_bucket{result="acquired"}[5m]))) > 1
+//! - alert: FencelockRenewalsFailing  # leases at risk before any lock is lost
+//!   expr: sum by (backend) (rate(fencelock_renewals_total{result="failed"}[5m])) > 0
 //! ```
 //!
 //! # Tracing
@@ -75,8 +82,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::{
-    AcquireOptions, Capabilities, DistributedLock, Error, FencingToken, HeldLock, Liveness,
-    LockGuard, LockInfo, LossCause,
+    AcquireOptions, Capabilities, DistributedLock, Error, FencingToken, HeldLock, HolderInfo,
+    ListedLock, Liveness, LockGuard, LockInfo, LossCause,
 };
 
 /// Counter of acquires, labelled `result` (`acquired`, `timeout`, `contended`, `error`).
@@ -115,6 +122,16 @@ pub(crate) fn describe() {
         "Granted locks lost before release, by cause."
     );
     describe_gauge!(LOCKS_HELD, Unit::Count, "Guards currently holding a lock.");
+    describe_counter!(
+        crate::RENEWALS_TOTAL,
+        Unit::Count,
+        "Lease renewal requests by result: renewed, failed, gone."
+    );
+    describe_histogram!(
+        crate::RENEWAL_SECONDS,
+        Unit::Seconds,
+        "Time a lease renewal request took to be answered."
+    );
     describe_counter!(
         LOCK_RETRIES_TOTAL,
         Unit::Count,
@@ -277,6 +294,51 @@ impl DistributedLock for Metrics {
     /// Exactly the inner lock's.
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
         self.inner.inspect(name).await
+    }
+
+    /// Forwards to the inner lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        self.inner.list(prefix).await
+    }
+
+    /// Forwards to the inner lock, in a `fencelock.revoke` span.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner lock's `revoke`.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+        let span = tracing::info_span!(
+            "fencelock.revoke",
+            backend = self.inner.backend(),
+            lock = name
+        );
+        self.inner.revoke(name).instrument(span).await
+    }
+
+    /// Forwards to the inner lock, in a `fencelock.close` span.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner lock's `close`.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn close(&self) -> Result<(), Error> {
+        let span = tracing::info_span!("fencelock.close", backend = self.inner.backend());
+        self.inner.close().instrument(span).await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -555,6 +617,28 @@ mod tests {
         assert_eq!(count(LOCK_LOST_TOTAL, &lost), 1.0);
         assert_eq!(count(LOCKS_HELD, &labels), 0.0);
         assert_eq!(count(LOCK_HOLD_SECONDS, &labels), 1.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_are_counted_by_the_backend_with_or_without_the_layer() {
+        let _ = snapshotter();
+        let renewed = ["backend=mem", "result=renewed"];
+        let gone = ["backend=mem", "result=gone"];
+        let (renewed_before, gone_before) = (
+            count(crate::RENEWALS_TOTAL, &renewed),
+            count(crate::RENEWALS_TOTAL, &gone),
+        );
+        // No Metrics layer: the backend counts its renewals itself.
+        let memory = MemoryLock::new();
+        let opts = AcquireOptions::new().lease(Duration::from_secs(3));
+        let guard = memory.acquire("m-renewals", opts).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        assert!(count(crate::RENEWALS_TOTAL, &renewed) - renewed_before >= 3.0);
+        assert!(read(crate::RENEWAL_SECONDS, &["backend=mem"]).0 >= 3.0);
+        memory.revoke("m-renewals").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(count(crate::RENEWALS_TOTAL, &gone) - gone_before >= 1.0);
+        assert!(guard.is_lost());
     }
 
     #[tokio::test(start_paused = true)]

@@ -59,6 +59,7 @@ mod acquire;
 mod held;
 mod token;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -69,7 +70,8 @@ use async_trait::async_trait;
 use self::acquire::Leg;
 pub use self::token::{ERA_SHIFT, MAX_EPOCH, era_token};
 use crate::{
-    AcquireOptions, Capabilities, DistributedLock, Error, LockGuard, LockInfo, validate_name,
+    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, ListedLock, LockGuard,
+    LockInfo, validate_name, validate_prefix,
 };
 
 /// The short backend name of a [`MigrationLock`] and its guards.
@@ -308,6 +310,73 @@ impl DistributedLock for MigrationLock {
             holder.token = era_token(epoch, holder.token)?;
         }
         Ok(info)
+    }
+
+    /// The locks of both legs, each reported as [`inspect`](Self::inspect) would: the
+    /// first leg's holder when it has one, otherwise the second's.
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        validate_prefix(prefix)?;
+        let mut found: BTreeMap<String, (LockInfo, u8)> = self
+            .first
+            .lock
+            .list(prefix)
+            .await?
+            .into_iter()
+            .map(|l| (l.name, (l.info, self.first.epoch)))
+            .collect();
+        if let Some(second) = &self.second {
+            for listed in second.lock.list(prefix).await? {
+                match found.get_mut(&listed.name) {
+                    Some((info, epoch)) => {
+                        if info.holder.is_none() {
+                            info.holder = listed.info.holder;
+                            *epoch = second.epoch;
+                        }
+                    }
+                    None => {
+                        found.insert(listed.name, (listed.info, second.epoch));
+                    }
+                }
+            }
+        }
+        found
+            .into_iter()
+            .map(|(name, (mut info, epoch))| {
+                if let Some(holder) = info.holder.as_mut() {
+                    holder.token = era_token(epoch, holder.token)?;
+                }
+                Ok(ListedLock::new(name, info))
+            })
+            .collect()
+    }
+
+    /// Revokes the lock on both legs; returns the holder of the first leg when it had
+    /// one, otherwise the second's.
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+        validate_name(name)?;
+        let mut revoked = self.first.lock.revoke(name).await?;
+        let mut epoch = self.first.epoch;
+        if let Some(second) = &self.second {
+            let other = second.lock.revoke(name).await?;
+            if revoked.is_none() {
+                revoked = other;
+                epoch = second.epoch;
+            }
+        }
+        if let Some(holder) = revoked.as_mut() {
+            holder.token = era_token(epoch, holder.token)?;
+        }
+        Ok(revoked)
+    }
+
+    /// Closes both legs (both even when the first fails; the first error is returned).
+    async fn close(&self) -> Result<(), Error> {
+        let first = self.first.lock.close().await;
+        let second = match &self.second {
+            Some(second) => second.lock.close().await,
+            None => Ok(()),
+        };
+        first.and(second)
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -24,7 +24,10 @@ use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::time::Instant;
 
-use crate::{AcquireOptions, Capabilities, DistributedLock, Error, LockGuard, LockInfo, Wait};
+use crate::{
+    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, ListedLock, LockGuard,
+    LockInfo, Wait,
+};
 
 /// When and how often [`Retry`] tries again.
 ///
@@ -314,6 +317,59 @@ impl DistributedLock for Retry {
         }
     }
 
+    /// Lists through the inner lock, retrying retryable errors (it only reads).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// As the inner lock's `list`, once retries are used up.
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        let mut delays = self.policy.delays();
+        let mut attempt = 1;
+        loop {
+            let error = match self.inner.list(prefix).await {
+                Ok(found) => return Ok(found),
+                Err(error) => error,
+            };
+            match self.next_delay(&mut delays, &error, None, ("list", prefix), attempt) {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => return Err(error),
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Revokes through the inner lock, once: a revoke whose reply was lost may have
+    /// freed the lock, and a retry would then take it from the next holder, whom the
+    /// caller never meant to revoke.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner lock's `revoke`.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+        self.inner.revoke(name).await
+    }
+
+    /// Closes the inner lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner lock's `close`.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn close(&self) -> Result<(), Error> {
+        self.inner.close().await
+    }
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
@@ -380,6 +436,21 @@ mod tests {
                 return Err((self.error)());
             }
             self.memory.inspect(name).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+                return Err((self.error)());
+            }
+            self.memory.list(prefix).await
+        }
+        async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+                return Err((self.error)());
+            }
+            self.memory.revoke(name).await
+        }
+        async fn close(&self) -> Result<(), Error> {
+            self.memory.close().await
         }
         fn capabilities(&self) -> Capabilities {
             self.memory.capabilities()
@@ -517,5 +588,23 @@ mod tests {
         assert!(!locks.inspect("a").await.unwrap().is_held());
         assert_eq!(flaky.calls(), 3);
         assert_eq!(locks.backend(), "flaky");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn list_is_retried_but_revoke_is_not() {
+        let unavailable = || Error::unavailable("flaky", std::io::Error::other("down"));
+        let flaky = Flaky::new(1, unavailable);
+        let retry = Retry::new(flaky.clone(), RetryPolicy::default());
+        assert!(retry.list("").await.unwrap().is_empty());
+        assert_eq!(flaky.calls(), 2);
+
+        let flaky = Flaky::new(1, unavailable);
+        let retry = Retry::new(flaky.clone(), RetryPolicy::default());
+        assert!(retry.revoke("a").await.unwrap_err().is_retryable());
+        assert_eq!(
+            flaky.calls(),
+            1,
+            "a revoke whose reply was lost is not sent again"
+        );
     }
 }

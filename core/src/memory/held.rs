@@ -2,13 +2,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use super::table::Renewal;
-use crate::{Error, HeldLock, Lease, Liveness, LossCause};
+use crate::{Error, HeldLock, Lease, Liveness, LossCause, RenewalOutcome};
 
 /// The backend side of a memory guard.
 #[derive(Debug)]
@@ -25,6 +27,7 @@ impl MemoryHeld {
     /// no task at all.
     pub(super) fn start(
         shared: Arc<Shared>,
+        closed: CancellationToken,
         name: Arc<str>,
         id: u64,
         lease: Lease,
@@ -41,8 +44,17 @@ impl MemoryHeld {
                     );
                     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     loop {
-                        tick.tick().await;
+                        tokio::select! {
+                            _ = tick.tick() => {}
+                            // Closing marked the lock lost already.
+                            () = closed.cancelled() => return,
+                        }
                         let renewal = shared.table().renew(&name, id, duration);
+                        let outcome = match renewal {
+                            Renewal::Renewed => RenewalOutcome::Renewed,
+                            Renewal::Gone => RenewalOutcome::Gone,
+                        };
+                        crate::record_renewal(super::BACKEND, outcome, Duration::ZERO, 1);
                         if let Renewal::Gone = renewal {
                             liveness.mark_lost(
                                 LossCause::KeyGone,
@@ -89,6 +101,7 @@ impl MemoryHeld {
 
 #[async_trait]
 impl HeldLock for MemoryHeld {
+    #[tracing::instrument(name = "fencelock.mem.release", level = "debug", skip_all, fields(lock = %self.name))]
     async fn release(&self) -> Result<(), Error> {
         self.release_now()
     }

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use self::held::MemoryHeld;
 use self::table::{Attempt, Table};
 use crate::{
-    AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, LockGuard, LockInfo,
-    LossDetection, Wait, validate_name,
+    AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, HolderInfo, ListedLock,
+    LockGuard, LockInfo, LossDetection, Wait, validate_name, validate_prefix,
 };
 
 const BACKEND: &str = "mem";
@@ -46,8 +47,10 @@ const BACKEND: &str = "mem";
 #[derive(Clone)]
 pub struct MemoryLock {
     shared: Arc<Shared>,
+    client: Arc<Client>,
 }
 
+/// The locks of one set: what a server is to the remote backends.
 #[derive(Debug)]
 struct Shared {
     instance: u64,
@@ -55,39 +58,64 @@ struct Shared {
 }
 
 impl Shared {
+    fn new() -> Arc<Self> {
+        static INSTANCES: AtomicU64 = AtomicU64::new(0);
+        Arc::new(Shared {
+            instance: INSTANCES.fetch_add(1, Ordering::Relaxed) + 1,
+            table: Mutex::new(Table::default()),
+        })
+    }
+
     fn table(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
+/// One client of a set: a [`MemoryLock`] and its clones. Closing it releases what was
+/// taken through it, as closing a remote client ends its session.
+#[derive(Debug)]
+struct Client {
+    id: u64,
+    /// Cancelled by `close`, under the table's lock: stops renewals and refuses acquires.
+    closed: CancellationToken,
+}
+
+impl Client {
+    fn new() -> Arc<Self> {
+        static CLIENTS: AtomicU64 = AtomicU64::new(0);
+        Arc::new(Client {
+            id: CLIENTS.fetch_add(1, Ordering::Relaxed) + 1,
+            closed: CancellationToken::new(),
+        })
+    }
+}
+
 impl MemoryLock {
-    /// A new, independent set of locks.
+    /// A new, independent set of locks, and a client of it.
     pub fn new() -> Self {
-        static INSTANCES: AtomicU64 = AtomicU64::new(0);
         MemoryLock {
-            shared: Arc::new(Shared {
-                instance: INSTANCES.fetch_add(1, Ordering::Relaxed) + 1,
-                table: Mutex::new(Table::default()),
-            }),
+            shared: Shared::new(),
+            client: Client::new(),
         }
     }
 
-    /// The process-wide set of locks called `namespace` (`""` for `mem://`), created on
-    /// first use. Every caller naming the same namespace shares its locks.
+    /// A new client of the process-wide set of locks called `namespace` (`""` for
+    /// `mem://`), created on first use. Every caller naming the same namespace shares its
+    /// locks; each call is a client of its own, which [`close`](DistributedLock::close)
+    /// closes without touching the others.
     pub fn named(namespace: &str) -> Self {
-        static NAMED: OnceLock<Mutex<HashMap<String, MemoryLock>>> = OnceLock::new();
-        let mut named = NAMED
+        static NAMED: OnceLock<Mutex<HashMap<String, Arc<Shared>>>> = OnceLock::new();
+        let shared = NAMED
             .get_or_init(Default::default)
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        named.entry(namespace.to_owned()).or_default().clone()
-    }
-
-    /// Takes `name` away from its current holder, as an operator deleting a key would:
-    /// the holder's guard reports loss at once and the next waiter is served. Returns
-    /// whether the lock was held. For testing how an application reacts to loss.
-    pub fn revoke(&self, name: &str) -> bool {
-        self.shared.table().revoke(name)
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(namespace.to_owned())
+            .or_insert_with(Shared::new)
+            .clone();
+        MemoryLock {
+            shared,
+            client: Client::new(),
+        }
     }
 
     /// How many names currently have a holder or a waiter. Zero when nothing is held
@@ -95,6 +123,15 @@ impl MemoryLock {
     /// (say, a leaked fixed-lease guard) no longer counts.
     pub fn active_names(&self) -> usize {
         self.shared.table().active_names()
+    }
+
+    /// Fails with [`Error::Closed`] once this client is closed.
+    fn check_open(&self) -> Result<(), Error> {
+        if self.client.closed.is_cancelled() {
+            Err(Error::Closed { backend: BACKEND })
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -108,6 +145,7 @@ impl std::fmt::Debug for MemoryLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryLock")
             .field("instance", &self.shared.instance)
+            .field("client", &self.client.id)
             .finish_non_exhaustive()
     }
 }
@@ -145,16 +183,20 @@ impl MemoryLock {
             queued: false,
         };
         loop {
-            let attempt = self
-                .shared
-                .table()
-                .attempt(name, id, &wake, lease.duration(), queue);
+            let attempt = self.shared.table().attempt(
+                name,
+                (id, &self.client),
+                &wake,
+                lease.duration(),
+                queue,
+            );
             match attempt {
                 Attempt::Granted(token, liveness) => {
                     // The table took us off the queue when it granted the lock.
                     ticket.queued = false;
                     let held = MemoryHeld::start(
                         self.shared.clone(),
+                        self.client.closed.clone(),
                         name.clone(),
                         id,
                         lease,
@@ -172,6 +214,11 @@ impl MemoryLock {
                     return Err(Error::Contended {
                         name: name.to_string(),
                     });
+                }
+                Attempt::Closed => {
+                    // Closing emptied the queue.
+                    ticket.queued = false;
+                    return Err(Error::Closed { backend: BACKEND });
                 }
                 Attempt::Queued { wake_at } => {
                     ticket.queued = true;
@@ -192,6 +239,7 @@ impl MemoryLock {
 
 #[async_trait]
 impl DistributedLock for MemoryLock {
+    #[tracing::instrument(name = "fencelock.mem.acquire", level = "debug", skip_all, fields(lock = name))]
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
         options.validate(Duration::ZERO)?;
@@ -211,7 +259,28 @@ impl DistributedLock for MemoryLock {
 
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
         validate_name(name)?;
-        Ok(self.shared.table().inspect(name, self.shared.instance))
+        self.check_open()?;
+        let mut table = self.shared.table();
+        Ok(table.inspect(name, self.shared.instance))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        validate_prefix(prefix)?;
+        self.check_open()?;
+        let mut table = self.shared.table();
+        Ok(table.list(prefix, self.shared.instance))
+    }
+
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+        validate_name(name)?;
+        self.check_open()?;
+        let mut table = self.shared.table();
+        Ok(table.revoke(name, self.shared.instance))
+    }
+
+    async fn close(&self) -> Result<(), Error> {
+        self.shared.table().close_client(&self.client);
+        Ok(())
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::{FencingToken, HolderInfo, Liveness, LockInfo, LossCause};
+use super::Client;
+use crate::{FencingToken, HolderInfo, ListedLock, Liveness, LockInfo, LossCause};
 
 /// All locks of one [`MemoryLock`](super::MemoryLock) instance.
 ///
@@ -32,6 +33,8 @@ struct Entry {
 #[derive(Debug)]
 struct Holder {
     id: u64,
+    /// The client (`MemoryLock` handle) it was granted through.
+    client: u64,
     token: FencingToken,
     expires_at: Instant,
     liveness: Liveness,
@@ -40,6 +43,7 @@ struct Holder {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
+    client: u64,
     wake: Arc<Notify>,
 }
 
@@ -52,6 +56,8 @@ pub(super) enum Attempt {
     Queued { wake_at: Option<Instant> },
     /// Held, and the caller did not want to wait; nothing was queued.
     Contended,
+    /// The waiter's client was closed; nothing was queued.
+    Closed,
 }
 
 /// Result of a renewal.
@@ -71,11 +77,16 @@ impl Table {
     pub(super) fn attempt(
         &mut self,
         name: &Arc<str>,
-        id: u64,
+        (id, client): (u64, &Client),
         wake: &Arc<Notify>,
         lease: std::time::Duration,
         queue: bool,
     ) -> Attempt {
+        // Read under the table's lock, as `close_client` sets it: a waiter queued before
+        // the close is swept by it, and none is queued after.
+        if client.closed.is_cancelled() {
+            return Attempt::Closed;
+        }
         let now = Instant::now();
         let entry = self.names.entry(name.clone()).or_default();
         entry.expire(now);
@@ -93,6 +104,7 @@ impl Table {
             let liveness = Liveness::new(expires_at);
             entry.holder = Some(Holder {
                 id,
+                client: client.id,
                 token,
                 expires_at,
                 liveness: liveness.clone(),
@@ -105,6 +117,7 @@ impl Table {
         if !entry.waiters.iter().any(|w| w.id == id) {
             entry.waiters.push_back(Waiter {
                 id,
+                client: client.id,
                 wake: wake.clone(),
             });
         }
@@ -169,25 +182,71 @@ impl Table {
         held
     }
 
-    /// Takes the lock away from its holder, whoever it is. Returns whether it was held;
-    /// a holder whose lease already ran out no longer holds it and is not revoked.
-    pub(super) fn revoke(&mut self, name: &str) -> bool {
-        let Some(entry) = self.names.get_mut(name) else {
-            return false;
-        };
-        entry.expire(Instant::now());
-        let revoked = match entry.holder.take() {
-            Some(holder) => {
-                holder
-                    .liveness
-                    .mark_lost(LossCause::KeyGone, "the lock was revoked");
-                entry.wake_front();
-                true
-            }
-            None => false,
-        };
+    /// Takes the lock away from its holder, whoever it is, and says who that was; a
+    /// holder whose lease already ran out no longer holds it and is not revoked.
+    pub(super) fn revoke(&mut self, name: &str, instance: u64) -> Option<HolderInfo> {
+        let entry = self.names.get_mut(name)?;
+        let now = Instant::now();
+        entry.expire(now);
+        let revoked = entry.holder.take().map(|holder| {
+            holder
+                .liveness
+                .mark_lost(LossCause::KeyGone, "the lock was revoked");
+            entry.wake_front();
+            holder.info(instance, now)
+        });
         self.forget_if_idle(name);
         revoked
+    }
+
+    /// Closes `client`: every lock granted through it is lost and passed on, every
+    /// waiter of it is taken off its queue and woken (to find [`Attempt::Closed`]), and
+    /// it is granted nothing more.
+    pub(super) fn close_client(&mut self, client: &Client) {
+        client.closed.cancel();
+        let now = Instant::now();
+        self.names.retain(|_, entry| {
+            entry.expire(now);
+            if entry.holder.as_ref().is_some_and(|h| h.client == client.id) {
+                if let Some(holder) = entry.holder.take() {
+                    holder
+                        .liveness
+                        .mark_lost(LossCause::ClientClosed, "the lock client was closed");
+                }
+            }
+            let front = entry.waiters.front().map(|w| w.id);
+            entry.waiters.retain(|w| {
+                let ours = w.client == client.id;
+                if ours {
+                    w.wake.notify_one();
+                }
+                !ours
+            });
+            if entry.holder.is_none() || entry.waiters.front().map(|w| w.id) != front {
+                entry.wake_front();
+            }
+            !entry.is_idle()
+        });
+    }
+
+    /// The names starting with `prefix` that are held or waited for, sorted, with what
+    /// [`Table::inspect`] would say of each.
+    pub(super) fn list(&mut self, prefix: &str, instance: u64) -> Vec<ListedLock> {
+        let now = Instant::now();
+        let mut found: Vec<ListedLock> = Vec::new();
+        self.names.retain(|name, entry| {
+            if !name.starts_with(prefix) {
+                return true;
+            }
+            entry.expire(now);
+            if entry.is_idle() {
+                return false;
+            }
+            found.push(ListedLock::new(name.as_ref(), entry.info(instance, now)));
+            true
+        });
+        found.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        found
     }
 
     /// What `name` looks like now: its live holder, if any, and how many wait.
@@ -197,18 +256,7 @@ impl Table {
             return LockInfo::free(Some(0));
         };
         entry.expire(now);
-        let waiters = Some(entry.waiters.len());
-        let info = match &entry.holder {
-            Some(h) => LockInfo::held(
-                HolderInfo::new(
-                    format!("mem-{instance}/{}", h.id),
-                    h.token,
-                    Some(h.expires_at - now),
-                ),
-                waiters,
-            ),
-            None => LockInfo::free(waiters),
-        };
+        let info = entry.info(instance, now);
         self.forget_if_idle(name);
         info
     }
@@ -233,7 +281,27 @@ impl Table {
     }
 }
 
+impl Holder {
+    /// How [`Table::inspect`] describes this holder at `now`.
+    fn info(&self, instance: u64, now: Instant) -> HolderInfo {
+        HolderInfo::new(
+            format!("mem-{instance}/{}", self.id),
+            self.token,
+            Some(self.expires_at.saturating_duration_since(now)),
+        )
+    }
+}
+
 impl Entry {
+    /// Its live holder (call [`Entry::expire`] first) and how many wait.
+    fn info(&self, instance: u64, now: Instant) -> LockInfo {
+        let waiters = Some(self.waiters.len());
+        match &self.holder {
+            Some(h) => LockInfo::held(h.info(instance, now), waiters),
+            None => LockInfo::free(waiters),
+        }
+    }
+
     /// Drops a holder whose lease has run out, reporting the loss to it, and wakes the
     /// front waiter to take the lock. Whatever path notices the expiry first (an attempt,
     /// a renewal, a release, a revoke, an inspection), the turn is passed on.

@@ -77,13 +77,13 @@ async fn revoke_reports_loss_at_once_and_serves_the_next_waiter() {
         async move { locks.lock("a").await.unwrap().token() }
     });
     tokio::task::yield_now().await;
-    assert!(locks.revoke("a"));
+    assert!(locks.revoke("a").await.unwrap().is_some());
     tokio::time::timeout(Duration::from_millis(1), holder.lost())
         .await
         .unwrap();
     assert_eq!(holder.lost_reason(), Some("the lock was revoked"));
     assert!(waiter.await.unwrap() > holder.token());
-    assert!(!locks.revoke("a"));
+    assert!(locks.revoke("a").await.unwrap().is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -343,7 +343,7 @@ async fn after_a_revoke_the_expiry_of_the_next_leaked_holder_serves_the_one_afte
     let a = locks.lock("a").await.unwrap();
     let b = queued(&locks, "a", AcquireOptions::new().fixed_lease(lease)).await;
     let c = queued(&locks, "a", AcquireOptions::new()).await;
-    assert!(locks.revoke("a"));
+    assert!(locks.revoke("a").await.unwrap().is_some());
     assert!(a.is_lost());
     let b = std::mem::ManuallyDrop::new(granted_within(lease, b, "B, after the revoke").await);
     let c = granted_within(lease + Duration::from_millis(10), c, "C, after B expired").await;
@@ -365,7 +365,7 @@ async fn revoking_an_expired_lock_reports_it_was_not_held() {
             .unwrap(),
     );
     tokio::time::sleep(lease * 2).await;
-    assert!(!locks.revoke("a"));
+    assert!(locks.revoke("a").await.unwrap().is_none());
     assert_ne!(a.lost_reason(), Some("the lock was revoked"));
     assert_eq!(locks.active_names(), 0);
 }
@@ -443,4 +443,26 @@ fn a_leaked_renewing_guard_whose_runtime_ended_expires_and_serves_the_queue() {
         c.release().await.unwrap();
         assert_eq!(locks.active_names(), 0);
     });
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_one_client_leaves_the_others_of_its_set_alone() {
+    let namespace = "closing-one-client";
+    let (a, b) = (MemoryLock::named(namespace), MemoryLock::named(namespace));
+    let clone_of_a = a.clone();
+    let theirs = b.lock("theirs").await.unwrap();
+    let ours = a.lock("ours").await.unwrap();
+    a.close().await.unwrap();
+    assert!(ours.is_lost());
+    assert!(matches!(
+        clone_of_a.try_lock("x").await,
+        Err(Error::Closed { backend: "mem" })
+    ));
+    assert!(!theirs.is_lost());
+    assert!(b.try_lock("ours").await.unwrap().is_some());
+    let c = MemoryLock::named(namespace);
+    assert!(c.try_lock("theirs").await.unwrap().is_none());
+    theirs.release().await.unwrap();
+    assert!(matches!(ours.release().await, Err(Error::Lost { .. })));
+    assert_eq!(c.active_names(), 0);
 }
