@@ -26,7 +26,7 @@ pub async fn inspect(args: InspectArgs) -> Result<u8, Failure> {
     Ok(code::OK)
 }
 
-fn to_json(name: &str, backend: &str, info: &LockInfo) -> serde_json::Value {
+pub(crate) fn to_json(name: &str, backend: &str, info: &LockInfo) -> serde_json::Value {
     let holder = info.holder.as_ref();
     json!({
         "name": name,
@@ -39,7 +39,7 @@ fn to_json(name: &str, backend: &str, info: &LockInfo) -> serde_json::Value {
     })
 }
 
-fn to_text(name: &str, backend: &str, info: &LockInfo) -> String {
+pub(crate) fn to_text(name: &str, backend: &str, info: &LockInfo) -> String {
     let unknown = || "unknown".to_owned();
     let mut out = format!("lock     {name}\nbackend  {backend}\n");
     match &info.holder {

@@ -1,5 +1,5 @@
-//! The `fencelock` command: run a command under a distributed lock, hold or inspect a
-//! lock, benchmark a deployment. See `fencelock --help` and `cli/README.md`.
+//! The `fencelock` command: run a command under a distributed lock, hold, inspect, list
+//! or revoke locks, benchmark a deployment. See `fencelock --help` and `cli/README.md`.
 
 mod args;
 mod backend;
@@ -12,6 +12,7 @@ mod events;
 mod exit;
 mod hold;
 mod inspect;
+mod list;
 mod run;
 mod signals;
 
@@ -40,6 +41,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Inspect(args) => inspect::inspect(args).await,
+            Command::List(args) => list::list(args).await,
+            Command::Revoke(args) => list::revoke(args).await,
             Command::Hold(args) => hold::hold(args).await,
             Command::Capabilities(args) => capabilities::capabilities(args).await,
             Command::Completions(args) => Ok(completions::completions(&args)),

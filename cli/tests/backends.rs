@@ -254,6 +254,54 @@ fn hold_nonblock_wait_and_key(url: &str) {
     assert!(fields[1].contains(&name), "{line}");
 }
 
+/// `list` shows a held lock under its prefix with its token; `revoke` without `--yes`
+/// changes nothing and exits 64; with `--yes` it takes the lock away, and the process
+/// holding it stops its command and exits with the loss code.
+fn list_and_revoke(url: &str) {
+    let prefix = format!("{}/", unique("list"));
+    let name = format!("{prefix}job");
+    let dir = tempfile::tempdir().unwrap();
+    let (holder, _child) = run_sleeper_at(url, &name, dir.path());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let listed = loop {
+        let out = output(fencelock().args(["list", "--json", "--url", url, &prefix]));
+        assert_code(&out, 0);
+        let listed: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        if listed.as_array().is_some_and(|a| !a.is_empty()) {
+            break listed;
+        }
+        assert!(Instant::now() < deadline, "the held lock was never listed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["name"], name.as_str());
+    let token = listed[0]["token"].as_u64().expect("a token");
+    let text = output(fencelock().args(["list", "--url", url, &prefix]));
+    assert!(
+        stdout(&text).starts_with(&format!("{name}\ttoken={token}\t")),
+        "{}",
+        stdout(&text)
+    );
+
+    let refused = output(fencelock().args(["revoke", "--url", url, &name]));
+    assert_code(&refused, 64);
+    assert!(stderr(&refused).contains("--yes"), "{}", stderr(&refused));
+    assert!(alive(holder.pid()), "revoke without --yes changed nothing");
+
+    let revoked = output(fencelock().args(["revoke", "--json", "--yes", "--url", url, &name]));
+    assert_code(&revoked, 0);
+    let answer: serde_json::Value = serde_json::from_str(&stdout(&revoked)).unwrap();
+    assert_eq!(answer["revoked"], true, "{answer}");
+    assert_eq!(answer["token"].as_u64(), Some(token));
+    // The holder notices (at once on etcd and ZooKeeper, at its next renewal on Redis).
+    let out = holder.wait(Duration::from_secs(30));
+    assert_code(&out, LOST);
+
+    let again = output(fencelock().args(["revoke", "--yes", "--url", url, &name]));
+    assert_code(&again, 0);
+    assert!(stdout(&again).contains("not held"), "{}", stdout(&again));
+}
+
 macro_rules! backend_tests {
     ($backend:ident, $url:expr, $dead:expr) => {
         mod $backend {
@@ -277,6 +325,11 @@ macro_rules! backend_tests {
             #[test]
             fn hold_nonblock_wait_and_key() {
                 super::hold_nonblock_wait_and_key(&$url);
+            }
+
+            #[test]
+            fn list_and_revoke() {
+                super::list_and_revoke(&$url);
             }
 
             #[test]

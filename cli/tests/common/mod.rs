@@ -41,10 +41,15 @@ pub fn gone_within(pid: u32, timeout: Duration) -> bool {
 /// A background `fencelock run --url mem:// NAME` whose command is a `sleep 30` that
 /// wrote its pid to a file first; returns it and the command's pid.
 pub fn run_sleeper(name: &str, dir: &Path) -> (Running, u32) {
+    run_sleeper_at("mem://", name, dir)
+}
+
+/// [`run_sleeper`] on the backend at `url`.
+pub fn run_sleeper_at(url: &str, name: &str, dir: &Path) -> (Running, u32) {
     let pidfile = dir.join("pid");
     let running = Running::start(
         fencelock()
-            .args(["run", "--url", "mem://", name, "--", "sh", "-c"])
+            .args(["run", "--url", url, name, "--", "sh", "-c"])
             .arg(r#"echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 30"#)
             .arg(&pidfile),
     );
