@@ -11,7 +11,7 @@
 //! user = "app"
 //! password_env = "ETCD_PASSWORD"      # or: password = "..."
 //!
-//! [tls]                               # etcds:// (ca, cert, key, domain) or rediss:// (ca, cert, key)
+//! [tls]                               # etcds:// (ca, cert, key, domain); zks:// and every Redis topology (ca, cert, key)
 //! ca = "/etc/fencelock/ca.pem"
 //!
 //! [options]                           # any other URL option of the backend, as is
@@ -369,19 +369,36 @@ impl FileConfig {
                 }
                 format!("{scheme}://{userinfo}{endpoints}/{}", enc_path(&prefix))
             }
-            "zk" | "zookeeper" => {
-                if tls.is_some() {
-                    return unsupported("[tls]");
+            "zk" | "zookeeper" | "zks" => {
+                if tls.is_some_and(|t| t.domain.is_some()) {
+                    return Err(invalid(
+                        "the ZooKeeper backend checks each server's own name; [tls] takes \
+                         `enabled`, `ca`, `cert` and `key`"
+                            .into(),
+                    ));
                 }
                 if let Some(lease) = lease {
                     query.push(("session_timeout".into(), lease));
                 }
+                if let Some(tls) = tls.filter(|t| tls_files(t)) {
+                    for (key, value) in [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)] {
+                        if let Some(value) = value {
+                            query.push((key.into(), value.clone()));
+                        }
+                    }
+                }
+                let scheme = if tls.is_some() || backend == "zks" {
+                    "zks"
+                } else {
+                    "zk"
+                };
                 format!(
-                    "zk://{userinfo}{endpoints}/{}",
+                    "{scheme}://{userinfo}{endpoints}/{}",
                     enc_path(prefix.trim_start_matches('/'))
                 )
             }
-            "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" => {
+            "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
+            | "rediss+cluster" | "redlock" | "redlocks" => {
                 if lease.is_some() {
                     return Err(invalid(
                         "Redis has no client-wide lease: the lease is chosen per acquire \
@@ -396,11 +413,12 @@ impl FileConfig {
                             .into(),
                     ));
                 }
+                // A [tls] table picks each topology's TLS scheme.
                 let scheme = match (backend.as_str(), tls.is_some()) {
                     ("redis", true) => "rediss",
-                    (_, true) if backend != "rediss" => {
-                        return Err(invalid(format!("TLS is not supported for {backend}")));
-                    }
+                    ("redis+sentinel", true) => "rediss+sentinel",
+                    ("redis+cluster", true) => "rediss+cluster",
+                    ("redlock", true) => "redlocks",
                     (scheme, _) => scheme,
                 };
                 if let Some(prefix) = &self.prefix {
@@ -414,14 +432,14 @@ impl FileConfig {
                     }
                 }
                 let path = match (scheme, &self.service, self.db) {
-                    ("redis+sentinel", Some(service), db) => {
+                    ("redis+sentinel" | "rediss+sentinel", Some(service), db) => {
                         if let Some(db) = db {
                             query.push(("db".into(), db.to_string()));
                         }
                         format!("/{}", enc(service))
                     }
-                    ("redis+sentinel", None, _) => {
-                        return Err(invalid("redis+sentinel needs `service`".into()));
+                    ("redis+sentinel" | "rediss+sentinel", None, _) => {
+                        return Err(invalid(format!("{scheme} needs `service`")));
                     }
                     (_, _, Some(db)) => format!("/{db}"),
                     _ => String::new(),

@@ -100,6 +100,40 @@ fn every_backend_becomes_its_url() {
         ),
         (
             r#"
+            backend = "redis+sentinel"
+            endpoints = ["s1:26380", "s2:26380"]
+            service = "mymaster"
+            tls = { ca = "/etc/ca.pem" }
+            "#,
+            "rediss+sentinel://s1:26380,s2:26380/mymaster?ca=%2Fetc%2Fca.pem",
+        ),
+        (
+            r#"
+            backend = "zk"
+            endpoints = ["z1:2281", "z2:2281"]
+            prefix = "/locks"
+            tls = { ca = "/etc/ca.pem" }
+            "#,
+            "zks://z1:2281,z2:2281/locks?ca=%2Fetc%2Fca.pem",
+        ),
+        (
+            r#"
+            backend = "redis+cluster"
+            endpoints = ["n1:6380", "n2:6380"]
+            tls = { enabled = true }
+            "#,
+            "rediss+cluster://n1:6380,n2:6380",
+        ),
+        (
+            r#"
+            backend = "redlock"
+            endpoints = ["a:6380", "b:6380", "c:6380"]
+            tls = { ca = "/etc/ca.pem" }
+            "#,
+            "redlocks://a:6380,b:6380,c:6380?ca=%2Fetc%2Fca.pem",
+        ),
+        (
+            r#"
             backend = "redlock"
             endpoints = ["a:6379", "b:6379", "c:6379"]
             "#,
@@ -216,16 +250,12 @@ fn mistakes_name_the_line_and_hide_secrets() {
             "per acquire",
         ),
         (
-            "backend = \"zk\"\nendpoints = [\"h:1\"]\ntls = { ca = \"x\" }\n",
-            "[tls]",
+            "backend = \"zk\"\nendpoints = [\"h:1\"]\ntls = { domain = \"x\" }\n",
+            "server's own name",
         ),
         (
             "backend = \"redis\"\nendpoints = [\"h:1\"]\ntls = { domain = \"x\" }\n",
             "endpoint's own name",
-        ),
-        (
-            "backend = \"redlock\"\nendpoints = [\"h:1\"]\ntls = { ca = \"x\" }\n",
-            "TLS is not supported for redlock",
         ),
         (
             "backend = \"redis\"\nendpoints = [\"h:1\"]\nservice = \"m\"\n",
