@@ -44,6 +44,8 @@ struct Create {
     names: String,
     key: String,
     lease: i64,
+    /// The key's value: empty for a lock, the candidate's for an election.
+    value: String,
     reply: oneshot::Sender<Result<Created, etcd_client::Error>>,
 }
 
@@ -175,19 +177,21 @@ impl Batcher {
         names: &str,
         key: &str,
         lease: i64,
+        value: &str,
     ) -> Result<Created, etcd_client::Error> {
         if claim(&self.creates) {
             let _claimed = Claimed {
                 batcher: self,
                 which: Which::Creates,
             };
-            return self.create_one(names, key, lease).await;
+            return self.create_one(names, key, lease, value).await;
         }
         let (reply, answer) = oneshot::channel();
         let request = Create {
             names: names.to_owned(),
             key: key.to_owned(),
             lease,
+            value: value.to_owned(),
             reply,
         };
         if enqueue(&self.creates, request) {
@@ -267,7 +271,7 @@ impl Batcher {
                     .and_then(
                         batch
                             .iter()
-                            .map(|c| put(c.key.as_str(), c.lease))
+                            .map(|c| put(c.key.as_str(), c.lease, &c.value))
                             .collect::<Vec<_>>(),
                     );
                 if let Ok(response) = self.client.kv_client().txn(txn).await {
@@ -285,7 +289,7 @@ impl Batcher {
             // reports it, so the caller deletes it instead of leaving it on the lease.
             join_all(batch.into_iter().map(|create| async move {
                 let answer = self
-                    .create_one(&create.names, &create.key, create.lease)
+                    .create_one(&create.names, &create.key, create.lease, &create.value)
                     .await;
                 let _ = create.reply.send(answer);
             }))
@@ -298,10 +302,11 @@ impl Batcher {
         names: &str,
         key: &str,
         lease: i64,
+        value: &str,
     ) -> Result<Created, etcd_client::Error> {
         let txn = Txn::new()
             .when([Compare::create_revision(names, CompareOp::Equal, 0).with_prefix()])
-            .and_then([put(key, lease)])
+            .and_then([put(key, lease, value)])
             .or_else([TxnOp::get(key, None)]);
         let response = self.client.kv_client().txn(txn).await?;
         if response.succeeded() {
@@ -386,6 +391,6 @@ impl Batcher {
     }
 }
 
-fn put(key: &str, lease: i64) -> TxnOp {
-    TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease)))
+fn put(key: &str, lease: i64, value: &str) -> TxnOp {
+    TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)))
 }

@@ -8,6 +8,7 @@
 mod batch;
 mod config;
 mod delayed;
+mod election;
 mod error;
 mod fence;
 mod gate;

@@ -11,8 +11,8 @@ use etcd_client::{
 };
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Lease, ListedLock, Liveness, LockGuard, LockInfo, LossCause, LossDetection, Wait,
-    validate_name, validate_prefix,
+    HolderInfo, Leader, LeaderChanges, Lease, ListedLock, Liveness, LockGuard, LockInfo, LossCause,
+    LossDetection, Wait, validate_name, validate_prefix,
 };
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -174,15 +174,20 @@ impl EtcdLock {
 
     /// [`take`](Self::take), once more on a new session if the session turned out to be
     /// gone (revoked or expired before its keepalive noticed).
-    async fn take_fresh(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+    async fn take_fresh(
+        &self,
+        name: &str,
+        options: AcquireOptions,
+        value: &str,
+    ) -> Result<LockGuard, Error> {
         let deadline = match options.wait_kind() {
             // A wait too long to represent is a wait forever.
             Wait::Timeout(limit) => Instant::now().checked_add(limit),
             Wait::NoWait | Wait::Forever => None,
         };
-        match self.take(name, options, deadline).await {
+        match self.take(name, options, deadline, value).await {
             Err(error) if crate::error::is_stale_session(&error) => {
-                self.take(name, options, deadline).await
+                self.take(name, options, deadline, value).await
             }
             other => other,
         }
@@ -199,6 +204,7 @@ impl EtcdLock {
         name: &str,
         options: AcquireOptions,
         deadline: Option<Instant>,
+        value: &str,
     ) -> Result<LockGuard, Error> {
         let timed_out = || Error::Timeout {
             name: name.to_owned(),
@@ -263,7 +269,7 @@ impl EtcdLock {
         pending.get().permit = Some(permit);
 
         let revision = if no_wait {
-            self.create_if_free(&key, &names, session.lease_id(), &mut pending)
+            self.create_if_free(&key, &names, session.lease_id(), value, &mut pending)
                 .await?
                 .ok_or_else(|| Error::Contended {
                     name: name.to_owned(),
@@ -271,7 +277,7 @@ impl EtcdLock {
         } else {
             let (mine, first) = within(
                 deadline,
-                self.create_and_read_first(&key, &names, session.lease_id(), &mut pending),
+                self.create_and_read_first(&key, &names, session.lease_id(), value, &mut pending),
                 timed_out,
             )
             .await??;
@@ -296,7 +302,7 @@ impl EtcdLock {
         // The holder's session: the renewing one, or the fixed lease the key is on.
         let (session, fixed) = match lease {
             Lease::Fixed(ttl) if !fixed_now => (
-                self.move_to_fixed_lease(&key, revision, ttl, name, &mut pending)
+                self.move_to_fixed_lease(&key, revision, ttl, name, value, &mut pending)
                     .await?,
                 true,
             ),
@@ -348,6 +354,7 @@ impl EtcdLock {
         revision: i64,
         ttl: Duration,
         name: &str,
+        value: &str,
         pending: &mut Armed,
     ) -> Result<Arc<Session>, Error> {
         let fixed = Session::grant(&self.inner.client, ttl, false).await?;
@@ -357,7 +364,7 @@ impl EtcdLock {
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
             .and_then([TxnOp::put(
                 key,
-                "",
+                value,
                 Some(PutOptions::new().with_lease(fixed.lease_id())),
             )]);
         let moved = self
@@ -394,12 +401,16 @@ impl EtcdLock {
         key: &str,
         names: &str,
         lease_id: i64,
+        value: &str,
         pending: &mut Armed,
     ) -> Result<(i64, i64), Error> {
-        if let Some(revision) = self.create_if_free(key, names, lease_id, pending).await? {
+        if let Some(revision) = self
+            .create_if_free(key, names, lease_id, value, pending)
+            .await?
+        {
             return Ok((revision, revision));
         }
-        let put = |options: PutOptions| TxnOp::put(key, "", Some(options.with_lease(lease_id)));
+        let put = |options: PutOptions| TxnOp::put(key, value, Some(options.with_lease(lease_id)));
         loop {
             let txn = Txn::new().and_then([
                 put(PutOptions::new().with_prev_key()),
@@ -493,13 +504,15 @@ impl EtcdLock {
         key: &str,
         names: &str,
         lease_id: i64,
+        value: &str,
         pending: &mut Armed,
     ) -> Result<Option<i64>, Error> {
         let (batcher, names, key) = (self.inner.batcher.clone(), names.to_owned(), key.to_owned());
+        let value = value.to_owned();
         let created = self
             .create_in_task(
                 pending,
-                async move { batcher.create_if_free(&names, &key, lease_id).await },
+                async move { batcher.create_if_free(&names, &key, lease_id, &value).await },
                 |created| match created {
                     Created::Granted(revision) => Some(*revision),
                     Created::Taken { ours } => *ours,
@@ -631,7 +644,7 @@ impl DistributedLock for EtcdLock {
             biased;
             // Dropping the acquire undoes whatever it did, as for any cancellation.
             () = self.inner.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
-            taken = self.take_fresh(name, options).instrument(span) => taken,
+            taken = self.take_fresh(name, options, "").instrument(span) => taken,
         }
     }
 
@@ -656,6 +669,62 @@ impl DistributedLock for EtcdLock {
             .map(|kv| (kv.key(), kv.create_revision(), kv.lease()))
             .collect();
         Ok(self.describe(&names, &keys).await)
+    }
+
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        validate_name(election)?;
+        options.validate(MIN_LEASE)?;
+        lease_seconds(options.lease_or(self.inner.config.lease).duration())?;
+        self.check_open()?;
+        let span = tracing::debug_span!("fencelock.etcd.campaign", election);
+        tokio::select! {
+            biased;
+            () = self.inner.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
+            taken = self.take_fresh(election, options, value).instrument(span) => taken,
+        }
+    }
+
+    async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        validate_name(election)?;
+        self.check_open()?;
+        let names = name_prefix(&self.inner.config.prefix, election);
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let response = self
+            .inner
+            .client
+            .kv_client()
+            .get(names.as_str(), Some(options))
+            .await
+            .map_err(map)?;
+        Ok(crate::election::Candidates::from_kvs(response.kvs()).leader())
+    }
+
+    async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+        validate_name(election)?;
+        self.check_open()?;
+        let names = name_prefix(&self.inner.config.prefix, election);
+        let (candidates, revision) = crate::election::read(&self.inner.client, &names).await?;
+        let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
+        // The first item: the state the watch starts from.
+        let _ = changes.send(Ok(candidates.leader()));
+        let stop = self.inner.closed.child_token();
+        self.inner.runtime.spawn(crate::election::follow(
+            self.inner.client.clone(),
+            names,
+            candidates,
+            revision,
+            changes,
+            stop.clone(),
+        ));
+        Ok(LeaderChanges::new(receiver, stop))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
@@ -750,6 +819,7 @@ impl DistributedLock for EtcdLock {
         Capabilities::new(true, FencingStrength::Strong, true, LossDetection::Notified)
             .with_min_lease(MIN_LEASE)
             .with_counts_waiters(true)
+            .with_election(true)
     }
 
     fn backend(&self) -> &'static str {

@@ -85,6 +85,10 @@ pub struct Capabilities {
     pub min_lease: Duration,
     /// `inspect` can count waiters.
     pub counts_waiters: bool,
+    /// Leader election: [`campaign`](crate::DistributedLock::campaign),
+    /// [`leader`](crate::DistributedLock::leader) and
+    /// [`observe`](crate::DistributedLock::observe).
+    pub election: bool,
 }
 
 impl Capabilities {
@@ -102,12 +106,19 @@ impl Capabilities {
             loss_detection,
             min_lease: Duration::ZERO,
             counts_waiters: false,
+            election: false,
         }
     }
 
     /// Sets the minimum lease.
     pub const fn with_min_lease(mut self, min_lease: Duration) -> Self {
         self.min_lease = min_lease;
+        self
+    }
+
+    /// Sets whether the backend has leader election.
+    pub const fn with_election(mut self, election: bool) -> Self {
+        self.election = election;
         self
     }
 

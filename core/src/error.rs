@@ -108,6 +108,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// The backend does not offer this operation (for example leader election on a
+    /// backend that has no election); see its capabilities. Not retryable.
+    #[error("lock backend {backend} does not support {operation}")]
+    Unsupported {
+        /// The backend's short name.
+        backend: &'static str,
+        /// What was asked for.
+        operation: &'static str,
+    },
+
     /// The client was closed with [`DistributedLock::close`](crate::DistributedLock::close):
     /// it takes no locks any more. Not retryable; connect a new client.
     #[error("lock backend {backend} client was closed")]

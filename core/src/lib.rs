@@ -22,6 +22,7 @@ mod capabilities;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod duration;
+mod election;
 mod error;
 mod ext;
 mod fence;
@@ -39,6 +40,7 @@ pub mod urlparts;
 
 pub use capabilities::{Capabilities, FencingStrength, LossDetection};
 pub use duration::parse_duration;
+pub use election::{Leader, LeaderChange, LeaderChanges};
 pub use error::{BoxError, Error};
 pub use ext::DistributedLockExt;
 pub use fence::{FencedRegister, StaleToken};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{AcquireOptions, Capabilities, Error, FencingToken, LockGuard};
+use crate::{AcquireOptions, Capabilities, Error, FencingToken, Leader, LeaderChanges, LockGuard};
 
 /// A distributed lock service: etcd, ZooKeeper, Redis, memory, or a layer over one.
 ///
@@ -141,6 +141,75 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// A backend error when a release could not be confirmed; the locks concerned expire
     /// with their leases, and the client is closed regardless.
     async fn close(&self) -> Result<(), Error>;
+
+    /// Campaigns for leadership of `election` with `value` (for example the instance's
+    /// address), waiting as `options` allow; returns the term once elected.
+    ///
+    /// The term is a [`LockGuard`]: its token is larger than every earlier term's (pass
+    /// it with every write a leader makes, so a deposed leader's writes are refused),
+    /// [`lost`](LockGuard::lost) tells the leader it was deposed (lease expired, session
+    /// ended, revoked), and [`release`](LockGuard::release) resigns. Campaigning and
+    /// locking the same name exclude each other: an election is a lock whose holder
+    /// publishes a value. Capabilities say whether the backend has elections
+    /// ([`Capabilities::election`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire): a dropped campaign leaves nothing behind.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire); [`Error::Unsupported`] on a backend without
+    /// elections.
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let _ = (election, value, options);
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "leader election",
+        })
+    }
+
+    /// The leader of `election` now, if any, as far as the backend can tell.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// As [`inspect`](Self::inspect); [`Error::Unsupported`] on a backend without
+    /// elections.
+    async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        let _ = election;
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "leader election",
+        })
+    }
+
+    /// Observes `election`: the leader now, then every change, in order, pushed by the
+    /// backend (no polling). Observing does not take part in the election.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call or stream leaves no watch behind.
+    ///
+    /// # Errors
+    ///
+    /// As [`inspect`](Self::inspect); [`Error::Unsupported`] on a backend without
+    /// elections.
+    async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+        let _ = election;
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "leader election",
+        })
+    }
 
     /// What this backend guarantees.
     fn capabilities(&self) -> Capabilities;
@@ -288,6 +357,20 @@ macro_rules! forward {
             }
             async fn close(&self) -> Result<(), Error> {
                 (**self).close().await
+            }
+            async fn campaign(
+                &self,
+                election: &str,
+                value: &str,
+                options: AcquireOptions,
+            ) -> Result<LockGuard, Error> {
+                (**self).campaign(election, value, options).await
+            }
+            async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+                (**self).leader(election).await
+            }
+            async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+                (**self).observe(election).await
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()

@@ -16,6 +16,7 @@
 
 mod cancellation;
 mod clients;
+mod election;
 mod exclusion;
 mod expiry;
 mod handoff;
@@ -25,6 +26,10 @@ mod support;
 
 pub use cancellation::{cancelled_acquires_leave_nothing, dropped_guard_frees_promptly};
 pub use clients::{exclusion_is_visible_across_clients, mutual_exclusion_across_clients};
+pub use election::{
+    campaigns_are_checked_and_cancellable, leadership_passes_when_the_leader_is_lost,
+    observers_see_every_leader_in_order, one_leader_at_a_time,
+};
 pub use exclusion::{
     fifo_order, locks_are_not_reentrant, mutual_exclusion, release_is_idempotent,
     try_lock_under_contention, wait_timeout_is_honoured, with_lock_runs_and_releases,
@@ -71,6 +76,7 @@ macro_rules! conformance_suite {
             odd_names_are_independent,
             invalid_input_is_rejected,
             locks_are_not_reentrant,
+            campaigns_are_checked_and_cancellable,
         );
         $crate::conformance_suite!(@pairs $setup;
             mutual_exclusion_across_clients,
@@ -80,6 +86,9 @@ macro_rules! conformance_suite {
             list_finds_held_and_waited_names,
             revoke_takes_the_lock_from_its_holder,
             close_releases_and_refuses,
+            one_leader_at_a_time,
+            observers_see_every_leader_in_order,
+            leadership_passes_when_the_leader_is_lost,
         );
     };
     (@pairs $setup:expr; $($case:ident),+ $(,)?) => {

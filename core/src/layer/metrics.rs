@@ -83,7 +83,7 @@ use tracing::Instrument;
 
 use crate::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingToken, HeldLock, HolderInfo,
-    ListedLock, Liveness, LockGuard, LockInfo, LossCause,
+    Leader, LeaderChanges, ListedLock, Liveness, LockGuard, LockInfo, LossCause,
 };
 
 /// Counter of acquires, labelled `result` (`acquired`, `timeout`, `contended`, `error`).
@@ -196,6 +196,39 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Wraps a granted guard so its hold time, loss and release are recorded.
+    fn metered(&self, name: &str, guard: LockGuard) -> LockGuard {
+        let backend = self.inner.backend();
+        let labels = self.labels(name);
+        gauge!(LOCKS_HELD, labels.clone()).increment(1.0);
+
+        let liveness = guard.liveness().clone();
+        let record = Arc::new(HoldRecord {
+            labels,
+            backend,
+            name: name.to_owned(),
+            token: guard.token().get(),
+            acquired_at: Instant::now(),
+            releasing: AtomicBool::new(false),
+            unheld: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+        });
+        record.watch(liveness.clone());
+        let held = Arc::new(MeteredHeld {
+            held: guard.held().clone(),
+            liveness: liveness.clone(),
+            guard: Mutex::new(Some(guard)),
+            record: record.clone(),
+        });
+        LockGuard::new(
+            name,
+            FencingToken::new(held.record.token),
+            backend,
+            liveness,
+            held,
+        )
+    }
+
     /// Wraps `inner`, and describes the metrics to the installed recorder.
     pub fn new(inner: Arc<dyn DistributedLock>, options: MetricsOptions) -> Self {
         describe();
@@ -254,33 +287,7 @@ impl DistributedLock for Metrics {
         counter!(LOCK_ACQUIRES_TOTAL, with_result).increment(1);
         let guard = result?;
         span.record("token", guard.token().get());
-        gauge!(LOCKS_HELD, labels.clone()).increment(1.0);
-
-        let liveness = guard.liveness().clone();
-        let record = Arc::new(HoldRecord {
-            labels,
-            backend,
-            name: name.to_owned(),
-            token: guard.token().get(),
-            acquired_at: Instant::now(),
-            releasing: AtomicBool::new(false),
-            unheld: AtomicBool::new(false),
-            ended: AtomicBool::new(false),
-        });
-        record.watch(liveness.clone());
-        let held = Arc::new(MeteredHeld {
-            held: guard.held().clone(),
-            liveness: liveness.clone(),
-            guard: Mutex::new(Some(guard)),
-            record: record.clone(),
-        });
-        Ok(LockGuard::new(
-            name,
-            FencingToken::new(held.record.token),
-            backend,
-            liveness,
-            held,
-        ))
+        Ok(self.metered(name, guard))
     }
 
     /// Forwards to the inner lock.
@@ -325,6 +332,62 @@ impl DistributedLock for Metrics {
             lock = name
         );
         self.inner.revoke(name).instrument(span).await
+    }
+
+    /// Campaigns through the inner lock, in a `fencelock.campaign` span. A term is
+    /// counted like any held lock (held gauge, hold time, losses): it is the election's
+    /// lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner lock's `campaign`.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let span = tracing::info_span!(
+            "fencelock.campaign",
+            backend = self.inner.backend(),
+            election
+        );
+        let term = self
+            .inner
+            .campaign(election, value, options)
+            .instrument(span)
+            .await?;
+        Ok(self.metered(election, term))
+    }
+
+    /// Forwards to the inner lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        self.inner.leader(election).await
+    }
+
+    /// Forwards to the inner lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+        self.inner.observe(election).await
     }
 
     /// Forwards to the inner lock, in a `fencelock.close` span.

@@ -70,8 +70,8 @@ use async_trait::async_trait;
 use self::acquire::Leg;
 pub use self::token::{ERA_SHIFT, MAX_EPOCH, era_token};
 use crate::{
-    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, ListedLock, LockGuard,
-    LockInfo, validate_name, validate_prefix,
+    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, Leader, LeaderChanges,
+    ListedLock, LockGuard, LockInfo, validate_name, validate_prefix,
 };
 
 /// The short backend name of a [`MigrationLock`] and its guards.
@@ -271,6 +271,17 @@ impl MigrationLock {
         self.phase
     }
 
+    /// The leg elections run on: the only one of a single-leg phase.
+    fn election_leg(&self) -> Result<&Leg, Error> {
+        match &self.second {
+            None => Ok(&self.first),
+            Some(_) => Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: "leader election while both legs are locked (a two-leg phase)",
+            }),
+        }
+    }
+
     /// The epoch of the tokens this lock hands out in its phase.
     pub fn token_epoch(&self) -> u8 {
         self.first.epoch
@@ -367,6 +378,63 @@ impl DistributedLock for MigrationLock {
             holder.token = era_token(epoch, holder.token)?;
         }
         Ok(revoked)
+    }
+
+    /// Campaigns on the one leg of a single-leg phase (`legacy`, `target`), with the
+    /// leg's era tokens. The two-leg phases have no election: a leader elected on both
+    /// legs at once would need both backends' elections to agree, which nothing
+    /// guarantees ([`Error::Unsupported`]; their capabilities say so).
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        validate_name(election)?;
+        let leg = self.election_leg()?;
+        let term = leg.lock.campaign(election, value, options).await?;
+        acquire::wrap_single(election, leg, term).await
+    }
+
+    async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        validate_name(election)?;
+        let leg = self.election_leg()?;
+        match leg.lock.leader(election).await? {
+            Some(leader) => Ok(Some(Leader::new(
+                leader.value,
+                era_token(leg.epoch, leader.token)?,
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+        validate_name(election)?;
+        let leg = self.election_leg()?;
+        let mut inner = leg.lock.observe(election).await?;
+        let epoch = leg.epoch;
+        let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone();
+        // Maps each term's token to the era's; ends with the caller's stream.
+        tokio::spawn(async move {
+            loop {
+                let change = tokio::select! {
+                    () = stopped.cancelled() => return,
+                    change = inner.next() => change,
+                };
+                let Some(change) = change else { return };
+                let mapped = change.and_then(|leader| {
+                    leader
+                        .map(|l| Ok(Leader::new(l.value, era_token(epoch, l.token)?)))
+                        .transpose()
+                });
+                if changes.send(mapped).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(LeaderChanges::new(receiver, stop))
     }
 
     /// Closes both legs (both even when the first fails; the first error is returned).

@@ -25,8 +25,8 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::time::Instant;
 
 use crate::{
-    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, ListedLock, LockGuard,
-    LockInfo, Wait,
+    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, Leader, LeaderChanges,
+    ListedLock, LockGuard, LockInfo, Wait,
 };
 
 /// When and how often [`Retry`] tries again.
@@ -247,6 +247,46 @@ impl Retry {
     }
 }
 
+impl Retry {
+    /// `attempt` (an acquire or a campaign), retried on retryable errors: with
+    /// [`Wait::Timeout`], each attempt gets what is left of the caller's wait, and no retry
+    /// starts whose delay would end past it.
+    async fn retrying<F, Fut>(
+        &self,
+        name: &str,
+        options: AcquireOptions,
+        attempt: F,
+    ) -> Result<LockGuard, Error>
+    where
+        F: Fn(AcquireOptions) -> Fut,
+        Fut: std::future::Future<Output = Result<LockGuard, Error>>,
+    {
+        let deadline = match options.wait_kind() {
+            Wait::Timeout(wait) => Instant::now().checked_add(wait),
+            Wait::NoWait | Wait::Forever => None,
+        };
+        let mut delays = self.policy.delays();
+        let mut attempts = 1;
+        loop {
+            let options = match deadline {
+                Some(deadline) => {
+                    options.wait_timeout(deadline.saturating_duration_since(Instant::now()))
+                }
+                None => options,
+            };
+            let error = match attempt(options).await {
+                Ok(guard) => return Ok(guard),
+                Err(error) => error,
+            };
+            match self.next_delay(&mut delays, &error, deadline, ("acquire", name), attempts) {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => return Err(error),
+            }
+            attempts += 1;
+        }
+    }
+}
+
 #[async_trait]
 impl DistributedLock for Retry {
     /// Acquires through the inner lock, retrying retryable errors.
@@ -267,29 +307,56 @@ impl DistributedLock for Retry {
     /// last one seen, so the caller learns the backend was unavailable rather than a
     /// misleading timeout).
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
-        let deadline = match options.wait_kind() {
-            Wait::Timeout(wait) => Instant::now().checked_add(wait),
-            Wait::NoWait | Wait::Forever => None,
-        };
-        let mut delays = self.policy.delays();
-        let mut attempt = 1;
-        loop {
-            let options = match deadline {
-                Some(deadline) => {
-                    options.wait_timeout(deadline.saturating_duration_since(Instant::now()))
-                }
-                None => options,
-            };
-            let error = match self.inner.acquire(name, options).await {
-                Ok(guard) => return Ok(guard),
-                Err(error) => error,
-            };
-            match self.next_delay(&mut delays, &error, deadline, ("acquire", name), attempt) {
-                Some(delay) => tokio::time::sleep(delay).await,
-                None => return Err(error),
-            }
-            attempt += 1;
-        }
+        self.retrying(name, options, |options| self.inner.acquire(name, options))
+            .await
+    }
+
+    /// Campaigns through the inner lock, retrying retryable errors within the caller's
+    /// wait, as [`acquire`](Self::acquire) does.
+    ///
+    /// # Cancel safety
+    ///
+    /// As `acquire`.
+    ///
+    /// # Errors
+    ///
+    /// As `acquire`.
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        self.retrying(election, options, |options| {
+            self.inner.campaign(election, value, options)
+        })
+        .await
+    }
+
+    /// Forwards to the inner lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        self.inner.leader(election).await
+    }
+
+    /// Forwards to the inner lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+        self.inner.observe(election).await
     }
 
     /// Inspects through the inner lock, retrying retryable errors (it only reads).

@@ -16,8 +16,9 @@ use tokio_util::sync::CancellationToken;
 use self::held::MemoryHeld;
 use self::table::{Attempt, Table};
 use crate::{
-    AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, HolderInfo, ListedLock,
-    LockGuard, LockInfo, LossDetection, Wait, validate_name, validate_prefix,
+    AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, HolderInfo, Leader,
+    LeaderChanges, ListedLock, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+    validate_prefix,
 };
 
 const BACKEND: &str = "mem";
@@ -167,10 +168,37 @@ impl Drop for Ticket<'_> {
 }
 
 impl MemoryLock {
+    /// `acquire`, or with a `value` a campaign.
+    async fn take(
+        &self,
+        name: &str,
+        options: AcquireOptions,
+        value: Option<Arc<str>>,
+    ) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(Duration::ZERO)?;
+        let key: Arc<str> = Arc::from(name);
+        let waiting = self.wait_for_grant(&key, options, value.as_ref());
+        match options.wait_kind() {
+            Wait::Timeout(limit) => {
+                tokio::time::timeout(limit, waiting)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::Timeout {
+                            name: name.to_owned(),
+                            waited: limit,
+                        })
+                    })
+            }
+            Wait::NoWait | Wait::Forever => waiting.await,
+        }
+    }
+
     async fn wait_for_grant(
         &self,
         name: &Arc<str>,
         options: AcquireOptions,
+        value: Option<&Arc<str>>,
     ) -> Result<LockGuard, Error> {
         let lease = options.lease_kind();
         let queue = options.wait_kind() != Wait::NoWait;
@@ -186,6 +214,7 @@ impl MemoryLock {
             let attempt = self.shared.table().attempt(
                 name,
                 (id, &self.client),
+                value,
                 &wake,
                 lease.duration(),
                 queue,
@@ -241,20 +270,36 @@ impl MemoryLock {
 impl DistributedLock for MemoryLock {
     #[tracing::instrument(name = "fencelock.mem.acquire", level = "debug", skip_all, fields(lock = name))]
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
-        validate_name(name)?;
-        options.validate(Duration::ZERO)?;
-        let key: Arc<str> = Arc::from(name);
-        match options.wait_kind() {
-            Wait::Timeout(limit) => tokio::time::timeout(limit, self.wait_for_grant(&key, options))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::Timeout {
-                        name: name.to_owned(),
-                        waited: limit,
-                    })
-                }),
-            Wait::NoWait | Wait::Forever => self.wait_for_grant(&key, options).await,
-        }
+        self.take(name, options, None).await
+    }
+
+    #[tracing::instrument(
+        name = "fencelock.mem.campaign",
+        level = "debug",
+        skip_all,
+        fields(election)
+    )]
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        self.take(election, options, Some(Arc::from(value))).await
+    }
+
+    async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        validate_name(election)?;
+        self.check_open()?;
+        Ok(self.shared.table().leader(election))
+    }
+
+    async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+        validate_name(election)?;
+        self.check_open()?;
+        let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
+        self.shared.table().observe(&Arc::from(election), changes);
+        Ok(LeaderChanges::new(receiver, CancellationToken::new()))
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
@@ -287,6 +332,7 @@ impl DistributedLock for MemoryLock {
         Capabilities::new(true, FencingStrength::Strong, true, LossDetection::Notified)
             .with_min_lease(crate::SHORTEST_LEASE)
             .with_counts_waiters(true)
+            .with_election(true)
     }
 
     fn backend(&self) -> &'static str {

@@ -3,11 +3,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use super::Client;
-use crate::{FencingToken, HolderInfo, ListedLock, Liveness, LockInfo, LossCause};
+use crate::{
+    FencingToken, HolderInfo, Leader, LeaderChange, ListedLock, Liveness, LockInfo, LossCause,
+};
 
 /// All locks of one [`MemoryLock`](super::MemoryLock) instance.
 ///
@@ -28,6 +30,8 @@ pub(super) struct Table {
 struct Entry {
     holder: Option<Holder>,
     waiters: VecDeque<Waiter>,
+    /// Observers of the name as an election, told of every change of holder.
+    observers: Vec<mpsc::UnboundedSender<LeaderChange>>,
 }
 
 #[derive(Debug)]
@@ -35,6 +39,8 @@ struct Holder {
     id: u64,
     /// The client (`MemoryLock` handle) it was granted through.
     client: u64,
+    /// The value it campaigned with (`None`: a plain lock).
+    value: Option<Arc<str>>,
     token: FencingToken,
     expires_at: Instant,
     liveness: Liveness,
@@ -78,6 +84,7 @@ impl Table {
         &mut self,
         name: &Arc<str>,
         (id, client): (u64, &Client),
+        value: Option<&Arc<str>>,
         wake: &Arc<Notify>,
         lease: std::time::Duration,
         queue: bool,
@@ -105,10 +112,12 @@ impl Table {
             entry.holder = Some(Holder {
                 id,
                 client: client.id,
+                value: value.cloned(),
                 token,
                 expires_at,
                 liveness: liveness.clone(),
             });
+            entry.announce();
             return Attempt::Granted(token, liveness);
         }
         if !queue {
@@ -176,6 +185,7 @@ impl Table {
         let held = entry.holder.as_ref().is_some_and(|h| h.id == id);
         if held {
             entry.holder = None;
+            entry.announce();
             entry.wake_front();
         }
         self.forget_if_idle(name);
@@ -192,6 +202,7 @@ impl Table {
             holder
                 .liveness
                 .mark_lost(LossCause::KeyGone, "the lock was revoked");
+            entry.announce();
             entry.wake_front();
             holder.info(instance, now)
         });
@@ -212,6 +223,7 @@ impl Table {
                     holder
                         .liveness
                         .mark_lost(LossCause::ClientClosed, "the lock client was closed");
+                    entry.announce();
                 }
             }
             let front = entry.waiters.front().map(|w| w.id);
@@ -242,6 +254,10 @@ impl Table {
             if entry.is_idle() {
                 return false;
             }
+            if entry.holder.is_none() && entry.waiters.is_empty() {
+                // Only observed.
+                return true;
+            }
             found.push(ListedLock::new(name.as_ref(), entry.info(instance, now)));
             true
         });
@@ -259,6 +275,30 @@ impl Table {
         let info = entry.info(instance, now);
         self.forget_if_idle(name);
         info
+    }
+
+    /// The leader of election `name` now.
+    pub(super) fn leader(&mut self, name: &str) -> Option<Leader> {
+        let entry = self.names.get_mut(name)?;
+        entry.expire(Instant::now());
+        let leader = entry.leader();
+        self.forget_if_idle(name);
+        leader
+    }
+
+    /// Starts telling `observer` of every change of `name`'s holder, the current one
+    /// first.
+    pub(super) fn observe(
+        &mut self,
+        name: &Arc<str>,
+        observer: mpsc::UnboundedSender<LeaderChange>,
+    ) {
+        let entry = self.names.entry(name.clone()).or_default();
+        entry.expire(Instant::now());
+        if observer.send(Ok(entry.leader())).is_ok() {
+            entry.observers.push(observer);
+        }
+        self.forget_if_idle(name);
     }
 
     /// Names with a live holder or a waiter. Expires the holders whose lease ran out
@@ -311,14 +351,31 @@ impl Entry {
                 holder
                     .liveness
                     .mark_lost(LossCause::LeaseExpired, "the lease expired");
+                self.announce();
                 self.wake_front();
             }
         }
     }
 
-    /// Whether nobody holds the lock and nobody waits for it.
+    /// Whether nobody holds the lock, waits for it or observes it.
     fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.waiters.is_empty()
+        self.holder.is_none()
+            && self.waiters.is_empty()
+            && self.observers.iter().all(mpsc::UnboundedSender::is_closed)
+    }
+
+    /// The leader, if the name is held: the holder's value (empty for a plain lock).
+    fn leader(&self) -> Option<Leader> {
+        self.holder
+            .as_ref()
+            .map(|h| Leader::new(h.value.as_deref().unwrap_or_default(), h.token))
+    }
+
+    /// Tells every observer the holder now, dropping those that stopped observing.
+    fn announce(&mut self) {
+        let leader = self.leader();
+        self.observers
+            .retain(|observer| observer.send(Ok(leader.clone())).is_ok());
     }
 
     /// Wakes the waiter at the front of the queue, if any. A waiter that is not waiting

@@ -25,6 +25,15 @@ pub(super) async fn single(
     options: AcquireOptions,
 ) -> Result<LockGuard, Error> {
     let guard = leg.lock.acquire(name, options).await?;
+    wrap_single(name, leg, guard).await
+}
+
+/// A guard of `leg` as the migration layer's, with the leg's era token.
+pub(super) async fn wrap_single(
+    name: &str,
+    leg: &Leg,
+    guard: LockGuard,
+) -> Result<LockGuard, Error> {
     let token = match era_token(leg.epoch, guard.token()) {
         Ok(token) => token,
         Err(error) => {
