@@ -1,11 +1,15 @@
-//! Taking a lock: Curator's `InterProcessMutex` protocol, with a czxid token.
+//! Taking a lock: Curator's `InterProcessMutex` protocol, with a czxid token; and
+//! campaigning, the same protocol with Curator's `LeaderLatch` node name.
 //!
-//! 1. Create `{dir}/_c_<uuid>-lock-` EPHEMERAL_SEQUENTIAL (creating the container `dir`
+//! 1. Create `{dir}/_c_<uuid>-lock-` (`-latch-` for a campaign, with the candidate's
+//!    value as data) EPHEMERAL_SEQUENTIAL (creating the container `dir`
 //!    and the persistent root on `NoNode`). On connection loss, look for a child with our
 //!    uuid (ZOOKEEPER-1262) and adopt it, or create again.
 //! 2. List the children, sort them by sequence. First → granted, with the node's czxid
 //!    as the token. Otherwise watch only the immediate predecessor (`getData` watch) and
-//!    list again when it changes. Uncontended: two round trips.
+//!    list again when it changes. Uncontended: two round trips. A node of the other
+//!    recipe before ours (a lock in an election's directory or the reverse) makes us
+//!    give up with an error: see [`mixed_recipes`].
 //!
 //! Dropping the future at any point deletes whatever node it may have created, in the
 //! background (by path when known, by uuid otherwise).
@@ -18,27 +22,46 @@ use zookeeper_client as zk;
 
 use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
 use crate::held::{Node, ZkHeld};
-use crate::names;
+use crate::names::{self, Recipe};
 use crate::session::ZkSession;
 
-/// Acquires `name` on `session`. Waits (without timeout) unless `no_wait`.
+/// What to take and how long to wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask<'a> {
+    /// A lock (`InterProcessMutex` nodes) or a campaign (`LeaderLatch` nodes).
+    pub(crate) recipe: Recipe,
+    /// The node's data: empty for a lock, the candidate's value for a campaign.
+    pub(crate) data: &'a [u8],
+    pub(crate) lease: Lease,
+    /// Give up with `Contended` instead of waiting.
+    pub(crate) no_wait: bool,
+    /// Give up with `Timeout` at this instant (`None`: wait forever).
+    pub(crate) deadline: Option<Instant>,
+}
+
+/// Acquires `name` on `session` (or campaigns for it, as `ask` says).
 pub(crate) async fn acquire(
     session: Arc<ZkSession>,
     name: &str,
-    lease: Lease,
-    no_wait: bool,
-    deadline: Option<Instant>,
+    ask: Ask<'_>,
 ) -> Result<LockGuard, Error> {
+    let Ask {
+        recipe,
+        data,
+        lease,
+        no_wait,
+        deadline,
+    } = ask;
     let dir = names::lock_dir(session.root(), name);
     let mut pending = Pending {
         session: session.clone(),
         dir,
-        prefix_name: names::protected_prefix(),
+        prefix_name: names::protected_prefix(recipe),
         path: None,
         armed: true,
     };
     let created_at = Instant::now();
-    let (path, stat) = create_node(&session, &pending.dir, &pending.prefix_name).await?;
+    let (path, stat) = create_node(&session, &pending.dir, &pending.prefix_name, data).await?;
     pending.path = Some(path.clone());
     let own = &path[pending.dir.len() + 1..];
     let mut first = true;
@@ -71,6 +94,13 @@ pub(crate) async fn acquire(
             ));
         };
         delete_own_orphans(&session, &pending, own, &children);
+        if let Some(other) = children[..index]
+            .iter()
+            .find_map(|c| Recipe::of(c).filter(|r| *r != recipe))
+        {
+            let _ = tokio::time::timeout(GIVE_UP_DELETE, pending.delete_now()).await;
+            return Err(mixed_recipes(name, &pending.dir, other));
+        }
         if index == 0 {
             if grant_deadline(&session, lease, sent) <= Instant::now() {
                 // Confirmed only after the lease ran out (slow replies): not a grant;
@@ -154,6 +184,29 @@ fn grant(
     LockGuard::new(name, token, BACKEND, liveness, Arc::new(held))
 }
 
+/// Why a lock and an election never share a name: the directory of `name` already holds
+/// a node of recipe `other` created before ours.
+///
+/// Curator's `InterProcessMutex` sorts the nodes of its directory by what follows
+/// `lock-`, its `LeaderLatch` by what follows `latch-`; each puts the other's nodes last
+/// (their whole names sort after any sequence number), so a Curator lock and a Curator
+/// latch in one directory would both hold at once. Rather than queue both kinds in one
+/// order that Curator does not share, the later of two nodes of different recipes
+/// gives up (nodes are numbered from one counter, so exactly one of two live nodes is
+/// the later): a lock and an election of the same name exclude each other, the later
+/// one with this error. Not retryable: the name is used for two purposes.
+pub(crate) fn mixed_recipes(name: &str, dir: &str, other: Recipe) -> Error {
+    Error::backend(
+        BACKEND,
+        false,
+        format!(
+            "the ZooKeeper path {dir} of {name:?} is in use as {}: a lock and an election \
+             cannot share a name (Curator would not see them exclude each other)",
+            other.describe()
+        ),
+    )
+}
+
 fn waiting_error(name: &str, err: zk::Error) -> Error {
     if session_ended(&err) {
         Error::lost(
@@ -165,17 +218,18 @@ fn waiting_error(name: &str, err: zk::Error) -> Error {
     }
 }
 
-/// Creates the lock node, returning its path and stat.
+/// Creates the lock (or latch) node with `data`, returning its path and stat.
 async fn create_node(
     session: &ZkSession,
     dir: &str,
     prefix_name: &str,
+    data: &[u8],
 ) -> Result<(String, zk::Stat), Error> {
     let prefix = format!("{dir}/{prefix_name}");
     let acls = session.acls();
     let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
     loop {
-        match session.client.create(&prefix, &[], &options).await {
+        match session.client.create(&prefix, data, &options).await {
             Ok((stat, sequence)) => {
                 let path = format!("{prefix}{sequence}");
                 if stat.is_invalid() {

@@ -26,6 +26,7 @@
 
 mod acquire;
 mod config;
+mod election;
 mod error;
 mod fence;
 mod held;

@@ -6,17 +6,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Wait, validate_name,
-    validate_prefix,
+    HolderInfo, Leader, LeaderChanges, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Wait,
+    validate_name, validate_prefix,
 };
 use tracing::Instrument;
 use zookeeper_client as zk;
 
-use crate::acquire;
+use crate::acquire::{self, Ask};
 use crate::config::ZkConfig;
+use crate::election;
 use crate::error::{BACKEND, map, retry};
 use crate::fence::ZkFence;
-use crate::names;
+use crate::names::{self, Recipe};
 use crate::session::{SessionPool, ZkSession, closed};
 use crate::transport::Transport;
 
@@ -35,6 +36,35 @@ use crate::transport::Transport;
 /// - **Loss**: the guard is at risk while disconnected, lost when the session expires,
 ///   when the session could not be confirmed for `session_timeout` (local monotonic
 ///   deadline), or when its node is deleted by someone else.
+///
+/// # Leader election
+///
+/// Elections follow Curator's `LeaderLatch`, so a Java service with a `LeaderLatch` on
+/// `{root}/{encoded name}` and fencelock candidates of election `name` elect one leader
+/// among them:
+///
+/// - [`campaign`](DistributedLock::campaign) creates
+///   `{root}/{encoded name}/_c_<uuid>-latch-<seq>` (EPHEMERAL_SEQUENTIAL, Curator's
+///   protected mode) with the value as data (Curator's participant id); it is the lock's
+///   acquire with another node name, so the term has the same lease, loss reporting,
+///   release (resignation) and cancellation safety as a lock, and waiting watches only
+///   the predecessor.
+/// - The lowest sequence leads; the **token** is its node's czxid.
+/// - [`leader`](DistributedLock::leader) reads the first node's data and czxid;
+///   [`observe`](DistributedLock::observe) holds one persistent recursive watch on the
+///   directory (ZooKeeper 3.6 or later) and reports each change of leader in order. The
+///   watch is removed when the [`LeaderChanges`] is dropped or the client closed, and
+///   set again on a new session if the old one expires. A term shorter than one round
+///   trip, or changes while the observer's connection was lost, can be missed: after a
+///   reconnection the observer reports the leader it then reads.
+/// - **A lock and an election never share a name.** Curator's `InterProcessMutex` sorts
+///   by what follows `lock-` and its `LeaderLatch` by what follows `latch-`, each putting
+///   the other's nodes last, so Curator processes would not see a lock and a latch in
+///   one directory exclude each other. fencelock refuses the mix instead of queueing
+///   both: of two live nodes of different kinds, the later one gives up with a
+///   non-retryable [`Error::Backend`] (its node deleted first), so the lock and the
+///   election of one name still exclude each other, and [`leader`](DistributedLock::leader)
+///   reports nobody while a lock holds the name. Give elections names of their own.
 ///
 /// Clones share the sessions.
 ///
@@ -81,6 +111,65 @@ impl ZkLock {
     /// The configuration.
     pub fn config(&self) -> &ZkConfig {
         self.pool.config()
+    }
+
+    /// Takes the lock `name` (or campaigns for it) with nodes of `recipe` carrying
+    /// `data`, waiting as `options` allow; `name` was validated.
+    async fn take(
+        &self,
+        name: &str,
+        options: AcquireOptions,
+        recipe: Recipe,
+        data: &[u8],
+    ) -> Result<LockGuard, Error> {
+        options.validate(self.config().min_lease())?;
+        // No lease on the options means "this client's session": the configured
+        // `session_timeout` (see the type's documentation).
+        let lease = options.lease_or(self.config().session_timeout());
+        let session_timeout = match lease {
+            Lease::Renewing(duration) => {
+                check_session_lease(duration)?;
+                duration
+            }
+            Lease::Fixed(_) => self.config().session_timeout(),
+        };
+        let wait = options.wait_kind();
+        let deadline = match wait {
+            Wait::Timeout(limit) => tokio::time::Instant::now().checked_add(limit),
+            Wait::NoWait | Wait::Forever => None,
+        };
+        let ask = Ask {
+            recipe,
+            data,
+            lease,
+            no_wait: wait == Wait::NoWait,
+            deadline,
+        };
+        let attempt = async {
+            let session = self.pool.get(session_timeout).await?;
+            tokio::select! {
+                biased;
+                // Dropping the acquire deletes its node, as for any cancellation.
+                () = self.pool.closed().cancelled() => Err(closed()),
+                taken = acquire::acquire(session, name, ask)
+                    .instrument(tracing::debug_span!("fencelock.zookeeper.acquire", lock = name, ?recipe)) => taken,
+            }
+        };
+        let timed_out = |limit| Error::Timeout {
+            name: name.to_owned(),
+            waited: limit,
+        };
+        match wait {
+            // The waiter gives up by itself at the deadline (deleting its node first); this
+            // outer bound only covers a connect or create that hangs.
+            Wait::Timeout(limit) => {
+                match tokio::time::timeout(limit + acquire::GIVE_UP_DELETE, attempt).await {
+                    Ok(Err(Error::Timeout { .. })) | Err(_) => Err(timed_out(limit)),
+                    Ok(result) => result,
+                }
+            }
+            Wait::NoWait | Wait::Forever => attempt.await,
+        }
     }
 
     async fn default_session(&self) -> Result<Arc<ZkSession>, Error> {
@@ -198,47 +287,57 @@ fn check_session_lease(lease: Duration) -> Result<(), Error> {
 impl DistributedLock for ZkLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
-        options.validate(self.config().min_lease())?;
-        // No lease on the options means "this client's session": the configured
-        // `session_timeout` (see the type's documentation).
-        let lease = options.lease_or(self.config().session_timeout());
-        let session_timeout = match lease {
-            Lease::Renewing(duration) => {
-                check_session_lease(duration)?;
-                duration
-            }
-            Lease::Fixed(_) => self.config().session_timeout(),
+        self.take(name, options, Recipe::Lock, b"").await
+    }
+
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        validate_name(election)?;
+        election::check_value(value)?;
+        self.take(election, options, Recipe::Latch, value.as_bytes())
+            .await
+    }
+
+    async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        validate_name(election)?;
+        let session = self.default_session().await?;
+        let dir = names::lock_dir(session.root(), election);
+        election::leader(&session, &dir).await
+    }
+
+    async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+        validate_name(election)?;
+        let session = self.default_session().await?;
+        let dir = names::lock_dir(session.root(), election);
+        let stop = self.pool.closed().child_token();
+        // Dropped (and the watch removed) if this call is cancelled before it returns.
+        let (watcher, candidates) = tokio::select! {
+            () = stop.cancelled() => return Err(closed()),
+            started = election::start(&session, &dir) => started.map_err(map)?,
         };
-        let wait = options.wait_kind();
-        let deadline = match wait {
-            Wait::Timeout(limit) => tokio::time::Instant::now().checked_add(limit),
-            Wait::NoWait | Wait::Forever => None,
-        };
-        let attempt = async {
-            let session = self.pool.get(session_timeout).await?;
-            tokio::select! {
-                biased;
-                // Dropping the acquire deletes its node, as for any cancellation.
-                () = self.pool.closed().cancelled() => Err(closed()),
-                taken = acquire::acquire(session, name, lease, wait == Wait::NoWait, deadline)
-                    .instrument(tracing::debug_span!("fencelock.zookeeper.acquire", lock = name)) => taken,
-            }
-        };
-        let timed_out = |limit| Error::Timeout {
-            name: name.to_owned(),
-            waited: limit,
-        };
-        match wait {
-            // The waiter gives up by itself at the deadline (deleting its node first); this
-            // outer bound only covers a connect or create that hangs.
-            Wait::Timeout(limit) => {
-                match tokio::time::timeout(limit + acquire::GIVE_UP_DELETE, attempt).await {
-                    Ok(Err(Error::Timeout { .. })) | Err(_) => Err(timed_out(limit)),
-                    Ok(result) => result,
-                }
-            }
-            Wait::NoWait | Wait::Forever => attempt.await,
-        }
+        let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
+        // The first item: the state the watch starts from.
+        let _ = changes.send(Ok(candidates.leader()));
+        session.runtime().spawn(
+            election::follow(
+                self.pool.clone(),
+                session.clone(),
+                dir,
+                watcher,
+                candidates,
+                changes,
+                stop.clone(),
+            )
+            .instrument(tracing::debug_span!(
+                "fencelock.zookeeper.observe",
+                election
+            )),
+        );
+        Ok(LeaderChanges::new(receiver, stop))
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
@@ -313,6 +412,7 @@ impl DistributedLock for ZkLock {
         Capabilities::new(true, FencingStrength::Strong, true, LossDetection::Notified)
             .with_min_lease(self.config().min_lease())
             .with_counts_waiters(true)
+            .with_election(true)
     }
 
     fn backend(&self) -> &'static str {

@@ -20,6 +20,50 @@ use std::fmt::Write as _;
 /// the sequence number.
 pub(crate) const LOCK_NAME: &str = "lock-";
 
+/// The name Curator's `LeaderLatch` uses between the protection prefix and the sequence
+/// number.
+pub(crate) const LATCH_NAME: &str = "latch-";
+
+/// Which Curator recipe a node of a lock directory belongs to, told by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recipe {
+    /// `InterProcessMutex`: `_c_<uuid>-lock-<seq>`, fencelock's locks.
+    Lock,
+    /// `LeaderLatch`: `_c_<uuid>-latch-<seq>`, fencelock's elections.
+    Latch,
+}
+
+impl Recipe {
+    /// The name between the protection prefix and the sequence number.
+    pub(crate) fn node_name(self) -> &'static str {
+        match self {
+            Recipe::Lock => LOCK_NAME,
+            Recipe::Latch => LATCH_NAME,
+        }
+    }
+
+    /// What a directory used this way is, for error messages.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Recipe::Lock => "a lock (Curator InterProcessMutex nodes)",
+            Recipe::Latch => "an election (Curator LeaderLatch nodes)",
+        }
+    }
+
+    /// The recipe of `child`, a node of a lock directory: `None` for a node neither
+    /// recipe makes. The protection prefix is `_c_` and a hex uuid, so neither name can
+    /// appear in it.
+    pub(crate) fn of(child: &str) -> Option<Recipe> {
+        if child.contains(LATCH_NAME) {
+            Some(Recipe::Latch)
+        } else if child.contains(LOCK_NAME) {
+            Some(Recipe::Lock)
+        } else {
+            None
+        }
+    }
+}
+
 /// Whether `c` must be percent-encoded in a path segment.
 pub(crate) fn needs_escape(c: char) -> bool {
     let u = u32::from(c);
@@ -79,22 +123,34 @@ pub(crate) fn lock_dir(root: &str, name: &str) -> String {
     format!("{root}/{}", encode_name(name, root.is_empty()))
 }
 
-/// The child-name prefix of one acquisition: `_c_<uuid>-lock-`, as Curator's protected
-/// mode names it. The uuid lets a client find its node after a lost create reply.
-pub(crate) fn protected_prefix() -> String {
-    format!("_c_{}-{LOCK_NAME}", uuid::Uuid::new_v4())
+/// The child-name prefix of one acquisition or campaign: `_c_<uuid>-lock-` or
+/// `_c_<uuid>-latch-`, as Curator's protected mode names it. The uuid lets a client find
+/// its node after a lost create reply.
+pub(crate) fn protected_prefix(recipe: Recipe) -> String {
+    format!("_c_{}-{}", uuid::Uuid::new_v4(), recipe.node_name())
 }
 
-/// Curator's sort key of a child: what follows the last `lock-`, or the whole name.
-fn sort_key(child: &str) -> &str {
-    match child.rfind(LOCK_NAME) {
-        Some(i) => &child[i + LOCK_NAME.len()..],
+/// Curator's sort key of a child: what follows the last `lock-` (`latch-` for a latch
+/// node), or the whole name for a node of neither recipe.
+///
+/// In a directory of one recipe this is exactly Curator's order (Curator's
+/// `InterProcessMutex` sorts by what follows `lock-`, its `LeaderLatch` by what follows
+/// `latch-`). In a directory where both meet (which fencelock refuses to use, see
+/// [`crate::ZkLock`]) both kinds sort by their sequence numbers, which the parent
+/// assigns from one counter: the order in which they were created.
+pub(crate) fn sort_key(child: &str) -> &str {
+    let name = match Recipe::of(child) {
+        Some(recipe) => recipe.node_name(),
+        None => return child,
+    };
+    match child.rfind(name) {
+        Some(i) => &child[i + name.len()..],
         None => child,
     }
 }
 
 /// Sorts the children of a lock directory in Curator's order: by the sequence suffix.
-/// The first one holds the lock.
+/// The first one holds the lock (or leads the election).
 pub(crate) fn sort_children(children: &mut [String]) {
     children.sort_unstable_by(|a, b| sort_key(a).cmp(sort_key(b)).then_with(|| a.cmp(b)));
 }
@@ -206,8 +262,50 @@ mod tests {
                 "_c_a-lock-0000000010"
             ]
         );
-        let prefix = protected_prefix();
+        let prefix = protected_prefix(Recipe::Lock);
         assert!(prefix.starts_with("_c_") && prefix.ends_with("-lock-"));
         assert_eq!(prefix.len(), "_c_".len() + 36 + "-lock-".len());
+        let prefix = protected_prefix(Recipe::Latch);
+        assert!(prefix.starts_with("_c_") && prefix.ends_with("-latch-"));
+        assert_eq!(
+            Recipe::of(&format!("{prefix}0000000001")),
+            Some(Recipe::Latch)
+        );
+    }
+
+    #[test]
+    fn latch_nodes_sort_like_curator_and_mixed_ones_by_creation() {
+        let mut latches = vec![
+            "_c_b-latch-0000000007".to_owned(),
+            "latch-0000000002".to_owned(),
+            "_c_a-latch-0000000004".to_owned(),
+        ];
+        sort_children(&mut latches);
+        assert_eq!(
+            latches,
+            [
+                "latch-0000000002",
+                "_c_a-latch-0000000004",
+                "_c_b-latch-0000000007"
+            ]
+        );
+        let mut mixed = vec![
+            "_c_b-latch-0000000007".to_owned(),
+            "_c_a-lock-0000000005".to_owned(),
+            "stray".to_owned(),
+            "_c_c-latch-0000000003".to_owned(),
+        ];
+        sort_children(&mut mixed);
+        assert_eq!(
+            mixed,
+            [
+                "_c_c-latch-0000000003",
+                "_c_a-lock-0000000005",
+                "_c_b-latch-0000000007",
+                "stray"
+            ]
+        );
+        assert_eq!(Recipe::of("_c_a-lock-0000000005"), Some(Recipe::Lock));
+        assert_eq!(Recipe::of("stray"), None);
     }
 }

@@ -1,0 +1,264 @@
+//! Leader election in the layout of Apache Curator's `LeaderLatch`.
+//!
+//! Election `name` under root `/r` lives in the container node `/r/{encoded name}`, the
+//! directory a lock of that name would use. Each candidate creates
+//! `/r/{encoded name}/_c_<uuid>-latch-<seq>` (EPHEMERAL_SEQUENTIAL, Curator's protected
+//! mode) with its value as the node's data, exactly as a Curator `LeaderLatch` on that
+//! path creates its node with its participant id; the lowest sequence leads, and its
+//! node's czxid is the term's token. Campaigning is [acquiring](crate::acquire) with the
+//! latch node name, so the lock's queueing, cancellation and loss reporting apply
+//! unchanged.
+//!
+//! Observers hold one persistent recursive watch (ZooKeeper 3.6+) on the directory: they
+//! list and read the candidates once after setting it, then apply every creation and
+//! deletion of a candidate node in the order the server reports them, so no leader whose
+//! value could be read is skipped. See [`follow`] for what can still be missed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock_core::{Error, FencingToken, Leader, LeaderChange};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use crate::error::{BACKEND, map, retry, session_ended};
+use crate::names::{self, Recipe};
+use crate::session::{SessionPool, ZkSession};
+
+/// The longest value a candidate may campaign with, in bytes. A ZooKeeper server drops
+/// the connection on a request larger than its `jute.maxbuffer` (1 MiB by default), so
+/// the value is bounded well below it and refused before any I/O.
+pub(crate) const MAX_VALUE: usize = 256 * 1024;
+
+/// Refuses a value longer than [`MAX_VALUE`].
+pub(crate) fn check_value(value: &str) -> Result<(), Error> {
+    if value.len() > MAX_VALUE {
+        return Err(Error::InvalidConfig(format!(
+            "a ZooKeeper election value is at most {MAX_VALUE} bytes, not {}",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The candidate (or other) nodes of one election directory, in Curator's order.
+#[derive(Debug, Default)]
+pub(crate) struct Candidates {
+    /// (sort key, child name) → the candidate it describes; `None` for a node that is no
+    /// candidate (a lock node, an application's own node).
+    nodes: BTreeMap<(String, String), Option<Leader>>,
+}
+
+impl Candidates {
+    /// The leader: the first node, if it is a latch node.
+    pub(crate) fn leader(&self) -> Option<Leader> {
+        self.nodes.values().next().cloned().flatten()
+    }
+
+    fn key(child: &str) -> (String, String) {
+        (names::sort_key(child).to_owned(), child.to_owned())
+    }
+
+    fn remove(&mut self, child: &str) {
+        self.nodes.remove(&Self::key(child));
+    }
+
+    /// Reads `child` of `dir` and records it; a node already gone is left out (its
+    /// deletion is reported after its creation, and a deletion of an unknown node
+    /// changes nothing).
+    async fn read(&mut self, session: &ZkSession, dir: &str, child: &str) -> Result<(), zk::Error> {
+        let candidate = if Recipe::of(child) == Some(Recipe::Latch) {
+            let path = format!("{dir}/{child}");
+            match retry(|| session.client.get_data(&path)).await {
+                Ok((data, stat)) => Some(Leader::new(
+                    String::from_utf8_lossy(&data),
+                    FencingToken::new(stat.czxid as u64),
+                )),
+                Err(zk::Error::NoNode) => return Ok(()),
+                Err(err) => return Err(err),
+            }
+        } else {
+            None
+        };
+        self.nodes.insert(Self::key(child), candidate);
+        Ok(())
+    }
+
+    /// Every node of `dir` now.
+    pub(crate) async fn load(session: &ZkSession, dir: &str) -> Result<Self, zk::Error> {
+        let children = match retry(|| session.client.list_children(dir)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(err) => return Err(err),
+        };
+        let mut candidates = Candidates::default();
+        for child in children {
+            candidates.read(session, dir, &child).await?;
+        }
+        Ok(candidates)
+    }
+}
+
+/// The leader of `dir` now: the first node in Curator's order, if it is a latch node,
+/// with its data as the value and its czxid as the token. `None` when nobody
+/// campaigns, or when the first node is a lock's (see [`crate::acquire::mixed_recipes`]).
+pub(crate) async fn leader(session: &ZkSession, dir: &str) -> Result<Option<Leader>, Error> {
+    for _ in 0..16 {
+        let mut children = match retry(|| session.client.list_children(dir)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(err) => return Err(map(err)),
+        };
+        names::sort_children(&mut children);
+        let Some(first) = children.first() else {
+            return Ok(None);
+        };
+        if Recipe::of(first) != Some(Recipe::Latch) {
+            return Ok(None);
+        }
+        let path = format!("{dir}/{first}");
+        match retry(|| session.client.get_data(&path)).await {
+            Ok((data, stat)) => {
+                return Ok(Some(Leader::new(
+                    String::from_utf8_lossy(&data),
+                    FencingToken::new(stat.czxid as u64),
+                )));
+            }
+            // It resigned between the listing and the read: look again.
+            Err(zk::Error::NoNode) => continue,
+            Err(err) => return Err(map(err)),
+        }
+    }
+    Err(Error::backend(
+        BACKEND,
+        true,
+        "the election changed leaders too often to read",
+    ))
+}
+
+/// A persistent recursive watch on `dir` and the candidates read after it was set.
+pub(crate) async fn start(
+    session: &ZkSession,
+    dir: &str,
+) -> Result<(zk::PersistentWatcher, Candidates), zk::Error> {
+    let watcher = retry(|| {
+        session
+            .client
+            .watch(dir, zk::AddWatchMode::PersistentRecursive)
+    })
+    .await?;
+    let candidates = Candidates::load(session, dir).await?;
+    Ok((watcher, candidates))
+}
+
+/// Pause before setting the watch up again after a failure.
+const RESTART_PAUSE: Duration = Duration::from_millis(200);
+
+/// Follows the election in `dir`, sending each change of leader to `changes` (the state
+/// `candidates` describes was sent already), until `stop` is cancelled, nobody listens
+/// any more, or the client is closed.
+///
+/// Each creation of a candidate node is followed by a read of its data; deletions are
+/// applied as they come, in the server's order. So every candidate that led is reported,
+/// in order, except one whose node was created and deleted before its data could be read
+/// (a term shorter than one round trip that nobody waited behind), and except changes
+/// while the connection was lost (ZooKeeper does not replay a persistent watch's events
+/// on reconnection, ZOOKEEPER-4698): after a reconnection, and on a new session after the
+/// session expired, the directory is read again and the leader then is reported if it
+/// differs.
+pub(crate) async fn follow(
+    pool: Arc<SessionPool>,
+    mut session: Arc<ZkSession>,
+    dir: String,
+    mut watcher: zk::PersistentWatcher,
+    mut candidates: Candidates,
+    changes: UnboundedSender<LeaderChange>,
+    stop: CancellationToken,
+) {
+    let mut last = candidates.leader();
+    let announce = |candidates: &Candidates, last: &mut Option<Leader>| {
+        let now = candidates.leader();
+        if now != *last {
+            last.clone_from(&now);
+            return changes.send(Ok(now)).is_ok();
+        }
+        !changes.is_closed()
+    };
+    let prefix = format!("{dir}/");
+    loop {
+        // Wait for the next event; after a terminal session state the watcher must not
+        // be polled again, so it is replaced before the loop comes back here.
+        let event = tokio::select! {
+            () = stop.cancelled() => return,
+            event = watcher.changed() => event,
+        };
+        let outcome = match event.event_type {
+            zk::EventType::Session => match event.session_state {
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    // Events while disconnected may be lost: read everything again.
+                    Candidates::load(&session, &dir).await.map(|fresh| {
+                        candidates = fresh;
+                    })
+                }
+                state if state.is_terminated() => Err(zk::Error::SessionExpired),
+                _ => Ok(()),
+            },
+            zk::EventType::NodeCreated => match event.path.strip_prefix(&prefix) {
+                Some(child) if !child.contains('/') => candidates.read(&session, &dir, child).await,
+                _ => Ok(()),
+            },
+            zk::EventType::NodeDeleted => {
+                if let Some(child) = event.path.strip_prefix(&prefix) {
+                    candidates.remove(child);
+                }
+                Ok(())
+            }
+            zk::EventType::NodeDataChanged => match event.path.strip_prefix(&prefix) {
+                Some(child) if !child.contains('/') => candidates.read(&session, &dir, child).await,
+                _ => Ok(()),
+            },
+            zk::EventType::NodeChildrenChanged => Ok(()),
+        };
+        match outcome {
+            Ok(()) => {}
+            Err(err) if session_ended(&err) || !session.is_usable() => {
+                // The session is over: start again on a live one, from a fresh read.
+                loop {
+                    let restarted = async {
+                        let fresh = pool.get(pool.config().session_timeout()).await?;
+                        let (w, c) = start(&fresh, &dir).await.map_err(map)?;
+                        Ok::<_, Error>((fresh, w, c))
+                    };
+                    let restarted = tokio::select! {
+                        () = stop.cancelled() => return,
+                        restarted = restarted => restarted,
+                    };
+                    match restarted {
+                        Ok((fresh, w, c)) => {
+                            (session, watcher, candidates) = (fresh, w, c);
+                            break;
+                        }
+                        Err(Error::Closed { .. }) => return,
+                        Err(error) => {
+                            tracing::debug!(%error, dir, "zookeeper election watch: restarting");
+                            tokio::select! {
+                                () = stop.cancelled() => return,
+                                () = tokio::time::sleep(RESTART_PAUSE) => {}
+                            }
+                        }
+                    }
+                }
+            }
+            Err(err) => {
+                // A read failed for another reason (permissions, say): observing ends.
+                let _ = changes.send(Err(map(err)));
+                return;
+            }
+        }
+        if !announce(&candidates, &mut last) {
+            return;
+        }
+    }
+}
