@@ -36,10 +36,10 @@ pub use connect::{SUPPORTED_SCHEMES, connect, connect_config, connect_from_env};
 pub use fencelock_core::layer;
 pub use fencelock_core::{
     AcquireOptions, BoxError, Capabilities, DEFAULT_LEASE, DistributedLock, DistributedLockExt,
-    Error, FOREVER, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Lease,
-    ListedLock, Liveness, LockGuard, LockInfo, LossCause, LossDetection, MAX_LEASE, MAX_NAME_LEN,
-    MemoryLock, SHORTEST_LEASE, StaleToken, Wait, downcast_lock, parse_duration, validate_name,
-    validate_prefix,
+    Error, FOREVER, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Leader,
+    LeaderChange, LeaderChanges, Lease, ListedLock, Liveness, LockGuard, LockInfo, LossCause,
+    LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock, Permits, SHORTEST_LEASE, StaleToken, Wait,
+    downcast_lock, parse_duration, validate_name, validate_prefix,
 };
 #[cfg(feature = "metrics")]
 pub use fencelock_core::{Metrics, MetricsOptions};

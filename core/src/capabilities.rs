@@ -89,6 +89,8 @@ pub struct Capabilities {
     /// [`leader`](crate::DistributedLock::leader) and
     /// [`observe`](crate::DistributedLock::observe).
     pub election: bool,
+    /// Semaphores: [`acquire_permits`](crate::DistributedLock::acquire_permits).
+    pub semaphore: bool,
 }
 
 impl Capabilities {
@@ -107,6 +109,7 @@ impl Capabilities {
             min_lease: Duration::ZERO,
             counts_waiters: false,
             election: false,
+            semaphore: false,
         }
     }
 
@@ -119,6 +122,12 @@ impl Capabilities {
     /// Sets whether the backend has leader election.
     pub const fn with_election(mut self, election: bool) -> Self {
         self.election = election;
+        self
+    }
+
+    /// Sets whether the backend has semaphores.
+    pub const fn with_semaphore(mut self, semaphore: bool) -> Self {
+        self.semaphore = semaphore;
         self
     }
 

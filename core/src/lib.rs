@@ -35,6 +35,7 @@ mod name;
 mod options;
 pub mod redact;
 mod renewal;
+mod semaphore;
 mod token;
 pub mod urlparts;
 
@@ -56,6 +57,7 @@ pub use name::{MAX_NAME_LEN, validate_name, validate_prefix};
 pub use options::{AcquireOptions, DEFAULT_LEASE, FOREVER, Lease, MAX_LEASE, SHORTEST_LEASE, Wait};
 pub use redact::redact_url;
 pub use renewal::{RENEWAL_SECONDS, RENEWALS_TOTAL, RenewalOutcome, record_renewal};
+pub use semaphore::Permits;
 pub use token::FencingToken;
 
 /// Re-exports for the macros of this crate. Not public API.

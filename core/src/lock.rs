@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{AcquireOptions, Capabilities, Error, FencingToken, Leader, LeaderChanges, LockGuard};
+use crate::{
+    AcquireOptions, Capabilities, Error, FencingToken, Leader, LeaderChanges, LockGuard, Permits,
+};
 
 /// A distributed lock service: etcd, ZooKeeper, Redis, memory, or a layer over one.
 ///
@@ -141,6 +143,37 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// A backend error when a release could not be confirmed; the locks concerned expire
     /// with their leases, and the client is closed regardless.
     async fn close(&self) -> Result<(), Error>;
+
+    /// Takes `permits.count()` of the `permits.limit()` permits of semaphore `name`,
+    /// waiting as `options` allow, with the lock's lease and loss rules; the guard's
+    /// release gives them back, and a crashed holder's permits come back when its lease
+    /// ends. Every grant has a token larger than every earlier grant's of that semaphore.
+    /// Semaphores are a namespace of their own: a semaphore and a lock of the same name
+    /// are unrelated. Capabilities say whether the backend has them
+    /// ([`Capabilities::semaphore`]); waiting is FIFO where
+    /// [`Capabilities::fifo`] says so.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire): a dropped request leaves no permit and no queue
+    /// entry behind.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire); [`Error::InvalidConfig`] when the semaphore exists
+    /// with another limit; [`Error::Unsupported`] on a backend without semaphores.
+    async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: Permits,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let _ = (name, permits, options);
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "semaphores",
+        })
+    }
 
     /// Campaigns for leadership of `election` with `value` (for example the instance's
     /// address), waiting as `options` allow; returns the term once elected.
@@ -368,6 +401,14 @@ macro_rules! forward {
             }
             async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
                 (**self).leader(election).await
+            }
+            async fn acquire_permits(
+                &self,
+                name: &str,
+                permits: Permits,
+                options: AcquireOptions,
+            ) -> Result<LockGuard, Error> {
+                (**self).acquire_permits(name, permits, options).await
             }
             async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
                 (**self).observe(election).await

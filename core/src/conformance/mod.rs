@@ -22,6 +22,7 @@ mod expiry;
 mod handoff;
 mod names;
 mod operators;
+mod semaphore;
 mod support;
 
 pub use cancellation::{cancelled_acquires_leave_nothing, dropped_guard_frees_promptly};
@@ -46,6 +47,10 @@ pub use names::{invalid_input_is_rejected, odd_names_are_independent};
 pub use operators::{
     close_releases_and_refuses, list_finds_held_and_waited_names,
     revoke_takes_the_lock_from_its_holder,
+};
+pub use semaphore::{
+    never_more_permits_than_the_limit, permits_come_back_when_a_lease_ends,
+    semaphore_requests_are_checked_and_cancellable,
 };
 pub use support::unique_name;
 
@@ -89,6 +94,9 @@ macro_rules! conformance_suite {
             one_leader_at_a_time,
             observers_see_every_leader_in_order,
             leadership_passes_when_the_leader_is_lost,
+            never_more_permits_than_the_limit,
+            permits_come_back_when_a_lease_ends,
+            semaphore_requests_are_checked_and_cancellable,
         );
     };
     (@pairs $setup:expr; $($case:ident),+ $(,)?) => {

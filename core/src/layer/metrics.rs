@@ -83,7 +83,7 @@ use tracing::Instrument;
 
 use crate::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingToken, HeldLock, HolderInfo,
-    Leader, LeaderChanges, ListedLock, Liveness, LockGuard, LockInfo, LossCause,
+    Leader, LeaderChanges, ListedLock, Liveness, LockGuard, LockInfo, LossCause, Permits,
 };
 
 /// Counter of acquires, labelled `result` (`acquired`, `timeout`, `contended`, `error`).
@@ -332,6 +332,35 @@ impl DistributedLock for Metrics {
             lock = name
         );
         self.inner.revoke(name).instrument(span).await
+    }
+
+    /// Takes permits through the inner lock, in a `fencelock.acquire_permits` span; a
+    /// grant is counted like any held lock (held gauge, hold time, losses).
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner lock's `acquire_permits`.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: Permits,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let span = tracing::info_span!(
+            "fencelock.acquire_permits",
+            backend = self.inner.backend(),
+            semaphore = name
+        );
+        let grant = self
+            .inner
+            .acquire_permits(name, permits, options)
+            .instrument(span)
+            .await?;
+        Ok(self.metered(name, grant))
     }
 
     /// Campaigns through the inner lock, in a `fencelock.campaign` span. A term is

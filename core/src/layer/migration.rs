@@ -71,7 +71,7 @@ use self::acquire::Leg;
 pub use self::token::{ERA_SHIFT, MAX_EPOCH, era_token};
 use crate::{
     AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, Leader, LeaderChanges,
-    ListedLock, LockGuard, LockInfo, validate_name, validate_prefix,
+    ListedLock, LockGuard, LockInfo, Permits, validate_name, validate_prefix,
 };
 
 /// The short backend name of a [`MigrationLock`] and its guards.
@@ -273,11 +273,16 @@ impl MigrationLock {
 
     /// The leg elections run on: the only one of a single-leg phase.
     fn election_leg(&self) -> Result<&Leg, Error> {
+        self.single_leg("leader election while both legs are locked (a two-leg phase)")
+    }
+
+    /// The only leg of a single-leg phase; `operation` is refused in a two-leg phase.
+    fn single_leg(&self, operation: &'static str) -> Result<&Leg, Error> {
         match &self.second {
             None => Ok(&self.first),
             Some(_) => Err(Error::Unsupported {
                 backend: BACKEND,
-                operation: "leader election while both legs are locked (a two-leg phase)",
+                operation,
             }),
         }
     }
@@ -378,6 +383,21 @@ impl DistributedLock for MigrationLock {
             holder.token = era_token(epoch, holder.token)?;
         }
         Ok(revoked)
+    }
+
+    /// Takes permits on the one leg of a single-leg phase, with the leg's era tokens.
+    /// The two-leg phases have no semaphores ([`Error::Unsupported`]): permits counted
+    /// by two backends at once would need both to agree on who holds which.
+    async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: Permits,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        let leg = self.single_leg("semaphores while both legs are locked (a two-leg phase)")?;
+        let grant = leg.lock.acquire_permits(name, permits, options).await?;
+        acquire::wrap_single(name, leg, grant).await
     }
 
     /// Campaigns on the one leg of a single-leg phase (`legacy`, `target`), with the

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use crate::{
     AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, Leader, LeaderChanges,
-    ListedLock, LockGuard, LockInfo, Wait,
+    ListedLock, LockGuard, LockInfo, Permits, Wait,
 };
 
 /// When and how often [`Retry`] tries again.
@@ -329,6 +329,28 @@ impl DistributedLock for Retry {
     ) -> Result<LockGuard, Error> {
         self.retrying(election, options, |options| {
             self.inner.campaign(election, value, options)
+        })
+        .await
+    }
+
+    /// Takes permits through the inner lock, retrying retryable errors within the
+    /// caller's wait, as [`acquire`](Self::acquire) does.
+    ///
+    /// # Cancel safety
+    ///
+    /// As `acquire`.
+    ///
+    /// # Errors
+    ///
+    /// As `acquire`.
+    async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: Permits,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        self.retrying(name, options, |options| {
+            self.inner.acquire_permits(name, permits, options)
         })
         .await
     }

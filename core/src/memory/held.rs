@@ -12,10 +12,36 @@ use super::Shared;
 use super::table::Renewal;
 use crate::{Error, HeldLock, Lease, Liveness, LossCause, RenewalOutcome};
 
+/// What a memory guard holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// A lock (or an election's term).
+    Lock,
+    /// Permits of a semaphore.
+    Permits,
+}
+
+impl Kind {
+    fn renew(self, shared: &Shared, name: &str, id: u64, lease: Duration) -> Renewal {
+        match self {
+            Kind::Lock => shared.table().renew(name, id, lease),
+            Kind::Permits => shared.semaphores().renew(name, id, lease),
+        }
+    }
+
+    fn release(self, shared: &Shared, name: &str, id: u64) -> bool {
+        match self {
+            Kind::Lock => shared.table().release(name, id),
+            Kind::Permits => shared.semaphores().release(name, id),
+        }
+    }
+}
+
 /// The backend side of a memory guard.
 #[derive(Debug)]
 pub(super) struct MemoryHeld {
     shared: Arc<Shared>,
+    kind: Kind,
     name: Arc<str>,
     id: u64,
     renewal: Option<AbortHandle>,
@@ -27,6 +53,7 @@ impl MemoryHeld {
     /// no task at all.
     pub(super) fn start(
         shared: Arc<Shared>,
+        kind: Kind,
         closed: CancellationToken,
         name: Arc<str>,
         id: u64,
@@ -49,7 +76,7 @@ impl MemoryHeld {
                             // Closing marked the lock lost already.
                             () = closed.cancelled() => return,
                         }
-                        let renewal = shared.table().renew(&name, id, duration);
+                        let renewal = kind.renew(&shared, &name, id, duration);
                         let outcome = match renewal {
                             Renewal::Renewed => RenewalOutcome::Renewed,
                             Renewal::Gone => RenewalOutcome::Gone,
@@ -69,6 +96,7 @@ impl MemoryHeld {
         };
         MemoryHeld {
             shared,
+            kind,
             name,
             id,
             renewal,
@@ -84,7 +112,7 @@ impl MemoryHeld {
 
     fn release_now(&self) -> Result<(), Error> {
         self.stop_renewal();
-        let held = self.shared.table().release(&self.name, self.id);
+        let held = self.kind.release(&self.shared, &self.name, self.id);
         if held {
             self.released.store(true, Ordering::Release);
         }

@@ -2,6 +2,7 @@
 //! applications' own tests.
 
 mod held;
+mod semaphore;
 mod table;
 
 use std::collections::HashMap;
@@ -13,11 +14,12 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use self::held::MemoryHeld;
+use self::held::{Kind, MemoryHeld};
+use self::semaphore::Semaphores;
 use self::table::{Attempt, Table};
 use crate::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, HolderInfo, Leader,
-    LeaderChanges, ListedLock, LockGuard, LockInfo, LossDetection, Wait, validate_name,
+    LeaderChanges, ListedLock, LockGuard, LockInfo, LossDetection, Permits, Wait, validate_name,
     validate_prefix,
 };
 
@@ -56,6 +58,7 @@ pub struct MemoryLock {
 struct Shared {
     instance: u64,
     table: Mutex<Table>,
+    semaphores: Mutex<Semaphores>,
 }
 
 impl Shared {
@@ -64,11 +67,18 @@ impl Shared {
         Arc::new(Shared {
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed) + 1,
             table: Mutex::new(Table::default()),
+            semaphores: Mutex::new(Semaphores::default()),
         })
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn semaphores(&self) -> MutexGuard<'_, Semaphores> {
+        self.semaphores
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -123,7 +133,7 @@ impl MemoryLock {
     /// and nobody waits: no state is kept for idle names. A holder whose lease ran out
     /// (say, a leaked fixed-lease guard) no longer counts.
     pub fn active_names(&self) -> usize {
-        self.shared.table().active_names()
+        self.shared.table().active_names() + self.shared.semaphores().active()
     }
 
     /// Fails with [`Error::Closed`] once this client is closed.
@@ -225,6 +235,7 @@ impl MemoryLock {
                     ticket.queued = false;
                     let held = MemoryHeld::start(
                         self.shared.clone(),
+                        Kind::Lock,
                         self.client.closed.clone(),
                         name.clone(),
                         id,
@@ -266,6 +277,99 @@ impl MemoryLock {
     }
 }
 
+/// A request's place in a semaphore's queue; leaving it (by drop) removes the place.
+struct PermitTicket<'a> {
+    shared: &'a Shared,
+    name: &'a Arc<str>,
+    id: u64,
+    queued: bool,
+}
+
+impl Drop for PermitTicket<'_> {
+    fn drop(&mut self) {
+        if self.queued {
+            self.shared.semaphores().leave(self.name, self.id);
+        }
+    }
+}
+
+impl MemoryLock {
+    async fn wait_for_permits(
+        &self,
+        name: &Arc<str>,
+        (permits, limit): (u32, u32),
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let lease = options.lease_kind();
+        let wake = Arc::new(Notify::new());
+        let request = semaphore::Request {
+            id: self.shared.table().next_id(),
+            client: &self.client,
+            permits,
+            limit,
+            lease: lease.duration(),
+            queue: options.wait_kind() != Wait::NoWait,
+        };
+        let mut ticket = PermitTicket {
+            shared: &self.shared,
+            name,
+            id: request.id,
+            queued: false,
+        };
+        loop {
+            let attempt = self.shared.semaphores().attempt(name, &request, &wake);
+            match attempt {
+                semaphore::Attempt::Granted(token, liveness) => {
+                    ticket.queued = false;
+                    let held = MemoryHeld::start(
+                        self.shared.clone(),
+                        Kind::Permits,
+                        self.client.closed.clone(),
+                        name.clone(),
+                        request.id,
+                        lease,
+                        liveness.clone(),
+                    );
+                    return Ok(LockGuard::new(
+                        name.as_ref(),
+                        token,
+                        BACKEND,
+                        liveness,
+                        Arc::new(held),
+                    ));
+                }
+                semaphore::Attempt::Contended => {
+                    return Err(Error::Contended {
+                        name: name.to_string(),
+                    });
+                }
+                semaphore::Attempt::Closed => {
+                    ticket.queued = false;
+                    return Err(Error::Closed { backend: BACKEND });
+                }
+                semaphore::Attempt::OtherLimit(existing) => {
+                    return Err(Error::InvalidConfig(format!(
+                        "semaphore {name:?} has {existing} permits, not {limit}: every client \
+                         must ask with the same limit"
+                    )));
+                }
+                semaphore::Attempt::Queued { wake_at } => {
+                    ticket.queued = true;
+                    match wake_at {
+                        Some(at) => {
+                            tokio::select! {
+                                _ = wake.notified() => {}
+                                _ = tokio::time::sleep_until(at) => {}
+                            }
+                        }
+                        None => wake.notified().await,
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl DistributedLock for MemoryLock {
     #[tracing::instrument(name = "fencelock.mem.acquire", level = "debug", skip_all, fields(lock = name))]
@@ -286,6 +390,33 @@ impl DistributedLock for MemoryLock {
         options: AcquireOptions,
     ) -> Result<LockGuard, Error> {
         self.take(election, options, Some(Arc::from(value))).await
+    }
+
+    #[tracing::instrument(name = "fencelock.mem.acquire_permits", level = "debug", skip_all, fields(semaphore = name))]
+    async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: Permits,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(Duration::ZERO)?;
+        self.check_open()?;
+        let key: Arc<str> = Arc::from(name);
+        let waiting = self.wait_for_permits(&key, (permits.count(), permits.limit()), options);
+        match options.wait_kind() {
+            Wait::Timeout(limit) => {
+                tokio::time::timeout(limit, waiting)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::Timeout {
+                            name: name.to_owned(),
+                            waited: limit,
+                        })
+                    })
+            }
+            Wait::NoWait | Wait::Forever => waiting.await,
+        }
     }
 
     async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
@@ -325,6 +456,7 @@ impl DistributedLock for MemoryLock {
 
     async fn close(&self) -> Result<(), Error> {
         self.shared.table().close_client(&self.client);
+        self.shared.semaphores().close_client(&self.client);
         Ok(())
     }
 
@@ -333,6 +465,7 @@ impl DistributedLock for MemoryLock {
             .with_min_lease(crate::SHORTEST_LEASE)
             .with_counts_waiters(true)
             .with_election(true)
+            .with_semaphore(true)
     }
 
     fn backend(&self) -> &'static str {

@@ -1,0 +1,206 @@
+//! Semaphores: never more than the limit held, permits back on lease expiry and
+//! cancellation, one limit per semaphore. Backends without semaphores must refuse them
+//! with a typed error, which these cases check instead.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use super::support::{SLACK, short_lease, unique_name};
+use crate::{AcquireOptions, DistributedLock, Error, Permits};
+
+/// Whether `lock` has semaphores; if not, checks that it says so with
+/// [`Error::Unsupported`].
+async fn has_semaphores(lock: &dyn DistributedLock) -> bool {
+    if lock.capabilities().semaphore {
+        return true;
+    }
+    let refused = lock
+        .acquire_permits(
+            &unique_name("no-semaphore"),
+            Permits::one_of(3).expect("valid"),
+            AcquireOptions::new(),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Unsupported { .. })),
+        "{refused:?}"
+    );
+    false
+}
+
+/// Eight tasks on two clients take permits of one semaphore of 3, fifty times each (one
+/// permit, or two every fifth time): the permits held at once never exceed 3, every
+/// grant has a token of its own, and the tokens of one task increase.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending requests, which the backend cleans up
+/// as its own cancellation safety promises.
+pub async fn never_more_permits_than_the_limit(a: &dyn DistributedLock, b: &dyn DistributedLock) {
+    if !has_semaphores(a).await {
+        return;
+    }
+    let name = unique_name("semaphore-limit");
+    let held = AtomicU32::new(0);
+    let most = AtomicU32::new(0);
+    let tokens = Mutex::new(Vec::new());
+    let workers = (0..8).map(|i| {
+        let client = if i % 2 == 0 { a } else { b };
+        let (name, held, most, tokens) = (&name, &held, &most, &tokens);
+        async move {
+            let mut last = None;
+            for round in 0..50 {
+                let count = if round % 5 == 4 { 2 } else { 1 };
+                let permits = Permits::new(count, 3).expect("valid");
+                let guard = client
+                    .acquire_permits(
+                        name,
+                        permits,
+                        AcquireOptions::new().wait_timeout(Duration::from_secs(60)),
+                    )
+                    .await
+                    .expect("permits");
+                let now = held.fetch_add(count, Ordering::SeqCst) + count;
+                most.fetch_max(now, Ordering::SeqCst);
+                assert!(now <= 3, "{now} permits held of 3");
+                assert!(last < Some(guard.token()), "a task's tokens increase");
+                last = Some(guard.token());
+                tokens.lock().unwrap().push(guard.token());
+                tokio::task::yield_now().await;
+                held.fetch_sub(count, Ordering::SeqCst);
+                guard.release().await.expect("release");
+            }
+        }
+    });
+    join_all(workers).await;
+    let mut tokens = tokens.into_inner().unwrap();
+    let grants = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), grants, "every grant has a token of its own");
+    assert_eq!(grants, 400);
+    assert!(most.load(Ordering::SeqCst) >= 2, "the permits were shared");
+}
+
+/// Permits whose fixed lease runs out (a crashed or paused holder) come back: a waiter
+/// on the other client is granted them once the lease ended, with a larger token, and
+/// the holder learns it lost them.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending requests, which the backend cleans up
+/// as its own cancellation safety promises.
+pub async fn permits_come_back_when_a_lease_ends(a: &dyn DistributedLock, b: &dyn DistributedLock) {
+    if !has_semaphores(a).await {
+        return;
+    }
+    let name = unique_name("semaphore-expiry");
+    let lease = short_lease(a);
+    let all = Permits::new(2, 2).expect("valid");
+    let holder = a
+        .acquire_permits(&name, all, AcquireOptions::new().fixed_lease(lease))
+        .await
+        .expect("permits");
+    let start = tokio::time::Instant::now();
+    let next = b
+        .acquire_permits(
+            &name,
+            Permits::one_of(2).expect("valid"),
+            AcquireOptions::new().wait_timeout(lease * 4 + Duration::from_secs(10)),
+        )
+        .await
+        .expect("granted once the holder's lease ended");
+    assert!(
+        start.elapsed() + SLACK >= lease,
+        "granted before the lease ended"
+    );
+    assert!(next.token() > holder.token());
+    tokio::time::timeout(SLACK * 4, holder.lost())
+        .await
+        .expect("the expired holder is told");
+    next.release().await.expect("release");
+}
+
+/// Bad requests are refused before any I/O (`Permits` checks them); a request with
+/// another limit than the semaphore's is `InvalidConfig`; a request that cannot wait is
+/// `Contended` when not enough permits are free; a cancelled request leaves nothing
+/// behind; once everything is released the limit may change.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending requests, which the backend cleans up
+/// as its own cancellation safety promises.
+pub async fn semaphore_requests_are_checked_and_cancellable(
+    a: &dyn DistributedLock,
+    b: &dyn DistributedLock,
+) {
+    if !has_semaphores(a).await {
+        return;
+    }
+    assert!(Permits::new(0, 3).is_err());
+    assert!(Permits::new(4, 3).is_err());
+    assert!(Permits::one_of(0).is_err());
+    let name = unique_name("semaphore-checked");
+    let two_of_three = Permits::new(2, 3).expect("valid");
+    let held = a
+        .acquire_permits(&name, two_of_three, AcquireOptions::new())
+        .await
+        .expect("permits");
+    let other_limit = b
+        .acquire_permits(
+            &name,
+            Permits::one_of(4).expect("valid"),
+            AcquireOptions::new(),
+        )
+        .await;
+    assert!(
+        matches!(other_limit, Err(Error::InvalidConfig(_))),
+        "{other_limit:?}"
+    );
+    let busy = b
+        .acquire_permits(&name, two_of_three, AcquireOptions::new().no_wait())
+        .await;
+    assert!(matches!(busy, Err(Error::Contended { .. })), "{busy:?}");
+    assert!(matches!(
+        b.acquire_permits("", two_of_three, AcquireOptions::new())
+            .await,
+        Err(Error::InvalidName { .. })
+    ));
+    // A request dropped while it waits leaves no permit and no queue entry.
+    let waiting = b.acquire_permits(&name, two_of_three, AcquireOptions::new());
+    let _ = tokio::time::timeout(Duration::from_millis(200), waiting).await;
+    let one = b
+        .acquire_permits(
+            &name,
+            Permits::one_of(3).expect("valid"),
+            AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("the free permit, not blocked by the dropped request");
+    one.release().await.expect("release");
+    held.release().await.expect("release");
+    let all_of_five = b
+        .acquire_permits(
+            &name,
+            Permits::new(5, 5).expect("valid"),
+            AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("an idle semaphore takes a new limit");
+    all_of_five.release().await.expect("release");
+}
