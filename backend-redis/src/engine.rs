@@ -44,7 +44,7 @@ pub(crate) struct Engine {
     pub(crate) held: Mutex<HashMap<u64, Granted>>,
     /// Cancelled by `close`: waiting acquires end, the renewal and subscription tasks stop.
     pub(crate) closed: CancellationToken,
-    runtime: tokio::runtime::Handle,
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 /// What `close` needs of a granted lock to release it.
@@ -53,6 +53,8 @@ pub(crate) struct Granted {
     pub(crate) owner: String,
     pub(crate) token: u64,
     pub(crate) liveness: fencelock_core::Liveness,
+    /// Whether it is a campaign's term (its release is published to observers).
+    pub(crate) election: bool,
 }
 
 /// What one attempt found.
@@ -80,6 +82,7 @@ struct InFlight<'a> {
     engine: &'a Arc<Engine>,
     keys: &'a LockKeys,
     owner: String,
+    election: bool,
     armed: bool,
 }
 
@@ -90,6 +93,7 @@ impl Drop for InFlight<'_> {
                 self.keys.clone(),
                 std::mem::take(&mut self.owner),
                 None,
+                self.election,
             );
         }
     }
@@ -143,27 +147,33 @@ impl Engine {
             .unwrap_or_else(|_| Err(Error::unavailable(BACKEND, "timed out")))
     }
 
-    /// One try to take `keys` for `lease`. A refused try marks the lock as awaited when
-    /// `will_wait` (the release then publishes an unlock message).
+    /// One try to take `keys` for `lease`; with a `value`, a campaign whose grant
+    /// stores the value with the lock and is published on the election channel. A
+    /// refused try marks the lock as awaited when `will_wait` (the release then publishes
+    /// an unlock message).
     pub(crate) async fn try_once(
         self: &Arc<Self>,
         keys: &LockKeys,
         lease: Duration,
         will_wait: bool,
+        value: Option<&str>,
     ) -> Result<Attempt, Error> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let owner = format!("{}:{id}", self.client_id);
+        let election = value.is_some();
         let mut in_flight = InFlight {
             engine: self,
             keys,
             owner: owner.clone(),
+            election,
             armed: true,
         };
         let redlock = self.nodes.len() > 1;
-        let script = if redlock {
-            &scripts::ACQUIRE_PROPOSED
-        } else {
-            &scripts::ACQUIRE
+        let script = match (redlock, election) {
+            (false, false) => &scripts::ACQUIRE,
+            (true, false) => &scripts::ACQUIRE_PROPOSED,
+            (false, true) => &scripts::CAMPAIGN,
+            (true, true) => &scripts::CAMPAIGN_PROPOSED,
         };
         let mut invocation = script.prepare_invoke();
         invocation
@@ -176,6 +186,13 @@ impl Engine {
             .arg(u8::from(will_wait));
         if redlock {
             invocation.arg(proposal());
+        }
+        if let Some(value) = value {
+            if !redlock {
+                // ARGV[5], the proposal, is Redlock's only.
+                invocation.arg(0);
+            }
+            invocation.arg(&keys.election).arg(value);
         }
         let per_node = self.lease_timeout(lease);
         let sent = Instant::now();
@@ -222,7 +239,7 @@ impl Engine {
                 Ok::<_, Error>(())
             };
             if let Err(e) = checked.await {
-                self.release(keys, &owner, None).await.ok();
+                self.release(keys, &owner, None, election).await.ok();
                 in_flight.armed = false;
                 return Err(e);
             }
@@ -236,7 +253,7 @@ impl Engine {
         }
         if !granted.is_empty() {
             // Redlock without a majority (or too slow): undo the partial grant now.
-            self.release(keys, &owner, None).await.ok();
+            self.release(keys, &owner, None, election).await.ok();
             in_flight.armed = false;
         } else if errors.is_empty() {
             in_flight.armed = false;
@@ -304,11 +321,16 @@ impl Engine {
     ///
     /// In the raw layout the counter does not see hand-written lockers, so a gone key is
     /// always "not held" there.
+    ///
+    /// `election`: the grant is a campaign's (its lock key holds the term after the
+    /// owner line), so the release compares the owner line and is published on the
+    /// election channel.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         owner: &str,
         token: Option<u64>,
+        election: bool,
     ) -> Result<bool, Error> {
         let token = token
             .filter(|_| !self.config.layout.is_raw())
@@ -321,6 +343,9 @@ impl Engine {
             .arg(owner)
             .arg(&keys.channel)
             .arg(token);
+        if election {
+            invocation.arg(&keys.election);
+        }
         let replies = join_all(self.nodes.iter().map(|node| {
             let invocation = &invocation;
             async move {
@@ -360,7 +385,7 @@ impl Engine {
             self.renewals.remove(*id);
             g.liveness
                 .mark_lost(LossCause::ClientClosed, "the client was closed");
-            self.release(&g.keys, &g.owner, Some(g.token))
+            self.release(&g.keys, &g.owner, Some(g.token), g.election)
         });
         let mut outcome = Ok(());
         for result in join_all(releases).await {
@@ -379,11 +404,14 @@ impl Engine {
         keys: LockKeys,
         owner: String,
         token: Option<u64>,
+        election: bool,
     ) {
         let engine = self.clone();
         let timeout = self.config.timeout;
         self.runtime.spawn(async move {
-            let _ = tokio::time::timeout(timeout * 2, engine.release(&keys, &owner, token)).await;
+            let _ =
+                tokio::time::timeout(timeout * 2, engine.release(&keys, &owner, token, election))
+                    .await;
         });
     }
 }

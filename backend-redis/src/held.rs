@@ -21,6 +21,8 @@ pub(crate) struct RedisHeld {
     /// The guard's token: a release that finds the key gone and the counter still at it
     /// knows nobody was granted since (see [`RELEASE`](crate::scripts::RELEASE)).
     pub(crate) token: u64,
+    /// Whether this is a campaign's term (see [`Engine::release`]).
+    pub(crate) election: bool,
     pub(crate) released: AtomicBool,
 }
 
@@ -32,7 +34,7 @@ impl HeldLock for RedisHeld {
         self.engine.held().remove(&self.id);
         match self
             .engine
-            .release(&self.keys, &self.owner, Some(self.token))
+            .release(&self.keys, &self.owner, Some(self.token), self.election)
             .await?
         {
             true => {
@@ -55,6 +57,7 @@ impl HeldLock for RedisHeld {
                 self.keys.clone(),
                 self.owner.clone(),
                 Some(self.token),
+                self.election,
             );
         }
     }

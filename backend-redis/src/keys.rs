@@ -5,8 +5,9 @@ use std::fmt;
 /// How lock names become Redis keys.
 ///
 /// Every layout puts a lock's auxiliary keys (token counter, waiter marker) and its unlock
-/// channel in the lock key's cluster slot, so one script can touch them all on Redis
-/// Cluster.
+/// and election channels in the lock key's cluster slot, so one script can touch them all
+/// on Redis Cluster. A leader's value has no key of its own: it is stored in the lock key,
+/// after the owner (see the README's Elections section).
 #[derive(Clone, PartialEq, Eq)]
 pub struct KeyLayout {
     prefix: String,
@@ -62,6 +63,7 @@ impl KeyLayout {
                 token: format!("{{{tag}}}:fencelock-token:{lock}"),
                 waiters: format!("{{{tag}}}:fencelock-waiters:{lock}"),
                 channel: format!("{{{tag}}}:fencelock-unlock:{lock}"),
+                election: format!("{{{tag}}}:fencelock-election:{lock}"),
                 slot: slot(&lock),
                 lock,
             }
@@ -75,6 +77,7 @@ impl KeyLayout {
                 token: format!("{lock}:token"),
                 waiters: format!("{lock}:waiters"),
                 channel: format!("{lock}:unlock"),
+                election: format!("{lock}:election"),
                 slot: slot(&lock),
                 lock,
             }
@@ -179,6 +182,9 @@ pub(crate) struct LockKeys {
     pub waiters: String,
     /// The unlock channel.
     pub channel: String,
+    /// The election channel: a campaign's grant and its release (or revocation) publish
+    /// on it, for observers (see [`crate::election`]).
+    pub election: String,
     /// The Redis Cluster slot of all of them.
     pub slot: u16,
 }
@@ -279,6 +285,7 @@ mod tests {
             assert!(seen.insert(k.lock.clone()), "{name}");
             assert_eq!(slot(&k.token), k.slot, "{name}");
             assert_eq!(slot(&k.channel), k.slot, "{name}");
+            assert_eq!(slot(&k.election), k.slot, "{name}");
             assert_eq!(slot(&k.waiters), k.slot, "{name}");
             assert!(k.lock.starts_with("fencelock:{"));
         }
@@ -295,6 +302,7 @@ mod tests {
         assert_eq!(k.lock, "{order}:1");
         assert_eq!(slot(&k.token), slot(&k.lock));
         assert_eq!(slot(&k.channel), slot(&k.lock));
+        assert_eq!(slot(&k.election), slot(&k.lock));
         assert_eq!(slot(&k.waiters), slot(&k.lock));
     }
 

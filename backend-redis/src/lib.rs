@@ -32,7 +32,12 @@
 //!   once; renewal errors lead to loss at the local deadline (renewal sent + lease −
 //!   1 % − 2 ms).
 
+// The futures of `acquire` and `campaign` nest deeper than the default limit lets rustc
+// compute their layout.
+#![recursion_limit = "256"]
+
 mod config;
+mod election;
 mod engine;
 mod held;
 mod keys;

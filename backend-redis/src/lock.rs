@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Wait, validate_name,
-    validate_prefix,
+    HolderInfo, Leader, LeaderChanges, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Wait,
+    validate_name, validate_prefix,
 };
 use futures_util::future::join_all;
 use redis::Value;
@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::config::{RedisConfig, Topology};
+use crate::election::{self, Holder};
 use crate::engine::{Attempt, Engine, Granted, drift};
 use crate::held::RedisHeld;
 use crate::keys::LockKeys;
@@ -83,11 +84,53 @@ impl RedisLock {
         self.engine.renewals.len()
     }
 
+    /// Takes `name` (with a `value`: campaigns for it), waiting as `options` allow.
+    async fn take(
+        &self,
+        name: &str,
+        options: AcquireOptions,
+        value: Option<&str>,
+    ) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(MIN_LEASE)?;
+        self.check_open()?;
+        let keys = self.engine.config.layout.keys(name);
+        let waiting = async {
+            match options.wait_kind() {
+                Wait::Timeout(limit) => {
+                    tokio::time::timeout(limit, self.wait_for_grant(name, &keys, options, value))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Error::Timeout {
+                                name: name.to_owned(),
+                                waited: limit,
+                            })
+                        })
+                }
+                Wait::NoWait | Wait::Forever => {
+                    self.wait_for_grant(name, &keys, options, value).await
+                }
+            }
+        };
+        let span = if value.is_some() {
+            tracing::debug_span!("fencelock.redis.campaign", election = name)
+        } else {
+            tracing::debug_span!("fencelock.redis.acquire", lock = name)
+        };
+        tokio::select! {
+            biased;
+            // Dropping the attempt releases what it may have taken, as for any cancellation.
+            () = self.engine.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
+            taken = waiting.instrument(span) => taken,
+        }
+    }
+
     async fn wait_for_grant(
         &self,
         name: &str,
         keys: &LockKeys,
         options: AcquireOptions,
+        value: Option<&str>,
     ) -> Result<LockGuard, Error> {
         let lease = options.lease_kind();
         let wake = Arc::new(Notify::new());
@@ -96,7 +139,7 @@ impl RedisLock {
         loop {
             match self
                 .engine
-                .try_once(keys, lease.duration(), will_wait)
+                .try_once(keys, lease.duration(), will_wait, value)
                 .await?
             {
                 Attempt::Granted {
@@ -104,7 +147,9 @@ impl RedisLock {
                     owner,
                     id,
                     sent,
-                } => return self.guard(name, keys, lease, token, owner, id, sent),
+                } => {
+                    return self.guard(name, keys, lease, token, owner, id, sent, value.is_some());
+                }
                 Attempt::Held(_) if options.wait_kind() == Wait::NoWait => {
                     return Err(Error::Contended {
                         name: name.to_owned(),
@@ -141,6 +186,7 @@ impl RedisLock {
         owner: String,
         id: u64,
         sent: tokio::time::Instant,
+        election: bool,
     ) -> Result<LockGuard, Error> {
         let duration = lease.duration();
         let liveness = fencelock_core::Liveness::new(sent + duration - drift(duration));
@@ -150,7 +196,7 @@ impl RedisLock {
                 // Closed while granting: not handed out.
                 drop(held);
                 self.engine
-                    .release_in_background(keys.clone(), owner, Some(token.get()));
+                    .release_in_background(keys.clone(), owner, Some(token.get()), election);
                 return Err(Error::Closed { backend: BACKEND });
             }
             held.insert(
@@ -160,6 +206,7 @@ impl RedisLock {
                     owner: owner.clone(),
                     token: token.get(),
                     liveness: liveness.clone(),
+                    election,
                 },
             );
         }
@@ -181,6 +228,7 @@ impl RedisLock {
             keys: keys.clone(),
             owner,
             token: token.get(),
+            election,
             released: AtomicBool::new(false),
         };
         Ok(LockGuard::new(
@@ -205,32 +253,59 @@ impl RedisLock {
 #[async_trait]
 impl DistributedLock for RedisLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
-        validate_name(name)?;
-        options.validate(MIN_LEASE)?;
+        self.take(name, options, None).await
+    }
+
+    /// Takes the lock `election` with `value` stored in its key (see the crate's
+    /// Elections documentation): everything of [`acquire`](Self::acquire) holds.
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        self.take(election, options, Some(value)).await
+    }
+
+    /// One read of the lock key (owner line, token, value and `PTTL` together), on a
+    /// quorum for Redlock.
+    async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        validate_name(election)?;
         self.check_open()?;
-        let keys = self.engine.config.layout.keys(name);
-        let waiting = async {
-            match options.wait_kind() {
-                Wait::Timeout(limit) => {
-                    tokio::time::timeout(limit, self.wait_for_grant(name, &keys, options))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(Error::Timeout {
-                                name: name.to_owned(),
-                                waited: limit,
-                            })
-                        })
-                }
-                Wait::NoWait | Wait::Forever => self.wait_for_grant(name, &keys, options).await,
-            }
-        };
-        let span = tracing::debug_span!("fencelock.redis.acquire", lock = name);
-        tokio::select! {
-            biased;
-            // Dropping the attempt releases what it may have taken, as for any cancellation.
-            () = self.engine.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
-            taken = waiting.instrument(span) => taken,
-        }
+        let keys = self.engine.config.layout.keys(election);
+        Ok(self.holder_of(&keys).await?.map(|h| h.leader()))
+    }
+
+    /// Subscribes to the election channel on every node, then reads the leader once and
+    /// follows the channel (see the crate's Elections documentation).
+    async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
+        validate_name(election)?;
+        self.check_open()?;
+        let keys = self.engine.config.layout.keys(election);
+        let wake = Arc::new(Notify::new());
+        // Subscribed before the first read: a change after the read is a message.
+        let subscriptions = join_all(
+            self.engine
+                .subscribers
+                .iter()
+                .map(|s| s.subscribe(&keys.election, wake.clone())),
+        )
+        .await;
+        let first = self.holder_of(&keys).await?;
+        let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let _ = changes.send(Ok(first.as_ref().map(Holder::leader)));
+        let stop = self.engine.closed.child_token();
+        self.engine.runtime.spawn(election::follow(
+            self.clone(),
+            keys,
+            subscriptions,
+            wake,
+            first,
+            changes,
+            stop.clone(),
+            self.engine.closed.clone(),
+        ));
+        Ok(LeaderChanges::new(receiver, stop))
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
@@ -238,7 +313,7 @@ impl DistributedLock for RedisLock {
         self.check_open()?;
         let keys = self.engine.config.layout.keys(name);
         Ok(match self.holder_of(&keys).await? {
-            Some(h) => LockInfo::held(h, None),
+            Some(h) => LockInfo::held(holder_info(&h), None),
             None => LockInfo::free(None),
         })
     }
@@ -275,7 +350,10 @@ impl DistributedLock for RedisLock {
             // A key seen by the scan may have gone since; a name a Redlock minority
             // holds has no holder: neither is listed.
             match self.holder_of(&layout.keys(&name)).await {
-                Ok(Some(holder)) => found.push(ListedLock::new(name, LockInfo::held(holder, None))),
+                Ok(Some(holder)) => found.push(ListedLock::new(
+                    name,
+                    LockInfo::held(holder_info(&holder), None),
+                )),
                 Ok(None) => {}
                 // The raw layout's prefix may hold the application's own keys (a hash
                 // answers WRONGTYPE): they are not locks.
@@ -294,12 +372,15 @@ impl DistributedLock for RedisLock {
             return Ok(None);
         };
         // Compare-and-delete of the owner value seen: a holder that took the name since
-        // keeps it. Waiters are told, as by a release.
-        let deleted = self.engine.release(&keys, &holder.owner, None).await?;
+        // keeps it. Waiters (and a term's observers) are told, as by a release.
+        let deleted = self
+            .engine
+            .release(&keys, &holder.owner, None, holder.value.is_some())
+            .await?;
         if deleted {
             tracing::warn!(lock = name, key = %keys.lock, "redis: lock revoked");
         }
-        Ok(deleted.then_some(holder))
+        Ok(deleted.then(|| holder_info(&holder)))
     }
 
     async fn close(&self) -> Result<(), Error> {
@@ -314,6 +395,7 @@ impl DistributedLock for RedisLock {
             LossDetection::Notified,
         )
         .with_min_lease(MIN_LEASE)
+        .with_election(true)
     }
 
     fn backend(&self) -> &'static str {
@@ -326,8 +408,10 @@ impl DistributedLock for RedisLock {
 }
 
 impl RedisLock {
-    /// The holder a quorum of nodes agrees on, if any.
-    async fn holder_of(&self, keys: &LockKeys) -> Result<Option<HolderInfo>, Error> {
+    /// The holder a quorum of nodes agrees on, if any: one read of the lock key and its
+    /// `PTTL` (and the counter, a plain lock's token) per node. A campaign's term is read
+    /// from the lock key itself, value and token with the owner.
+    pub(crate) async fn holder_of(&self, keys: &LockKeys) -> Result<Option<Holder>, Error> {
         let mut invocation = scripts::INSPECT.prepare_invoke();
         invocation.key(&keys.lock).key(&keys.token);
         let replies = join_all(
@@ -337,17 +421,23 @@ impl RedisLock {
                 .map(|n| n.invoke::<Value>(&invocation)),
         )
         .await;
-        let mut seen: Vec<(String, i64, u64)> = Vec::new();
+        let mut seen: Vec<Holder> = Vec::new();
         let mut answered = 0;
         let mut first_error = None;
         for reply in replies {
             match reply {
                 Ok(Value::Array(items)) => {
                     answered += 1;
-                    if let [owner, Value::Int(pttl), counter] = items.as_slice() {
-                        if let Some(owner) = text(owner) {
+                    if let [stored, Value::Int(pttl), counter] = items.as_slice() {
+                        if let Some(stored) = text(stored) {
+                            let (owner, term) = election::parse(&stored);
                             let counter = text(counter).and_then(|c| c.parse().ok()).unwrap_or(0);
-                            seen.push((owner, *pttl, counter));
+                            seen.push(Holder {
+                                owner: owner.to_owned(),
+                                token: term.map_or(counter, |(token, _)| token),
+                                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                                value: term.map(|(_, value)| value.to_owned()),
+                            });
                         }
                     }
                 }
@@ -360,21 +450,27 @@ impl RedisLock {
                 first_error.unwrap_or_else(|| Error::unavailable(BACKEND, "no quorum answered"))
             );
         }
-        let holder = seen.iter().find_map(|(owner, _, _)| {
-            let same: Vec<_> = seen.iter().filter(|(o, _, _)| o == owner).collect();
-            (same.len() >= self.engine.quorum).then(|| {
-                let token = same.iter().map(|s| s.2).max().unwrap_or(0);
-                let remaining = same
-                    .iter()
-                    .map(|s| s.1)
-                    .min()
-                    .and_then(|p| u64::try_from(p).ok())
-                    .map(Duration::from_millis);
-                HolderInfo::new(owner.clone(), FencingToken::new(token), remaining)
+        let holder = seen.iter().find_map(|first| {
+            let same: Vec<_> = seen.iter().filter(|h| h.owner == first.owner).collect();
+            (same.len() >= self.engine.quorum).then(|| Holder {
+                owner: first.owner.clone(),
+                token: same.iter().map(|h| h.token).max().unwrap_or(0),
+                // The earliest expiry of the agreeing nodes (`None` only if none expires).
+                remaining: same.iter().filter_map(|h| h.remaining).min(),
+                value: first.value.clone(),
             })
         });
         Ok(holder)
     }
+}
+
+/// What `inspect`, `list` and `revoke` report of a holder.
+fn holder_info(holder: &Holder) -> HolderInfo {
+    HolderInfo::new(
+        holder.owner.clone(),
+        FencingToken::new(holder.token),
+        holder.remaining,
+    )
 }
 
 fn text(value: &Value) -> Option<String> {

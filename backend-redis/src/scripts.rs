@@ -112,27 +112,66 @@ impl Call {
 /// counter at or above the clock needs a fourth command.
 ///
 /// A refused try of a caller that will wait sets the waiter marker (see [`RELEASE`]).
-pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        (r"
+pub(crate) static ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(&acquire(Granted::Lock, RESENT)));
+
+/// [`ACQUIRE`] for a campaign: KEYS and ARGV as there, then ARGV\[5\] unused, the
+/// election channel, the leader's value. The grant stores the term in the lock key (see
+/// [`campaign_grant`]) and publishes on the election channel.
+pub(crate) static CAMPAIGN: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(&acquire(Granted::Campaign, RESENT_TERM)));
+
+/// What a granting script does with the token `tok` (a Lua expression).
+#[derive(Clone, Copy)]
+enum Granted {
+    /// Returns it.
+    Lock,
+    /// Stores the term in the lock key and publishes it, then returns it.
+    Campaign,
+}
+
+impl Granted {
+    fn lua(self, tok: &str) -> String {
+        match self {
+            Granted::Lock => format!("return {{1, {tok}}}"),
+            Granted::Campaign => campaign_grant(tok),
+        }
+    }
+}
+
+/// A campaign's grant: the lock key, set to the owner by `SET NX PX`, becomes
+/// `owner \n token \n value` with the same expiry (`KEEPTTL`), so the leader's value and
+/// token live and die with the lock key: renewed by its `PEXPIRE`, expired by its `PX`,
+/// deleted by its release. The grant is published on the election channel (ARGV\[6\]).
+/// The owner line is what release and renewal compare (see [`RELEASE`], [`RENEW`]).
+fn campaign_grant(tok: &str) -> String {
+    format!(
+        r"redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. {tok} .. '\n' .. ARGV[7], 'KEEPTTL')
+  redis.call('PUBLISH', ARGV[6], '1')
+  return {{1, {tok}}}"
+    )
+}
+
+/// The text of the single-server acquire script (see [`ACQUIRE`]).
+fn acquire(granted: Granted, resent: &str) -> String {
+    format!(
+        r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local t = redis.call('TIME')
   local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
   local c = tonumber(redis.call('SET', KEYS[2], now, 'PX', ARGV[3], 'GET') or '0') or 0
   if c < tonumber(now) then
-    return {1, now}
+    {}
   end
   local tok = string.format('%.0f', c + 1)
   redis.call('SET', KEYS[2], tok, 'PX', ARGV[3])
-  return {1, tok}
+  {}
 end
-"
-        .to_owned()
-            + RESENT
-            + REFUSED)
-            .as_str(),
+{resent}{REFUSED}",
+        granted.lua("now"),
+        granted.lua("tok"),
     )
-});
+}
 
 /// The middle of both acquire scripts: the lock holds our own owner value (unique per
 /// attempt), so this is the same attempt sent again (redis-rs re-sends a request after a
@@ -141,6 +180,19 @@ end
 /// the lease restarts now, so the caller's deadline, anchored at this send, is within it.
 const RESENT: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local c = redis.call('GET', KEYS[2])
+  if c then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, c}
+  end
+end
+";
+
+/// [`RESENT`] for a campaign, whose lock key holds the owner line followed by the term
+/// (see [`campaign_grant`]).
+const RESENT_TERM: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\n' then
   local c = redis.call('GET', KEYS[2])
   if c then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -174,25 +226,32 @@ return {0, pttl}
 /// `SET NX PX` and one `SET ... GET` that records the proposal and returns the old
 /// counter (Redis 6.2 or later), and returns the proposal as given; only a counter at or
 /// above the proposal needs a third.
-pub(crate) static ACQUIRE_PROPOSED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        (r"
+pub(crate) static ACQUIRE_PROPOSED: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(&acquire_proposed(Granted::Lock, RESENT)));
+
+/// [`ACQUIRE_PROPOSED`] for a campaign: KEYS and ARGV as there, then the election
+/// channel and the leader's value (as in [`CAMPAIGN`]).
+pub(crate) static CAMPAIGN_PROPOSED: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(&acquire_proposed(Granted::Campaign, RESENT_TERM)));
+
+/// The text of Redlock's acquire script (see [`ACQUIRE_PROPOSED`]).
+fn acquire_proposed(granted: Granted, resent: &str) -> String {
+    format!(
+        r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local c = tonumber(redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3], 'GET') or '0') or 0
   if c < tonumber(ARGV[5]) then
-    return {1, ARGV[5]}
+    {}
   end
   local tok = string.format('%.0f', c + 1)
   redis.call('SET', KEYS[2], tok, 'PX', ARGV[3])
-  return {1, tok}
+  {}
 end
-"
-        .to_owned()
-            + RESENT
-            + REFUSED)
-            .as_str(),
+{resent}{REFUSED}",
+        granted.lua("ARGV[5]"),
+        granted.lua("tok"),
     )
-});
+}
 
 /// KEYS: token. ARGV: token, token ttl ms. Raises the counter to at least `token`
 /// (Redlock: makes a majority remember the highest token granted).
@@ -209,10 +268,16 @@ return 1
 });
 
 /// KEYS: lock, waiter marker, token counter. ARGV: owner, unlock channel, the grant's
-/// token (or empty). Deletes the lock only if the owner matches, together with the waiter
-/// marker, and publishes on the channel only when the marker was there: an uncontended
-/// release is `GET` + `DEL`, like a hand-written compare-and-delete. Returns 1 if deleted
-/// (or already released, below), 0 if not ours.
+/// token (or empty), and for a campaign's grant the election channel. Deletes the lock
+/// only if the owner matches, together with the waiter marker, and publishes on the
+/// unlock channel only when the marker was there: an uncontended release is `GET` +
+/// `DEL`, like a hand-written compare-and-delete. Returns 1 if deleted (or already
+/// released, below), 0 if not ours.
+///
+/// A campaign's lock key holds the owner line followed by the term (see
+/// [`campaign_grant`]): with the election channel given, the owner line is compared, and
+/// a deleted term is published on that channel for observers. A plain release passes no
+/// fourth argument and compares the whole value, as before.
 ///
 /// A waiter cannot miss the message: every refused try of a waiting client marks the
 /// lock, and it subscribes before its second try. A release before that try is seen by
@@ -228,9 +293,12 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
+if v == ARGV[1] or (ARGV[4] and v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\n') then
   if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
     redis.call('PUBLISH', ARGV[2], '0')
+  end
+  if ARGV[4] then
+    redis.call('PUBLISH', ARGV[4], '0')
   end
   return 1
 end
@@ -243,13 +311,16 @@ return 0
 });
 
 /// KEYS: lock keys (one slot). ARGV: owner, lease ms for each key in turn.
-/// Returns one integer per key: 1 renewed, 0 missing or another owner.
+/// Returns one integer per key: 1 renewed, 0 missing or another owner. A campaign's
+/// lock key (owner line, then the term: see [`campaign_grant`]) is compared by its owner
+/// line, which costs a plain lock's renewal nothing (its value equals the owner).
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local r = {}
 for i, k in ipairs(KEYS) do
-  if redis.call('GET', k) == ARGV[2 * i - 1] then
+  local v, o = redis.call('GET', k), ARGV[2 * i - 1]
+  if v == o or (v and string.sub(v, 1, #o + 1) == o .. '\n') then
     redis.call('PEXPIRE', k, ARGV[2 * i])
     r[i] = 1
   else
@@ -261,7 +332,10 @@ return r
     )
 });
 
-/// KEYS: lock, token. Returns `{owner or false, pttl, counter or false}`.
+/// KEYS: lock, token. Returns `{owner or false, pttl, counter or false}`: the holder, its
+/// remaining lease and the name's counter in one read. For a campaign's grant, the
+/// "owner" is the owner line followed by the term (see [`campaign_grant`]), which is how
+/// `leader` reads a leader's value and token together with its lease.
 pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
