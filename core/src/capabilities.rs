@@ -91,6 +91,9 @@ pub struct Capabilities {
     pub election: bool,
     /// Semaphores: [`acquire_permits`](crate::DistributedLock::acquire_permits).
     pub semaphore: bool,
+    /// Read-write locks: [`acquire_read`](crate::DistributedLock::acquire_read) and
+    /// [`acquire_write`](crate::DistributedLock::acquire_write).
+    pub rw_lock: bool,
 }
 
 impl Capabilities {
@@ -110,6 +113,7 @@ impl Capabilities {
             counts_waiters: false,
             election: false,
             semaphore: false,
+            rw_lock: false,
         }
     }
 
@@ -128,6 +132,12 @@ impl Capabilities {
     /// Sets whether the backend has semaphores.
     pub const fn with_semaphore(mut self, semaphore: bool) -> Self {
         self.semaphore = semaphore;
+        self
+    }
+
+    /// Sets whether the backend has read-write locks.
+    pub const fn with_rw_lock(mut self, rw_lock: bool) -> Self {
+        self.rw_lock = rw_lock;
         self
     }
 

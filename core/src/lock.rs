@@ -175,6 +175,50 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Takes the read lock of read-write lock `name`: held together with every other
+    /// reader, never with a writer. Waiting is FIFO: a reader that comes after a waiting
+    /// writer waits behind it, so a stream of readers never starves a writer. The guard
+    /// has a token larger than every earlier grant's of `name`, and the lock's lease,
+    /// wait, loss and cancellation rules. Read-write locks are a namespace of their own:
+    /// unrelated to the lock or the semaphore of the same name. Capabilities say whether
+    /// the backend has them ([`Capabilities::rw_lock`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire); [`Error::Unsupported`] on a backend without
+    /// read-write locks.
+    async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let _ = (name, options);
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "read-write locks",
+        })
+    }
+
+    /// Takes the write lock of read-write lock `name`: held alone, with no reader and no
+    /// other writer; see [`acquire_read`](Self::acquire_read). Successive writers'
+    /// tokens increase, so a resource fenced by writers' tokens refuses a deposed writer.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire); [`Error::Unsupported`] on a backend without
+    /// read-write locks.
+    async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let _ = (name, options);
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "read-write locks",
+        })
+    }
+
     /// Campaigns for leadership of `election` with `value` (for example the instance's
     /// address), waiting as `options` allow; returns the term once elected.
     ///
@@ -409,6 +453,12 @@ macro_rules! forward {
                 options: AcquireOptions,
             ) -> Result<LockGuard, Error> {
                 (**self).acquire_permits(name, permits, options).await
+            }
+            async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+                (**self).acquire_read(name, options).await
+            }
+            async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+                (**self).acquire_write(name, options).await
             }
             async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
                 (**self).observe(election).await

@@ -22,6 +22,7 @@ mod expiry;
 mod handoff;
 mod names;
 mod operators;
+mod rwlock;
 mod semaphore;
 mod support;
 
@@ -47,6 +48,10 @@ pub use names::{invalid_input_is_rejected, odd_names_are_independent};
 pub use operators::{
     close_releases_and_refuses, list_finds_held_and_waited_names,
     revoke_takes_the_lock_from_its_holder,
+};
+pub use rwlock::{
+    a_waiting_writer_is_not_starved, readers_share_and_writers_exclude,
+    rw_requests_are_checked_and_cancellable,
 };
 pub use semaphore::{
     never_more_permits_than_the_limit, permits_come_back_when_a_lease_ends,
@@ -82,6 +87,7 @@ macro_rules! conformance_suite {
             invalid_input_is_rejected,
             locks_are_not_reentrant,
             campaigns_are_checked_and_cancellable,
+            rw_requests_are_checked_and_cancellable,
         );
         $crate::conformance_suite!(@pairs $setup;
             mutual_exclusion_across_clients,
@@ -97,6 +103,8 @@ macro_rules! conformance_suite {
             never_more_permits_than_the_limit,
             permits_come_back_when_a_lease_ends,
             semaphore_requests_are_checked_and_cancellable,
+            readers_share_and_writers_exclude,
+            a_waiting_writer_is_not_starved,
         );
     };
     (@pairs $setup:expr; $($case:ident),+ $(,)?) => {

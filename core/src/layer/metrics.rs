@@ -334,6 +334,54 @@ impl DistributedLock for Metrics {
         self.inner.revoke(name).instrument(span).await
     }
 
+    /// Takes a read lock through the inner lock, in a `fencelock.acquire_read` span; a
+    /// grant is counted like any held lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner lock's `acquire_read`.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let span = tracing::info_span!(
+            "fencelock.acquire_read",
+            backend = self.inner.backend(),
+            lock = name
+        );
+        let grant = self
+            .inner
+            .acquire_read(name, options)
+            .instrument(span)
+            .await?;
+        Ok(self.metered(name, grant))
+    }
+
+    /// Takes a write lock through the inner lock, in a `fencelock.acquire_write` span; a
+    /// grant is counted like any held lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner lock's `acquire_write`.
+    ///
+    /// # Errors
+    ///
+    /// Exactly the inner lock's.
+    async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let span = tracing::info_span!(
+            "fencelock.acquire_write",
+            backend = self.inner.backend(),
+            lock = name
+        );
+        let grant = self
+            .inner
+            .acquire_write(name, options)
+            .instrument(span)
+            .await?;
+        Ok(self.metered(name, grant))
+    }
+
     /// Takes permits through the inner lock, in a `fencelock.acquire_permits` span; a
     /// grant is counted like any held lock (held gauge, hold time, losses).
     ///

@@ -385,6 +385,26 @@ impl DistributedLock for MigrationLock {
         Ok(revoked)
     }
 
+    /// Takes a read lock on the one leg of a single-leg phase (refused in two-leg phases,
+    /// as permits are).
+    async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        let leg =
+            self.single_leg("read-write locks while both legs are locked (a two-leg phase)")?;
+        let grant = leg.lock.acquire_read(name, options).await?;
+        acquire::wrap_single(name, leg, grant).await
+    }
+
+    /// Takes a write lock on the one leg of a single-leg phase (refused in two-leg
+    /// phases, as permits are).
+    async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        let leg =
+            self.single_leg("read-write locks while both legs are locked (a two-leg phase)")?;
+        let grant = leg.lock.acquire_write(name, options).await?;
+        acquire::wrap_single(name, leg, grant).await
+    }
+
     /// Takes permits on the one leg of a single-leg phase, with the leg's era tokens.
     /// The two-leg phases have no semaphores ([`Error::Unsupported`]): permits counted
     /// by two backends at once would need both to agree on who holds which.

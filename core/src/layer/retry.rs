@@ -333,6 +333,40 @@ impl DistributedLock for Retry {
         .await
     }
 
+    /// Takes a read lock through the inner lock, retrying retryable errors within the
+    /// caller's wait, as [`acquire`](Self::acquire) does.
+    ///
+    /// # Cancel safety
+    ///
+    /// As `acquire`.
+    ///
+    /// # Errors
+    ///
+    /// As `acquire`.
+    async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        self.retrying(name, options, |options| {
+            self.inner.acquire_read(name, options)
+        })
+        .await
+    }
+
+    /// Takes a write lock through the inner lock, retrying retryable errors within the
+    /// caller's wait, as [`acquire`](Self::acquire) does.
+    ///
+    /// # Cancel safety
+    ///
+    /// As `acquire`.
+    ///
+    /// # Errors
+    ///
+    /// As `acquire`.
+    async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        self.retrying(name, options, |options| {
+            self.inner.acquire_write(name, options)
+        })
+        .await
+    }
+
     /// Takes permits through the inner lock, retrying retryable errors within the
     /// caller's wait, as [`acquire`](Self::acquire) does.
     ///

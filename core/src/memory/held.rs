@@ -19,6 +19,8 @@ pub(super) enum Kind {
     Lock,
     /// Permits of a semaphore.
     Permits,
+    /// A read or write lock of a read-write lock.
+    ReadWrite,
 }
 
 impl Kind {
@@ -26,6 +28,7 @@ impl Kind {
         match self {
             Kind::Lock => shared.table().renew(name, id, lease),
             Kind::Permits => shared.semaphores().renew(name, id, lease),
+            Kind::ReadWrite => shared.rwlocks().renew(name, id, lease),
         }
     }
 
@@ -33,6 +36,7 @@ impl Kind {
         match self {
             Kind::Lock => shared.table().release(name, id),
             Kind::Permits => shared.semaphores().release(name, id),
+            Kind::ReadWrite => shared.rwlocks().release(name, id),
         }
     }
 }

@@ -59,6 +59,8 @@ struct Shared {
     instance: u64,
     table: Mutex<Table>,
     semaphores: Mutex<Semaphores>,
+    /// Read-write locks: semaphores of [`semaphore::RW_PERMITS`] permits.
+    rwlocks: Mutex<Semaphores>,
 }
 
 impl Shared {
@@ -68,6 +70,7 @@ impl Shared {
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed) + 1,
             table: Mutex::new(Table::default()),
             semaphores: Mutex::new(Semaphores::default()),
+            rwlocks: Mutex::new(Semaphores::default()),
         })
     }
 
@@ -79,6 +82,18 @@ impl Shared {
         self.semaphores
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn rwlocks(&self) -> MutexGuard<'_, Semaphores> {
+        self.rwlocks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The semaphore table of `kind`.
+    fn permits_of(&self, kind: Kind) -> MutexGuard<'_, Semaphores> {
+        match kind {
+            Kind::ReadWrite => self.rwlocks(),
+            Kind::Lock | Kind::Permits => self.semaphores(),
+        }
     }
 }
 
@@ -133,7 +148,9 @@ impl MemoryLock {
     /// and nobody waits: no state is kept for idle names. A holder whose lease ran out
     /// (say, a leaked fixed-lease guard) no longer counts.
     pub fn active_names(&self) -> usize {
-        self.shared.table().active_names() + self.shared.semaphores().active()
+        self.shared.table().active_names()
+            + self.shared.semaphores().active()
+            + self.shared.rwlocks().active()
     }
 
     /// Fails with [`Error::Closed`] once this client is closed.
@@ -280,6 +297,7 @@ impl MemoryLock {
 /// A request's place in a semaphore's queue; leaving it (by drop) removes the place.
 struct PermitTicket<'a> {
     shared: &'a Shared,
+    kind: Kind,
     name: &'a Arc<str>,
     id: u64,
     queued: bool,
@@ -288,14 +306,39 @@ struct PermitTicket<'a> {
 impl Drop for PermitTicket<'_> {
     fn drop(&mut self) {
         if self.queued {
-            self.shared.semaphores().leave(self.name, self.id);
+            self.shared.permits_of(self.kind).leave(self.name, self.id);
         }
     }
 }
 
 impl MemoryLock {
+    /// Takes `count` of `limit` permits of `name` in the table of `kind`, waiting as
+    /// `options` allow.
+    async fn permits(
+        &self,
+        kind: Kind,
+        name: &str,
+        (count, limit): (u32, u32),
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let key: Arc<str> = Arc::from(name);
+        let waiting = self.wait_for_permits(kind, &key, (count, limit), options);
+        match options.wait_kind() {
+            Wait::Timeout(wait) => tokio::time::timeout(wait, waiting)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
+                        name: name.to_owned(),
+                        waited: wait,
+                    })
+                }),
+            Wait::NoWait | Wait::Forever => waiting.await,
+        }
+    }
+
     async fn wait_for_permits(
         &self,
+        kind: Kind,
         name: &Arc<str>,
         (permits, limit): (u32, u32),
         options: AcquireOptions,
@@ -312,18 +355,19 @@ impl MemoryLock {
         };
         let mut ticket = PermitTicket {
             shared: &self.shared,
+            kind,
             name,
             id: request.id,
             queued: false,
         };
         loop {
-            let attempt = self.shared.semaphores().attempt(name, &request, &wake);
+            let attempt = self.shared.permits_of(kind).attempt(name, &request, &wake);
             match attempt {
                 semaphore::Attempt::Granted(token, liveness) => {
                     ticket.queued = false;
                     let held = MemoryHeld::start(
                         self.shared.clone(),
-                        Kind::Permits,
+                        kind,
                         self.client.closed.clone(),
                         name.clone(),
                         request.id,
@@ -402,21 +446,32 @@ impl DistributedLock for MemoryLock {
         validate_name(name)?;
         options.validate(Duration::ZERO)?;
         self.check_open()?;
-        let key: Arc<str> = Arc::from(name);
-        let waiting = self.wait_for_permits(&key, (permits.count(), permits.limit()), options);
-        match options.wait_kind() {
-            Wait::Timeout(limit) => {
-                tokio::time::timeout(limit, waiting)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Error::Timeout {
-                            name: name.to_owned(),
-                            waited: limit,
-                        })
-                    })
-            }
-            Wait::NoWait | Wait::Forever => waiting.await,
-        }
+        self.permits(
+            Kind::Permits,
+            name,
+            (permits.count(), permits.limit()),
+            options,
+        )
+        .await
+    }
+
+    #[tracing::instrument(name = "fencelock.mem.acquire_read", level = "debug", skip_all, fields(lock = name))]
+    async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(Duration::ZERO)?;
+        self.check_open()?;
+        self.permits(Kind::ReadWrite, name, (1, semaphore::RW_PERMITS), options)
+            .await
+    }
+
+    #[tracing::instrument(name = "fencelock.mem.acquire_write", level = "debug", skip_all, fields(lock = name))]
+    async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(Duration::ZERO)?;
+        self.check_open()?;
+        let all = semaphore::RW_PERMITS;
+        self.permits(Kind::ReadWrite, name, (all, all), options)
+            .await
     }
 
     async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
@@ -457,6 +512,7 @@ impl DistributedLock for MemoryLock {
     async fn close(&self) -> Result<(), Error> {
         self.shared.table().close_client(&self.client);
         self.shared.semaphores().close_client(&self.client);
+        self.shared.rwlocks().close_client(&self.client);
         Ok(())
     }
 
@@ -466,6 +522,7 @@ impl DistributedLock for MemoryLock {
             .with_counts_waiters(true)
             .with_election(true)
             .with_semaphore(true)
+            .with_rw_lock(true)
     }
 
     fn backend(&self) -> &'static str {

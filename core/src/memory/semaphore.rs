@@ -1,4 +1,7 @@
 //! The in-memory semaphores: per name a limit, the holders of permits, and a FIFO queue.
+//! Read-write locks are semaphores too, in a table of their own: a reader takes one of
+//! [`RW_PERMITS`], a writer all of them, and FIFO order keeps a waiting writer ahead of
+//! the readers that come after it.
 //!
 //! As in the lock table, holders expire lazily and the waiter at the front of a queue
 //! keeps a wake-up armed for the earliest expiry among the holders, so a permit whose
@@ -16,7 +19,10 @@ use super::Client;
 use super::table::Renewal;
 use crate::{FencingToken, Liveness, LossCause};
 
-/// All semaphores of one memory lock set.
+/// The permits of a read-write lock: as many readers as that, or one writer.
+pub(super) const RW_PERMITS: u32 = u32::MAX;
+
+/// All semaphores (or all read-write locks) of one memory lock set.
 #[derive(Debug, Default)]
 pub(super) struct Semaphores {
     names: HashMap<Arc<str>, Semaphore>,
@@ -237,8 +243,8 @@ impl Semaphores {
 impl Semaphore {
     /// Permits nobody holds.
     fn free(&self) -> u32 {
-        let held: u32 = self.holders.iter().map(|h| h.permits).sum();
-        self.limit.saturating_sub(held)
+        let held: u64 = self.holders.iter().map(|h| u64::from(h.permits)).sum();
+        u32::try_from(u64::from(self.limit).saturating_sub(held)).unwrap_or(0)
     }
 
     /// Drops the holders whose lease ran out, reporting the loss to them, and wakes the
