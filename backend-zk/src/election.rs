@@ -165,9 +165,9 @@ const RESTART_PAUSE: Duration = Duration::from_millis(200);
 /// in order, except one whose node was created and deleted before its data could be read
 /// (a term shorter than one round trip that nobody waited behind), and except changes
 /// while the connection was lost (ZooKeeper does not replay a persistent watch's events
-/// on reconnection, ZOOKEEPER-4698): after a reconnection, and on a new session after the
-/// session expired, the directory is read again and the leader then is reported if it
-/// differs.
+/// on reconnection, ZOOKEEPER-4698): after a reconnection the watch is set again, and on
+/// a new session after the session expired; then the directory is read again and the
+/// leader then is reported if it differs.
 pub(crate) async fn follow(
     pool: Arc<SessionPool>,
     mut session: Arc<ZkSession>,
@@ -197,10 +197,27 @@ pub(crate) async fn follow(
         let outcome = match event.event_type {
             zk::EventType::Session => match event.session_state {
                 zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                    // Events while disconnected may be lost: read everything again.
-                    Candidates::load(&session, &dir).await.map(|fresh| {
-                        candidates = fresh;
+                    // Reconnected. `zookeeper-client` 0.11 sets only one-shot watches
+                    // again on a new connection (persistent ones are left out of its
+                    // SetWatches request), and ZooKeeper does not replay the events
+                    // missed meanwhile anyway: set the watch again, then read everything
+                    // again. The old watcher is dropped after the new one is set, so the
+                    // server-side watch is never removed.
+                    match retry(|| {
+                        session
+                            .client
+                            .watch(&dir, zk::AddWatchMode::PersistentRecursive)
                     })
+                    .await
+                    {
+                        Ok(fresh) => {
+                            watcher = fresh;
+                            Candidates::load(&session, &dir).await.map(|fresh| {
+                                candidates = fresh;
+                            })
+                        }
+                        Err(err) => Err(err),
+                    }
                 }
                 state if state.is_terminated() => Err(zk::Error::SessionExpired),
                 _ => Ok(()),
