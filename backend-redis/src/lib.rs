@@ -27,6 +27,14 @@
 //!   holder may then appear; the fenced resource must reject the first). The optional
 //!   replica check (`wait_replicas`) narrows, but does not close, that window.
 //! - **Not FIFO**: waiters wake on an unlock message and race.
+//! - **Leader election** (`campaign`, `leader`, `observe`) on every topology: a term is
+//!   the lock of the same name whose key holds `owner \n token \n value`, so the value is
+//!   set with the grant and renewed, expired and deleted with the key. Grants and releases
+//!   publish on an election channel in the lock's slot; observers read the key again on
+//!   each message and at its expiry (`PTTL`), since Redis publishes nothing when a lease
+//!   runs out. Not linearizable: a failover can elect a second leader while the first has
+//!   not noticed (its token is smaller), and a term shorter than an observer's read may
+//!   go unreported. The README's Elections section has the details.
 //! - Renewal: one task per client renews all its renewing locks every third of the lease,
 //!   batched per node (per slot on Cluster). A key found gone or re-owned reports loss at
 //!   once; renewal errors lead to loss at the local deadline (renewal sent + lease −
