@@ -11,6 +11,12 @@
 //!   per-parent 32-bit counter that wraps and restarts);
 //! - the lease is the ZooKeeper session (see [`ZkLock`] for the details).
 //!
+//! Leader elections follow Curator's `LeaderLatch` the same way: election `name` lives in
+//! `/r/{encoded name}`, each candidate creates `_c_<uuid>-latch-<seq>` there with its
+//! value as data, the lowest sequence leads with its czxid as the term's token, and
+//! observers follow the directory with a persistent recursive watch. A lock and an
+//! election never share a name (see [`ZkLock`], "Leader election").
+//!
 //! ```text
 //! zk://[user:password@]host[:port][,host[:port]...][/chroot][?session_timeout=30s&min_lease=4s&acl=open|creator]
 //! zks://[user:password@]host[:port][,...][/chroot][?ca=PATH&cert=PATH&key=PATH&sasl=digest-md5]
