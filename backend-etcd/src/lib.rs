@@ -15,6 +15,7 @@ mod gate;
 mod held;
 mod keys;
 mod lock;
+mod queue;
 mod session;
 mod tls;
 mod wait;

@@ -12,7 +12,7 @@ use etcd_client::{
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
     HolderInfo, Leader, LeaderChanges, Lease, ListedLock, Liveness, LockGuard, LockInfo, LossCause,
-    LossDetection, Wait, validate_name, validate_prefix,
+    LossDetection, Permits, Wait, validate_name, validate_prefix,
 };
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -26,6 +26,7 @@ use crate::error::{BACKEND, map, timed_out};
 use crate::gate::Gates;
 use crate::held::{Armed, Cleanup, EtcdHeld, KeyState};
 use crate::keys::{decode, encode, name_prefix, own_key};
+use crate::queue::Ask;
 use crate::session::{FixedLeases, Session, Sessions, revoke};
 use crate::wait;
 
@@ -64,22 +65,22 @@ pub struct EtcdLock {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     /// Shared by reference count: a `Client` clone copies a dozen gRPC handles, too much
     /// for every acquire.
-    client: Arc<Client>,
+    pub(crate) client: Arc<Client>,
     /// Group commit of concurrent creates and releases.
-    batcher: Arc<Batcher>,
+    pub(crate) batcher: Arc<Batcher>,
     /// Per-guard watches, started only for guards that live a while.
-    delayed: Arc<Delayed>,
-    config: EtcdConfig,
-    sessions: Sessions,
+    pub(crate) delayed: Arc<Delayed>,
+    pub(crate) config: EtcdConfig,
+    pub(crate) sessions: Sessions,
     /// The dedicated leases of fixed-lease grants, revoked by `close`.
-    fixed: FixedLeases,
+    pub(crate) fixed: FixedLeases,
     /// Cancelled by `close`: waiting acquires end with `Error::Closed`.
-    closed: CancellationToken,
-    gates: Arc<Gates>,
-    runtime: Handle,
+    pub(crate) closed: CancellationToken,
+    pub(crate) gates: Arc<Gates>,
+    pub(crate) runtime: Handle,
 }
 
 impl std::fmt::Debug for EtcdLock {
@@ -161,6 +162,11 @@ impl EtcdLock {
     /// The configuration in use.
     pub fn config(&self) -> &EtcdConfig {
         &self.inner.config
+    }
+
+    /// The shared state, for the other modules of this crate.
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
     }
 
     /// Fails with [`Error::Closed`] once the client is closed.
@@ -348,7 +354,7 @@ impl EtcdLock {
     /// fixed lease now (its TTL starts with this request) and moves our key onto it, if
     /// the key is still the incarnation we queued with (a put keeps the create revision,
     /// so the token is unchanged). Returns the fixed lease.
-    async fn move_to_fixed_lease(
+    pub(crate) async fn move_to_fixed_lease(
         &self,
         key: &str,
         revision: i64,
@@ -442,7 +448,11 @@ impl EtcdLock {
     /// dropped before the answer, the clean-up waits for it and deletes exactly the
     /// incarnation it made (our put keeps a stale key's create revision, or creates one
     /// at the transaction's revision).
-    async fn send_create(&self, txn: Txn, pending: &mut Armed) -> Result<TxnResponse, Error> {
+    pub(crate) async fn send_create(
+        &self,
+        txn: Txn,
+        pending: &mut Armed,
+    ) -> Result<TxnResponse, Error> {
         let client = self.inner.client.clone();
         self.create_in_task(
             pending,
@@ -530,7 +540,12 @@ impl EtcdLock {
 
     /// After waiting: our key must still be the one we queued with. If the session expired
     /// while we waited, the key is gone and the lock must not be taken (etcd #11456).
-    async fn check_still_queued(&self, key: &str, mine: i64, name: &str) -> Result<(), Error> {
+    pub(crate) async fn check_still_queued(
+        &self,
+        key: &str,
+        mine: i64,
+        name: &str,
+    ) -> Result<(), Error> {
         let response = self
             .inner
             .client
@@ -584,6 +599,26 @@ async fn within<T>(
 }
 
 impl EtcdLock {
+    /// A read lock, write lock or permits (see [`crate::queue`]), after the checks every
+    /// acquire makes, ended by `close`.
+    async fn queued(
+        &self,
+        name: &str,
+        ask: Ask,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(MIN_LEASE)?;
+        lease_seconds(options.lease_or(self.inner.config.lease).duration())?;
+        self.check_open()?;
+        let span = tracing::debug_span!("fencelock.etcd.queue", lock = name, ask = ?ask);
+        tokio::select! {
+            biased;
+            () = self.inner.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
+            taken = self.queue(name, ask, options).instrument(span) => taken,
+        }
+    }
+
     /// What [`DistributedLock::inspect`] reports of the name whose key range is `names`,
     /// given its keys (key, create revision, lease) in create order.
     async fn describe(&self, names: &str, keys: &[(&[u8], i64, i64)]) -> LockInfo {
@@ -669,6 +704,27 @@ impl DistributedLock for EtcdLock {
             .map(|kv| (kv.key(), kv.create_revision(), kv.lease()))
             .collect();
         Ok(self.describe(&names, &keys).await)
+    }
+
+    async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        self.queued(name, Ask::Read, options).await
+    }
+
+    async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        self.queued(name, Ask::Write, options).await
+    }
+
+    async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: Permits,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let ask = Ask::Permits {
+            count: permits.count(),
+            limit: permits.limit(),
+        };
+        self.queued(name, ask, options).await
     }
 
     async fn campaign(
@@ -820,6 +876,8 @@ impl DistributedLock for EtcdLock {
             .with_min_lease(MIN_LEASE)
             .with_counts_waiters(true)
             .with_election(true)
+            .with_semaphore(true)
+            .with_rw_lock(true)
     }
 
     fn backend(&self) -> &'static str {

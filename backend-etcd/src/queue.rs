@@ -1,0 +1,323 @@
+//! Read-write locks and semaphores in etcd: every request puts one key on the client's
+//! session lease in the primitive's key range, and requests are served in the order of
+//! their create revisions (FIFO, no barging); the create revision is the grant's token.
+//!
+//! - Read-write lock `N`: keys `{prefix}/%rw/{N}/read/{lease}-{nonce}` and `.../write/...`,
+//!   the layout of etcd's Go `recipes.RWMutex` on `{prefix}/%rw/{N}`: a reader waits for
+//!   the last writer created before it, a writer for the last key of either kind. A
+//!   writer waiting ahead of later readers keeps them out, so writers are not starved.
+//! - Semaphore `N` of `limit`: keys `{prefix}/%sem/{N}/{lease}-{nonce}` whose value is
+//!   `count/limit`; a request is granted when the permits of every earlier key and its
+//!   own fit in the limit. A request with another limit than the earlier keys' is
+//!   refused.
+//!
+//! `%rw` and `%sem` cannot be the encoding of a lock name (an encoded `%` is `%25`), so
+//! these ranges never meet a lock's.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    WatchFilterType, WatchOptions,
+};
+use fencelock_core::{AcquireOptions, Error, FencingToken, Lease, Liveness, LockGuard, Wait};
+use tokio::time::Instant;
+
+use crate::error::{BACKEND, map};
+use crate::held::{Armed, Cleanup, EtcdHeld, KeyState};
+use crate::keys::encode;
+use crate::lock::EtcdLock;
+use crate::session::Session;
+
+/// What a request asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Ask {
+    Read,
+    Write,
+    Permits { count: u32, limit: u32 },
+}
+
+impl Ask {
+    /// The primitive's key range, its own key's range, and the key's value.
+    fn layout(self, prefix: &str, name: &str) -> (String, String, String) {
+        match self {
+            Ask::Read => {
+                let dir = format!("{prefix}/%rw/{}/", encode(name));
+                (dir.clone(), format!("{dir}read/"), String::new())
+            }
+            Ask::Write => {
+                let dir = format!("{prefix}/%rw/{}/", encode(name));
+                (dir.clone(), format!("{dir}write/"), String::new())
+            }
+            Ask::Permits { count, limit } => {
+                let dir = format!("{prefix}/%sem/{}/", encode(name));
+                (dir.clone(), dir, format!("{count}/{limit}"))
+            }
+        }
+    }
+}
+
+impl EtcdLock {
+    /// Takes what `ask` asks for on `name`, waiting as `options` allow.
+    pub(crate) async fn queue(
+        &self,
+        name: &str,
+        ask: Ask,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let deadline = match options.wait_kind() {
+            Wait::Timeout(limit) => Instant::now().checked_add(limit),
+            Wait::NoWait | Wait::Forever => None,
+        };
+        let timed_out = || Error::Timeout {
+            name: name.to_owned(),
+            waited: match options.wait_kind() {
+                Wait::Timeout(limit) => limit,
+                _ => Duration::ZERO,
+            },
+        };
+        let inner = self.inner();
+        let lease = options.lease_or(inner.config.lease);
+        // Queue on the renewing session; a fixed lease starts at the grant (the key moves
+        // onto it then), never while waiting.
+        let session_ttl = match lease {
+            Lease::Renewing(ttl) => ttl,
+            Lease::Fixed(_) => inner.config.lease,
+        };
+        let session = within(
+            deadline,
+            inner.sessions.get(&inner.client, session_ttl),
+            timed_out,
+        )
+        .await??;
+        let (dir, own, value) = ask.layout(&inner.config.prefix, name);
+        // The lease is this client's, and the sequence is this process's: unique.
+        static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+        let sequence = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+        let key = format!("{own}{:x}-{sequence:x}", session.lease_id());
+        let mut pending = Armed::new(Cleanup {
+            client: inner.client.clone(),
+            batcher: inner.batcher.clone(),
+            runtime: inner.runtime.clone(),
+            timeout: inner.config.cleanup_timeout,
+            key: key.clone(),
+            state: KeyState::Absent,
+            session: Some(session.clone()),
+            fixed_lease: None,
+            permit: None,
+            create: None,
+        });
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                value.as_str(),
+                Some(PutOptions::new().with_lease(session.lease_id())),
+            )]);
+        let created = within(deadline, self.send_create(txn, &mut pending), timed_out).await??;
+        let mine = created.header().map_or(0, |h| h.revision());
+        pending.get().state = KeyState::Created(mine);
+
+        let waiting = async {
+            match ask {
+                Ask::Read | Ask::Write => {
+                    let blockers = match ask {
+                        Ask::Read => format!("{dir}write/"),
+                        _ => dir.clone(),
+                    };
+                    if options.wait_kind() == Wait::NoWait {
+                        if self.earlier_key(&blockers, mine).await? {
+                            return Err(Error::Contended {
+                                name: name.to_owned(),
+                            });
+                        }
+                    } else {
+                        crate::wait::for_turn(&inner.client, &blockers, mine, &session, name)
+                            .await?;
+                    }
+                }
+                Ask::Permits { count, limit } => {
+                    self.wait_for_permits(&dir, mine, (count, limit), &session, name, options)
+                        .await?;
+                }
+            }
+            self.check_still_queued(&key, mine, name).await
+        };
+        match within(deadline, waiting, timed_out).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) | Err(error) => {
+                pending.finish_now().await;
+                return Err(error);
+            }
+        }
+
+        let (session, fixed) = match lease {
+            Lease::Fixed(ttl) => (
+                self.move_to_fixed_lease(&key, mine, ttl, name, &value, &mut pending)
+                    .await?,
+                true,
+            ),
+            Lease::Renewing(_) => (session, false),
+        };
+        let valid_until = session.valid_until();
+        if valid_until <= Instant::now() {
+            return Err(Error::unavailable(
+                BACKEND,
+                "the lease ran out before the grant was confirmed (etcd answered too slowly)",
+            ));
+        }
+        let liveness = Liveness::new(valid_until);
+        if fixed && !inner.fixed.register(session.lease_id(), &liveness) {
+            return Err(Error::Closed { backend: BACKEND });
+        }
+        let registration = (!fixed).then(|| session.register(liveness.clone()));
+        let cleanup = pending.disarm();
+        let held = EtcdHeld::start(
+            name,
+            session,
+            registration,
+            liveness.clone(),
+            cleanup,
+            &inner.delayed,
+        );
+        let token = FencingToken::new(u64::try_from(mine).unwrap_or_default());
+        Ok(LockGuard::new(
+            name,
+            token,
+            BACKEND,
+            liveness,
+            Arc::new(held),
+        ))
+    }
+
+    /// Whether a key under `range` was created before revision `mine`.
+    async fn earlier_key(&self, range: &str, mine: i64) -> Result<bool, Error> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(mine - 1)
+            .with_limit(1)
+            .with_keys_only();
+        let read = self
+            .inner()
+            .client
+            .kv_client()
+            .get(range, Some(options))
+            .await
+            .map_err(map)?;
+        Ok(!read.kvs().is_empty())
+    }
+
+    /// Waits until the permits of every key of semaphore `dir` created before `mine`,
+    /// plus ours, fit in the limit. Re-reads after each deletion in the range.
+    async fn wait_for_permits(
+        &self,
+        dir: &str,
+        mine: i64,
+        (count, limit): (u32, u32),
+        session: &Session,
+        name: &str,
+        options: AcquireOptions,
+    ) -> Result<(), Error> {
+        let client = &self.inner().client;
+        let waiting = async {
+            let mut watch = client.watch_client();
+            loop {
+                // Watch first (from now), then read: a deletion in between is in the
+                // read, one after it in the watch.
+                let watching = WatchOptions::new()
+                    .with_prefix()
+                    .with_filters([WatchFilterType::NoPut]);
+                let mut events = watch.watch(dir, Some(watching)).await.map_err(map)?;
+                let earlier = GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_max_create_revision(mine - 1);
+                let read = client
+                    .kv_client()
+                    .get(dir, Some(earlier))
+                    .await
+                    .map_err(map)?;
+                let mut taken: u64 = 0;
+                for kv in read.kvs() {
+                    let (their_count, their_limit) = parse_permits(kv.value());
+                    if their_limit != limit {
+                        return Err(Error::InvalidConfig(format!(
+                            "semaphore {name:?} has {their_limit} permits, not {limit}: every \
+                             client must ask with the same limit"
+                        )));
+                    }
+                    taken += u64::from(their_count);
+                }
+                if taken + u64::from(count) <= u64::from(limit) {
+                    return Ok(());
+                }
+                if options.wait_kind() == Wait::NoWait {
+                    return Err(Error::Contended {
+                        name: name.to_owned(),
+                    });
+                }
+                loop {
+                    let Some(response) = events.message().await.map_err(map)? else {
+                        break;
+                    };
+                    if response.canceled()
+                        || response
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        break;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            result = waiting => result,
+            () = session.lost() => Err(Error::lost(name, "the etcd session was lost while waiting")),
+        }
+    }
+}
+
+/// `count/limit` from a semaphore key's value; (0, 0) for anything else.
+fn parse_permits(value: &[u8]) -> (u32, u32) {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.split_once('/'))
+        .and_then(|(c, l)| Some((c.parse().ok()?, l.parse().ok()?)))
+        .unwrap_or((0, 0))
+}
+
+async fn within<T>(
+    deadline: Option<Instant>,
+    step: impl std::future::Future<Output = T>,
+    timed_out: impl FnOnce() -> Error,
+) -> Result<T, Error> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, step)
+            .await
+            .map_err(|_| timed_out()),
+        None => Ok(step.await),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_never_meet_a_locks() {
+        let (dir, own, value) = Ask::Read.layout("p", "a/b");
+        assert_eq!(
+            (dir.as_str(), own.as_str(), value.as_str()),
+            ("p/%rw/a%2Fb/", "p/%rw/a%2Fb/read/", "")
+        );
+        let (dir, _, value) = Ask::Permits { count: 2, limit: 5 }.layout("p", "%rw");
+        assert_eq!((dir.as_str(), value.as_str()), ("p/%sem/%25rw/", "2/5"));
+        // A lock named "%rw" lives under p/%25rw/, never p/%rw/.
+        assert_eq!(crate::keys::name_prefix("p", "%rw"), "p/%25rw/");
+        assert_eq!(parse_permits(b"2/5"), (2, 5));
+        assert_eq!(parse_permits(b"junk"), (0, 0));
+    }
+}
