@@ -43,7 +43,7 @@ fn compile_contender(dir: &Path) -> String {
         .collect();
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorContender.java");
     let status = Command::new("javac")
-        .args(["-nowarn", "-d"])
+        .args(["-nowarn", "-encoding", "UTF-8", "-d"])
         .arg(dir)
         .arg("-cp")
         .arg(classpath.join(":"))

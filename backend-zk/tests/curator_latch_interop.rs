@@ -44,7 +44,7 @@ fn compile(dir: &Path) -> String {
         .collect();
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLatch.java");
     let status = Command::new("javac")
-        .args(["-nowarn", "-d"])
+        .args(["-nowarn", "-encoding", "UTF-8", "-d"])
         .arg(dir)
         .arg("-cp")
         .arg(classpath.join(":"))
