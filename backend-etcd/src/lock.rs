@@ -585,7 +585,7 @@ fn stale(error: etcd_client::Error, pending: &mut Armed) -> Error {
 }
 
 /// Runs `step`, giving up at `deadline` with the error `timed_out` makes.
-async fn within<T>(
+pub(crate) async fn within<T>(
     deadline: Option<Instant>,
     step: impl std::future::Future<Output = T>,
     timed_out: impl FnOnce() -> Error,

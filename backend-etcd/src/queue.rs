@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::error::{BACKEND, map};
 use crate::held::{Armed, Cleanup, EtcdHeld, KeyState};
 use crate::keys::encode;
-use crate::lock::EtcdLock;
+use crate::lock::{EtcdLock, within};
 use crate::session::Session;
 
 /// What a request asks for.
@@ -287,19 +287,6 @@ fn parse_permits(value: &[u8]) -> (u32, u32) {
         .and_then(|v| v.split_once('/'))
         .and_then(|(c, l)| Some((c.parse().ok()?, l.parse().ok()?)))
         .unwrap_or((0, 0))
-}
-
-async fn within<T>(
-    deadline: Option<Instant>,
-    step: impl std::future::Future<Output = T>,
-    timed_out: impl FnOnce() -> Error,
-) -> Result<T, Error> {
-    match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline, step)
-            .await
-            .map_err(|_| timed_out()),
-        None => Ok(step.await),
-    }
 }
 
 #[cfg(test)]

@@ -178,6 +178,25 @@ impl std::fmt::Debug for MemoryLock {
     }
 }
 
+/// Runs `waiting` within the wait `options` allow: [`Error::Timeout`] when it runs out.
+async fn within_wait(
+    name: &str,
+    options: AcquireOptions,
+    waiting: impl std::future::Future<Output = Result<LockGuard, Error>>,
+) -> Result<LockGuard, Error> {
+    match options.wait_kind() {
+        Wait::Timeout(limit) => tokio::time::timeout(limit, waiting)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    name: name.to_owned(),
+                    waited: limit,
+                })
+            }),
+        Wait::NoWait | Wait::Forever => waiting.await,
+    }
+}
+
 /// A waiter's place in a queue; leaving it (by drop) removes the place.
 struct Ticket<'a> {
     shared: &'a Shared,
@@ -206,19 +225,7 @@ impl MemoryLock {
         options.validate(Duration::ZERO)?;
         let key: Arc<str> = Arc::from(name);
         let waiting = self.wait_for_grant(&key, options, value.as_ref());
-        match options.wait_kind() {
-            Wait::Timeout(limit) => {
-                tokio::time::timeout(limit, waiting)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Error::Timeout {
-                            name: name.to_owned(),
-                            waited: limit,
-                        })
-                    })
-            }
-            Wait::NoWait | Wait::Forever => waiting.await,
-        }
+        within_wait(name, options, waiting).await
     }
 
     async fn wait_for_grant(
@@ -323,17 +330,7 @@ impl MemoryLock {
     ) -> Result<LockGuard, Error> {
         let key: Arc<str> = Arc::from(name);
         let waiting = self.wait_for_permits(kind, &key, (count, limit), options);
-        match options.wait_kind() {
-            Wait::Timeout(wait) => tokio::time::timeout(wait, waiting)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::Timeout {
-                        name: name.to_owned(),
-                        waited: wait,
-                    })
-                }),
-            Wait::NoWait | Wait::Forever => waiting.await,
-        }
+        within_wait(name, options, waiting).await
     }
 
     async fn wait_for_permits(
