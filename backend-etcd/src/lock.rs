@@ -314,6 +314,20 @@ impl EtcdLock {
             ),
             _ => (session, fixed_now),
         };
+        self.grant(name, session, fixed, revision, pending)
+    }
+
+    /// Turns our key, created at `revision` on `session`'s lease (a dedicated fixed
+    /// lease when `fixed`), into a guard, once it is our turn.
+    pub(crate) fn grant(
+        &self,
+        name: &str,
+        session: Arc<Session>,
+        fixed: bool,
+        revision: i64,
+        pending: Armed,
+    ) -> Result<LockGuard, Error> {
+        let inner = &self.inner;
         // Anchored at the moment the request that started the lease was sent: the grant
         // of a fixed lease, the last keepalive of a renewing session.
         let valid_until = session.valid_until();

@@ -14,7 +14,6 @@
 //! `%rw` and `%sem` cannot be the encoding of a lock name (an encoded `%` is `%25`), so
 //! these ranges never meet a lock's.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -22,11 +21,11 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchFilterType, WatchOptions,
 };
-use fencelock_core::{AcquireOptions, Error, FencingToken, Lease, Liveness, LockGuard, Wait};
+use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait};
 use tokio::time::Instant;
 
-use crate::error::{BACKEND, map};
-use crate::held::{Armed, Cleanup, EtcdHeld, KeyState};
+use crate::error::map;
+use crate::held::{Armed, Cleanup, KeyState};
 use crate::keys::encode;
 use crate::lock::{EtcdLock, within};
 use crate::session::Session;
@@ -161,35 +160,7 @@ impl EtcdLock {
             ),
             Lease::Renewing(_) => (session, false),
         };
-        let valid_until = session.valid_until();
-        if valid_until <= Instant::now() {
-            return Err(Error::unavailable(
-                BACKEND,
-                "the lease ran out before the grant was confirmed (etcd answered too slowly)",
-            ));
-        }
-        let liveness = Liveness::new(valid_until);
-        if fixed && !inner.fixed.register(session.lease_id(), &liveness) {
-            return Err(Error::Closed { backend: BACKEND });
-        }
-        let registration = (!fixed).then(|| session.register(liveness.clone()));
-        let cleanup = pending.disarm();
-        let held = EtcdHeld::start(
-            name,
-            session,
-            registration,
-            liveness.clone(),
-            cleanup,
-            &inner.delayed,
-        );
-        let token = FencingToken::new(u64::try_from(mine).unwrap_or_default());
-        Ok(LockGuard::new(
-            name,
-            token,
-            BACKEND,
-            liveness,
-            Arc::new(held),
-        ))
+        self.grant(name, session, fixed, mine, pending)
     }
 
     /// Whether a key under `range` was created before revision `mine`.
