@@ -633,6 +633,20 @@ impl EtcdLock {
         }
     }
 
+    /// Every key under `range` (keys only), in create order.
+    async fn keys_in_create_order(&self, range: &str) -> Result<etcd_client::GetResponse, Error> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only();
+        self.inner
+            .client
+            .kv_client()
+            .get(range, Some(options))
+            .await
+            .map_err(map)
+    }
+
     /// What [`DistributedLock::inspect`] reports of the name whose key range is `names`,
     /// given its keys (key, create revision, lease) in create order.
     async fn describe(&self, names: &str, keys: &[(&[u8], i64, i64)]) -> LockInfo {
@@ -701,17 +715,7 @@ impl DistributedLock for EtcdLock {
         validate_name(name)?;
         self.check_open()?;
         let names = name_prefix(&self.inner.config.prefix, name);
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_keys_only();
-        let response = self
-            .inner
-            .client
-            .kv_client()
-            .get(names.as_str(), Some(options))
-            .await
-            .map_err(map)?;
+        let response = self.keys_in_create_order(&names).await?;
         let keys: Vec<(&[u8], i64, i64)> = response
             .kvs()
             .iter()
@@ -802,17 +806,7 @@ impl DistributedLock for EtcdLock {
         self.check_open()?;
         let root = format!("{}/", self.inner.config.prefix);
         let range = format!("{root}{}", encode(prefix));
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_keys_only();
-        let response = self
-            .inner
-            .client
-            .kv_client()
-            .get(range.as_str(), Some(options))
-            .await
-            .map_err(map)?;
+        let response = self.keys_in_create_order(&range).await?;
         // Every key is `{root}{encoded name}/{lease}`; group them by name, keeping the
         // create order within each.
         let mut by_name: BTreeMap<String, Vec<(&[u8], i64, i64)>> = BTreeMap::new();

@@ -153,6 +153,28 @@ impl MemoryLock {
             + self.shared.rwlocks().active()
     }
 
+    /// The guard of grant `id` of `name` in the table of `kind`: renewed while it lives
+    /// (for a renewing lease), released through that table.
+    fn guard(
+        &self,
+        kind: Kind,
+        name: &Arc<str>,
+        id: u64,
+        lease: crate::Lease,
+        (token, liveness): (crate::FencingToken, crate::Liveness),
+    ) -> LockGuard {
+        let held = MemoryHeld::start(
+            self.shared.clone(),
+            kind,
+            self.client.closed.clone(),
+            name.clone(),
+            id,
+            lease,
+            liveness.clone(),
+        );
+        LockGuard::new(name.as_ref(), token, BACKEND, liveness, Arc::new(held))
+    }
+
     /// Fails with [`Error::Closed`] once this client is closed.
     fn check_open(&self) -> Result<(), Error> {
         if self.client.closed.is_cancelled() {
@@ -257,22 +279,7 @@ impl MemoryLock {
                 Attempt::Granted(token, liveness) => {
                     // The table took us off the queue when it granted the lock.
                     ticket.queued = false;
-                    let held = MemoryHeld::start(
-                        self.shared.clone(),
-                        Kind::Lock,
-                        self.client.closed.clone(),
-                        name.clone(),
-                        id,
-                        lease,
-                        liveness.clone(),
-                    );
-                    return Ok(LockGuard::new(
-                        name.as_ref(),
-                        token,
-                        BACKEND,
-                        liveness,
-                        Arc::new(held),
-                    ));
+                    return Ok(self.guard(Kind::Lock, name, id, lease, (token, liveness)));
                 }
                 Attempt::Contended => {
                     return Err(Error::Contended {
@@ -362,22 +369,7 @@ impl MemoryLock {
             match attempt {
                 semaphore::Attempt::Granted(token, liveness) => {
                     ticket.queued = false;
-                    let held = MemoryHeld::start(
-                        self.shared.clone(),
-                        kind,
-                        self.client.closed.clone(),
-                        name.clone(),
-                        request.id,
-                        lease,
-                        liveness.clone(),
-                    );
-                    return Ok(LockGuard::new(
-                        name.as_ref(),
-                        token,
-                        BACKEND,
-                        liveness,
-                        Arc::new(held),
-                    ));
+                    return Ok(self.guard(kind, name, request.id, lease, (token, liveness)));
                 }
                 semaphore::Attempt::Contended => {
                     return Err(Error::Contended {
