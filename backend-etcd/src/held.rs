@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, Txn, TxnOp, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
 };
 use fencelock_core::{Error, HeldLock, Liveness, LossCause};
 use tokio::runtime::Handle;
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::delayed::Delayed;
 use crate::error::{map, timed_out};
 use crate::gate::GatePermit;
-use crate::session::Session;
+use crate::session::{FixedLeases, Session, drift_margin};
 
 /// Deletes `key` if it is still the incarnation created at `revision` (etcd #22082: a
 /// late delete must never remove a newer key). Returns whether it deleted it.
@@ -242,6 +242,9 @@ pub(crate) struct EtcdHeld {
     liveness: Liveness,
     session: Arc<Session>,
     registration: Option<u64>,
+    /// The client's registry of fixed leases, when this grant is on one (and so may be
+    /// extended).
+    fixed: Option<Arc<FixedLeases>>,
     releasing: Arc<AtomicBool>,
     released: AtomicBool,
     /// An earlier `release()` could not confirm the delete and left it to the
@@ -256,6 +259,7 @@ impl EtcdHeld {
         name: &str,
         session: Arc<Session>,
         registration: Option<u64>,
+        fixed: Option<Arc<FixedLeases>>,
         liveness: Liveness,
         cleanup: Cleanup,
         delayed: &Arc<Delayed>,
@@ -297,6 +301,7 @@ impl EtcdHeld {
             liveness,
             session,
             registration,
+            fixed,
             releasing,
             released: AtomicBool::new(false),
             handed_off: AtomicBool::new(false),
@@ -391,6 +396,114 @@ impl HeldLock for EtcdHeld {
 
     fn backend_key(&self) -> Option<&str> {
         Some(&self.key)
+    }
+
+    fn can_extend(&self) -> Result<(), Error> {
+        match self.fixed {
+            Some(_) => Ok(()),
+            None => Err(Error::not_a_fixed_lease()),
+        }
+    }
+
+    /// An etcd lease's TTL cannot be changed, so the key moves onto a fresh lease of the
+    /// new length (a put that keeps the create revision, so the token stays, checked
+    /// against our incarnation and our current lease) and the old lease is revoked. The
+    /// work runs in its own task: a dropped call leaves either the old lease or the new
+    /// one, never both.
+    #[tracing::instrument(name = "fencelock.etcd.extend", level = "debug", skip_all, fields(lock = %self.name))]
+    async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+        self.can_extend()?;
+        let Some(fixed) = self.fixed.clone() else {
+            return Err(Error::not_a_fixed_lease());
+        };
+        fencelock_core::validate_lease(lease, crate::config::MIN_LEASE)?;
+        let seconds = crate::config::lease_seconds(lease)?;
+        let (client, runtime, timeout, old) = {
+            let cleanup = self.cleanup.lock().unwrap_or_else(PoisonError::into_inner);
+            match cleanup.as_ref().and_then(|c| c.fixed_lease.map(|l| (c, l))) {
+                Some((c, old)) => (c.client.clone(), c.runtime.clone(), c.timeout, old),
+                None => return Err(Error::lost(&self.name, "the lock was already given up")),
+            }
+        };
+        let (key, revision, cleanup) = (self.key.clone(), self.revision, self.cleanup.clone());
+        let work = async move {
+            let sent = Instant::now();
+            let granted = tokio::time::timeout(timeout, client.lease_client().grant(seconds, None))
+                .await
+                .map_err(|_| timed_out("granting the extended lease"))?
+                .map_err(map)?;
+            let new = granted.id();
+            let revoke = |lease: i64| {
+                let client = client.clone();
+                tokio::spawn(async move { client.lease_client().revoke(lease).await })
+            };
+            if granted.ttl() != seconds {
+                revoke(new);
+                return Err(Error::InvalidConfig(format!(
+                    "etcd granted a {} s lease when {seconds} s was asked; the server's minimum TTL is higher",
+                    granted.ttl()
+                )));
+            }
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key.as_str(), CompareOp::Equal, revision),
+                    Compare::lease(key.as_str(), CompareOp::Equal, old),
+                ])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    "",
+                    Some(PutOptions::new().with_lease(new).with_ignore_value()),
+                )]);
+            let moved = match tokio::time::timeout(timeout, client.kv_client().txn(txn)).await {
+                Ok(Ok(response)) => response.succeeded(),
+                Ok(Err(error)) => {
+                    // Unknown whether it moved: the key stays on whichever lease it is;
+                    // both expire, and the guard keeps its old deadline.
+                    tracing::debug!(%key, %error, "etcd extend: the move's answer was lost");
+                    return Err(map(error));
+                }
+                Err(_) => return Err(timed_out("moving the key onto the extended lease")),
+            };
+            if !moved {
+                revoke(new);
+                return Err(Error::lost(
+                    &key,
+                    "the key was gone (or no longer ours) when extending its lease",
+                ));
+            }
+            // The key lives on `new` now. A release that took the clean-up meanwhile
+            // revokes `old` only, and a closed client registers nothing: revoke `new` too.
+            let kept = {
+                let mut cleanup = cleanup.lock().unwrap_or_else(PoisonError::into_inner);
+                match cleanup.as_mut() {
+                    Some(c) if c.fixed_lease == Some(old) && fixed.replace(old, new) => {
+                        c.fixed_lease = Some(new);
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if !kept {
+                revoke(new);
+                return Err(Error::lost(
+                    &key,
+                    "the lock was released or closed while extending",
+                ));
+            }
+            revoke(old);
+            Ok(sent + lease - drift_margin(lease))
+        };
+        match runtime.spawn(work).await {
+            Ok(Err(Error::Lost { reason, .. })) => {
+                self.liveness.mark_lost(LossCause::KeyGone, reason.clone());
+                Err(Error::lost(&self.name, reason))
+            }
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::unavailable(
+                crate::error::BACKEND,
+                "the extend task failed",
+            )),
+        }
     }
 }
 

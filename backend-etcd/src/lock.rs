@@ -76,7 +76,7 @@ pub(crate) struct Inner {
     pub(crate) config: EtcdConfig,
     pub(crate) sessions: Sessions,
     /// The dedicated leases of fixed-lease grants, revoked by `close`.
-    pub(crate) fixed: FixedLeases,
+    pub(crate) fixed: Arc<FixedLeases>,
     /// Cancelled by `close`: waiting acquires end with `Error::Closed`.
     pub(crate) closed: CancellationToken,
     pub(crate) gates: Arc<Gates>,
@@ -145,7 +145,7 @@ impl EtcdLock {
                     client,
                     config,
                     sessions,
-                    fixed: FixedLeases::default(),
+                    fixed: Arc::default(),
                     closed: CancellationToken::new(),
                     gates: Arc::default(),
                     runtime: Handle::current(),
@@ -350,6 +350,7 @@ impl EtcdLock {
             name,
             session,
             registration,
+            fixed.then(|| inner.fixed.clone()),
             liveness.clone(),
             cleanup,
             &inner.delayed,

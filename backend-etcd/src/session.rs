@@ -423,6 +423,24 @@ impl FixedLeases {
         true
     }
 
+    /// Records that the guard on fixed lease `old` moved to lease `new` (an extension).
+    /// Returns `false` when the client was closed meanwhile: `new` must be revoked.
+    pub(crate) fn replace(&self, old: i64, new: i64) -> bool {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.0 {
+            return false;
+        }
+        for entry in &mut state.1 {
+            if entry.0 == old {
+                entry.0 = new;
+            }
+        }
+        true
+    }
+
     /// Marks every registered guard lost, registers nothing more, and returns their
     /// leases to revoke.
     pub(crate) fn close(&self) -> Vec<i64> {

@@ -366,6 +366,50 @@ impl Engine {
     }
 
     /// The locks granted through this client and not yet released.
+    /// Moves the expiry of `keys` (held by `owner`) to `lease` from now on every node,
+    /// with the renewal script. Returns the new local deadline once a quorum did.
+    pub(crate) async fn extend(
+        &self,
+        name: &str,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<tokio::time::Instant, Error> {
+        let sent = tokio::time::Instant::now();
+        let mut invocation = scripts::RENEW.prepare_invoke();
+        invocation.key(&keys.lock).arg(owner).arg(millis(lease));
+        let limit = self.lease_timeout(lease);
+        let replies = futures_util::future::join_all(self.nodes.iter().map(|node| {
+            let invocation = &invocation;
+            self.bounded(node, limit, node.invoke::<Vec<i64>>(invocation))
+        }))
+        .await;
+        let renewed = replies
+            .iter()
+            .filter(|r| matches!(r.as_deref(), Ok([1])))
+            .count();
+        let gone = replies
+            .iter()
+            .filter(|r| matches!(r.as_deref(), Ok([n]) if *n != 1))
+            .count();
+        if renewed >= self.quorum {
+            Ok(sent + lease - drift(lease))
+        } else if gone > self.nodes.len() - self.quorum {
+            Err(Error::lost(
+                name,
+                "the lock key was gone or held by another owner when extending its lease",
+            ))
+        } else {
+            match replies.into_iter().find_map(Result::err) {
+                Some(error) => Err(error),
+                None => Err(Error::unavailable(
+                    BACKEND,
+                    "too few Redis servers confirmed the extension",
+                )),
+            }
+        }
+    }
+
     pub(crate) fn held(&self) -> MutexGuard<'_, HashMap<u64, Granted>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -3,9 +3,11 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock_core::{Error, HeldLock};
+use tokio::time::Instant;
 
 use crate::engine::Engine;
 use crate::keys::LockKeys;
@@ -60,6 +62,29 @@ impl HeldLock for RedisHeld {
                 self.election,
             );
         }
+    }
+
+    fn can_extend(&self) -> Result<(), Error> {
+        // Only renewing leases are in the renewal registry.
+        if self.engine.renewals.contains(self.id) {
+            Err(Error::not_a_fixed_lease())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Moves the key's expiry on every node (a quorum for Redlock) with the renewal
+    /// script: one script per node, so a dropped call extended on some nodes or none.
+    #[tracing::instrument(name = "fencelock.redis.extend", level = "debug", skip_all, fields(lock = %self.name))]
+    async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+        self.can_extend()?;
+        fencelock_core::validate_lease(lease, crate::lock::MIN_LEASE)?;
+        if self.released.load(Ordering::Acquire) {
+            return Err(Error::lost(&self.name, "the lock was released"));
+        }
+        self.engine
+            .extend(&self.name, &self.keys, &self.owner, lease)
+            .await
     }
 
     /// The lock key (on every instance, for Redlock).

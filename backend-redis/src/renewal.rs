@@ -102,6 +102,11 @@ impl Renewals {
         self.state().entries.remove(&id);
     }
 
+    /// Whether lock `id` is being renewed (a renewing lease not yet released or lost).
+    pub(crate) fn contains(&self, id: u64) -> bool {
+        self.state().entries.contains_key(&id)
+    }
+
     /// Wakes the task so that it sees the client closed and ends.
     pub(crate) fn wake_to_stop(&self) {
         self.wake.notify_one();

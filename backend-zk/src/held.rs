@@ -22,6 +22,8 @@ pub(crate) struct ZkHeld {
     node: Arc<Node>,
     liveness: Liveness,
     registration: u64,
+    /// Whether the grant has a fixed lease (and so may be extended).
+    fixed: bool,
     /// Stops the watch task.
     stop: CancellationToken,
     /// Serializes releases so repeated calls see each other's outcome.
@@ -146,6 +148,7 @@ impl ZkHeld {
             node,
             liveness,
             registration,
+            fixed: cap.is_some(),
             stop,
             releasing: tokio::sync::Mutex::new(()),
             released: AtomicBool::new(false),
@@ -267,6 +270,68 @@ impl HeldLock for ZkHeld {
 
     fn backend_key(&self) -> Option<&str> {
         Some(&self.node.path)
+    }
+
+    fn can_extend(&self) -> Result<(), Error> {
+        if self.fixed {
+            Ok(())
+        } else {
+            Err(Error::not_a_fixed_lease())
+        }
+    }
+
+    /// A fixed lease on ZooKeeper is this client's own cap on a node of its session: the
+    /// extension checks that the node is still there and moves the cap to `lease` after
+    /// that check was sent. The session's own deadline still applies.
+    #[tracing::instrument(name = "fencelock.zookeeper.extend", level = "debug", skip_all, fields(lock = %self.name))]
+    async fn extend(&self, lease: Duration) -> Result<tokio::time::Instant, Error> {
+        self.can_extend()?;
+        fencelock_core::validate_lease(lease, Duration::ZERO)?;
+        let session = &self.node.session;
+        let sent = tokio::time::Instant::now();
+        let checked = tokio::time::timeout(
+            session.timeout(),
+            session.client.check_stat(&self.node.path),
+        )
+        .await
+        .map_err(|_| {
+            Error::unavailable(
+                crate::error::BACKEND,
+                "ZooKeeper did not answer the extend in time",
+            )
+        })?;
+        match checked {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                self.liveness.mark_lost(
+                    LossCause::KeyGone,
+                    "the lock node was gone when extending its lease",
+                );
+                return Err(Error::lost(
+                    &self.name,
+                    "the lock node was gone when extending its lease",
+                ));
+            }
+            Err(err) if session_ended(&err) => {
+                self.liveness.mark_lost(
+                    LossCause::SessionEnded,
+                    format!("the ZooKeeper session ended: {err}"),
+                );
+                return Err(Error::lost(
+                    &self.name,
+                    format!("the ZooKeeper session ended: {err}"),
+                ));
+            }
+            Err(err) => return Err(map(err)),
+        }
+        let cap = sent + lease;
+        if !session.set_cap(self.registration, cap) {
+            return Err(Error::lost(
+                &self.name,
+                "the lock was released or closed while extending",
+            ));
+        }
+        Ok(cap.min(session.deadline(session.anchor())))
     }
 }
 

@@ -203,6 +203,18 @@ impl ZkSession {
         id
     }
 
+    /// Moves the end of registered lock `id`'s fixed lease to `cap` (an extension).
+    /// Returns `false` when it is no longer registered (released, or the client closed).
+    pub(crate) fn set_cap(&self, id: u64, cap: Instant) -> bool {
+        match self.held().get_mut(&id) {
+            Some(entry) => {
+                entry.cap = Some(cap);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Stops tracking a released lock.
     pub(crate) fn unregister(&self, id: u64) {
         self.held().remove(&id);

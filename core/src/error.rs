@@ -164,6 +164,16 @@ impl Error {
         }
     }
 
+    /// The [`Error::InvalidConfig`] of [`LockGuard::extend`](crate::LockGuard::extend) on
+    /// a renewing lease, the same from every backend.
+    pub fn not_a_fixed_lease() -> Self {
+        Error::InvalidConfig(
+            "only a fixed lease is extended; a renewing lease renews itself while the guard \
+             lives"
+                .into(),
+        )
+    }
+
     /// Shorthand for [`Error::Lost`].
     pub fn lost(name: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Lost {

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -46,6 +47,46 @@ pub trait HeldLock: Send + Sync + fmt::Debug + 'static {
     /// thing.
     fn backend_key(&self) -> Option<&str> {
         None
+    }
+
+    /// Moves the end of a fixed lease to `lease` after the request is sent, on the
+    /// server, and returns the grant's new conservative `valid_until` (the send instant
+    /// plus `lease`, minus the backend's drift margin). Checked against owner and
+    /// incarnation like [`release`](Self::release). The default says the backend cannot.
+    ///
+    /// # Cancel safety
+    ///
+    /// Backends make it so: a dropped call either extended the lease or left it as it
+    /// was, and leaves nothing behind (no extra lease, task or key).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] when the grant was no longer held; [`Error::InvalidConfig`] when
+    /// the lease renews itself or `lease` is out of the backend's range;
+    /// [`Error::Unsupported`] when the backend cannot extend; backend errors when it
+    /// could not be reached (the lease then ends as it would have).
+    async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+        let _ = lease;
+        self.can_extend()?;
+        Err(Error::Unsupported {
+            backend: "unknown",
+            operation: "extending a fixed lease",
+        })
+    }
+
+    /// Whether [`extend`](Self::extend) may be asked at all, without I/O:
+    /// [`Error::InvalidConfig`] for a renewing lease
+    /// ([`Error::not_a_fixed_lease`]), [`Error::Unsupported`] (the default) for a
+    /// backend that cannot extend.
+    ///
+    /// # Errors
+    ///
+    /// As said above.
+    fn can_extend(&self) -> Result<(), Error> {
+        Err(Error::Unsupported {
+            backend: "unknown",
+            operation: "extending a fixed lease",
+        })
     }
 }
 
@@ -201,6 +242,92 @@ impl LockGuard {
     /// `release` can be called more than once (see [`HeldLock`]).
     pub fn held(&self) -> &Arc<dyn HeldLock> {
         &self.held
+    }
+
+    /// Extends a fixed lease ([`AcquireOptions::fixed_lease`](crate::AcquireOptions::fixed_lease)):
+    /// the grant now ends `lease` after this request is sent, on the server and in
+    /// [`valid_until`](Self::valid_until), which moves forward (it never moves back: an
+    /// extension shorter than what is left changes nothing and returns `Ok`). The token
+    /// stays the same. This is the explicit counterpart of the automatic renewal of a
+    /// renewing lease: a holder that knows its work takes longer asks for more time,
+    /// and a holder that stops asking loses the lock when the lease ends.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use fencelock_core::{AcquireOptions, DistributedLock, MemoryLock};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock_core::Error> {
+    /// let locks = MemoryLock::new();
+    /// let guard = locks
+    ///     .acquire("import", AcquireOptions::new().fixed_lease(Duration::from_secs(10)))
+    ///     .await?;
+    /// // ... the import turns out to be large ...
+    /// guard.extend(Duration::from_secs(60)).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call either extended the lease or left it as it was, and
+    /// leaves nothing behind. `valid_until` moves only once the extension is confirmed.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Lost`] when the lock is lost already, or was no longer held on the
+    ///   server (then the guard reports the loss too).
+    /// - [`Error::InvalidConfig`] when the lease renews itself (only fixed leases are
+    ///   extended) or `lease` is zero, longer than 365 days or shorter than the backend's
+    ///   minimum; nothing is sent then.
+    /// - [`Error::Unsupported`] on a backend or layer that cannot extend.
+    /// - [`Error::Unavailable`], [`Error::Backend`] when the backend could not be
+    ///   reached: the lease then ends as it would have, and the guard reports it.
+    pub async fn extend(&self, lease: Duration) -> Result<(), Error> {
+        if self.finished {
+            return Err(Error::lost(&self.name, "the guard was released"));
+        }
+        if self.liveness.is_lost() {
+            return Err(Error::lost(
+                &self.name,
+                self.liveness.lost_reason().unwrap_or("lost before extend"),
+            ));
+        }
+        crate::validate_lease(lease, Duration::ZERO)?;
+        self.held
+            .can_extend()
+            .map_err(|error| self.own_unsupported(error))?;
+        // Never shorter: the server's lease must end no earlier than the deadline the
+        // guard already promises. Extending only past it keeps that true on every
+        // backend, whose new server-side end is at least `lease` after the request.
+        if Instant::now()
+            .checked_add(lease)
+            .is_some_and(|end| end <= self.liveness.valid_until())
+        {
+            return Ok(());
+        }
+        match self.held.extend(lease).await {
+            Ok(valid_until) => {
+                self.liveness.extend(valid_until);
+                if self.liveness.is_lost() {
+                    return Err(Error::lost(
+                        &self.name,
+                        self.liveness.lost_reason().unwrap_or("lost during extend"),
+                    ));
+                }
+                Ok(())
+            }
+            Err(error) => Err(self.own_unsupported(error)),
+        }
+    }
+
+    /// An [`Error::Unsupported`] of the backend handle, named after this guard's backend.
+    fn own_unsupported(&self, error: Error) -> Error {
+        match error {
+            Error::Unsupported { operation, .. } => Error::Unsupported {
+                backend: self.backend,
+                operation,
+            },
+            other => other,
+        }
     }
 
     /// Releases the lock.

@@ -54,7 +54,9 @@ pub use liveness::{Liveness, LossCause};
 pub use lock::{DistributedLock, HolderInfo, ListedLock, LockInfo, downcast_lock};
 pub use memory::MemoryLock;
 pub use name::{MAX_NAME_LEN, validate_name, validate_prefix};
-pub use options::{AcquireOptions, DEFAULT_LEASE, FOREVER, Lease, MAX_LEASE, SHORTEST_LEASE, Wait};
+pub use options::{
+    AcquireOptions, DEFAULT_LEASE, FOREVER, Lease, MAX_LEASE, SHORTEST_LEASE, Wait, validate_lease,
+};
 pub use redact::redact_url;
 pub use renewal::{RENEWAL_SECONDS, RENEWALS_TOTAL, RenewalOutcome, record_renewal};
 pub use semaphore::Permits;

@@ -187,25 +187,36 @@ impl AcquireOptions {
     /// [`Error::InvalidConfig`] if the lease is zero, shorter than `min_lease` or than
     /// [`SHORTEST_LEASE`], or longer than [`MAX_LEASE`]. The lease is never silently adjusted.
     pub fn validate(&self, min_lease: Duration) -> Result<(), Error> {
-        let lease = self.lease_kind().duration();
-        if lease.is_zero() {
-            return Err(Error::InvalidConfig(
-                "the lease must be longer than zero".into(),
-            ));
-        }
-        if lease > MAX_LEASE {
-            return Err(Error::InvalidConfig(format!(
-                "a lease of {lease:?} is longer than the maximum of {MAX_LEASE:?} (365 days)"
-            )));
-        }
-        let min_lease = min_lease.max(SHORTEST_LEASE);
-        if lease < min_lease {
-            return Err(Error::InvalidConfig(format!(
-                "a lease of {lease:?} is shorter than this backend's minimum of {min_lease:?}"
-            )));
-        }
-        Ok(())
+        validate_lease(self.lease_kind().duration(), min_lease)
     }
+}
+
+/// Checks a lease duration against the range every backend accepts and the backend's
+/// own minimum: longer than zero, at most 365 days, at least `min_lease` (and the
+/// shortest lease any backend takes). For backends, when a lease arrives without
+/// [`AcquireOptions`] (as in [`LockGuard::extend`](crate::LockGuard::extend)).
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] naming the bound that was crossed.
+pub fn validate_lease(lease: Duration, min_lease: Duration) -> Result<(), Error> {
+    if lease.is_zero() {
+        return Err(Error::InvalidConfig(
+            "the lease must be longer than zero".into(),
+        ));
+    }
+    if lease > MAX_LEASE {
+        return Err(Error::InvalidConfig(format!(
+            "a lease of {lease:?} is longer than the maximum of {MAX_LEASE:?} (365 days)"
+        )));
+    }
+    let min_lease = min_lease.max(SHORTEST_LEASE);
+    if lease < min_lease {
+        return Err(Error::InvalidConfig(format!(
+            "a lease of {lease:?} is shorter than this backend's minimum of {min_lease:?}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -162,3 +162,121 @@ pub async fn with_lock_cancels_work_on_loss(lock: &dyn DistributedLock) {
         .expect("lock free after lost with_lock");
     after.release().await.expect("release");
 }
+
+/// [`LockGuard::extend`](crate::LockGuard::extend) moves the end of a fixed lease: the
+/// guard outlives its first deadline, no other client gets the lock before the extended
+/// `valid_until`, the token stays, and when the extended lease ends the guard reports
+/// loss and the next holder gets a larger token. A shorter extension never moves the
+/// deadline back; a renewing lease, a zero or absurd duration and a lost guard are
+/// refused with typed errors, without panicking.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
+pub async fn fixed_leases_can_be_extended(a: &dyn DistributedLock, b: &dyn DistributedLock) {
+    let name = unique_name("extend");
+    let lease = short_lease(a);
+
+    // A renewing lease is not extended, whatever the duration.
+    let renewing = a
+        .acquire(&name, AcquireOptions::new().no_wait())
+        .await
+        .expect("acquire with a renewing lease");
+    for duration in [lease * 4, Duration::ZERO, Duration::MAX] {
+        assert!(
+            matches!(
+                renewing.extend(duration).await,
+                Err(Error::InvalidConfig(_))
+            ),
+            "extending a renewing lease by {duration:?} must be InvalidConfig"
+        );
+    }
+    renewing.release().await.expect("release");
+
+    let guard = a
+        .acquire(&name, AcquireOptions::new().fixed_lease(lease).no_wait())
+        .await
+        .expect("acquire with a fixed lease");
+    let first_deadline = guard.valid_until();
+    for duration in [Duration::ZERO, Duration::MAX, crate::MAX_LEASE * 2] {
+        assert!(
+            matches!(guard.extend(duration).await, Err(Error::InvalidConfig(_))),
+            "extending by {duration:?} must be InvalidConfig"
+        );
+    }
+    assert_eq!(
+        guard.valid_until(),
+        first_deadline,
+        "a refused extension moved the deadline"
+    );
+
+    let extended_to = lease * 4;
+    let sent = Instant::now();
+    guard.extend(extended_to).await.expect("extend");
+    let extended = guard.valid_until();
+    assert!(extended > first_deadline, "extend did not move valid_until");
+    assert!(
+        extended <= Instant::now() + extended_to && extended >= sent,
+        "valid_until lies beyond the extension"
+    );
+    // Shorter than what is left: nothing moves back.
+    guard.extend(lease).await.expect("a shorter extension");
+    assert!(
+        guard.valid_until() >= extended,
+        "a shorter extension moved valid_until back"
+    );
+
+    // Past the first deadline the guard still holds, and the other client is refused.
+    tokio::time::sleep_until(first_deadline + SLACK).await;
+    assert!(
+        !guard.is_lost(),
+        "the extended guard was lost at its first deadline: {:?}",
+        guard.lost_reason()
+    );
+    assert!(
+        matches!(
+            b.acquire(&name, AcquireOptions::new().no_wait()).await,
+            Err(Error::Contended { .. })
+        ),
+        "another client got the lock after the first deadline of an extended lease"
+    );
+
+    // When the extension ends, the guard is lost and the next holder comes in after it.
+    let valid_until = guard.valid_until();
+    let next = async {
+        let next = b
+            .acquire(
+                &name,
+                AcquireOptions::new().wait_timeout(extended_to * 2 + Duration::from_secs(10)),
+            )
+            .await
+            .expect("the next holder acquires after the extension ends");
+        (next, Instant::now())
+    };
+    let loss = async {
+        guard.lost().await;
+        Instant::now()
+    };
+    let ((next, granted_at), lost_at) = tokio::join!(next, loss);
+    assert!(
+        granted_at >= valid_until,
+        "a second holder was granted before the extended valid_until"
+    );
+    assert!(
+        lost_at <= valid_until + SLACK,
+        "loss reported {:?} after the extended valid_until",
+        lost_at - valid_until
+    );
+    assert!(next.token() > guard.token(), "tokens must increase");
+    assert!(
+        matches!(guard.extend(extended_to).await, Err(Error::Lost { .. })),
+        "a lost guard must not be extended"
+    );
+    assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
+    next.release().await.expect("release");
+}

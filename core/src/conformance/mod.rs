@@ -37,8 +37,8 @@ pub use exclusion::{
     try_lock_under_contention, wait_timeout_is_honoured, with_lock_runs_and_releases,
 };
 pub use expiry::{
-    fixed_lease_expires_and_reports_loss, renewing_lease_outlives_its_duration,
-    with_lock_cancels_work_on_loss,
+    fixed_lease_expires_and_reports_loss, fixed_leases_can_be_extended,
+    renewing_lease_outlives_its_duration, with_lock_cancels_work_on_loss,
 };
 pub use handoff::{
     cancelled_give_up_leaves_no_waiter, cancelled_release_frees_the_name,
@@ -102,6 +102,7 @@ macro_rules! conformance_suite {
             leadership_passes_when_the_leader_is_lost,
             never_more_permits_than_the_limit,
             permits_come_back_when_a_lease_ends,
+            fixed_leases_can_be_extended,
             semaphore_requests_are_checked_and_cancellable,
             readers_share_and_writers_exclude,
             a_waiting_writer_is_not_starved,

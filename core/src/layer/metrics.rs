@@ -73,6 +73,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use metrics::{
@@ -608,6 +609,15 @@ impl HeldLock for MeteredHeld {
 
     fn backend_key(&self) -> Option<&str> {
         self.held.backend_key()
+    }
+
+    fn can_extend(&self) -> Result<(), Error> {
+        self.held.can_extend()
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+        // The inner guard shares this liveness: the outer guard moves it.
+        self.held.extend(lease).await
     }
 }
 

@@ -48,6 +48,8 @@ pub(super) struct MemoryHeld {
     kind: Kind,
     name: Arc<str>,
     id: u64,
+    /// Whether the lease is fixed (and so may be extended).
+    fixed: bool,
     renewal: Option<AbortHandle>,
     released: AtomicBool,
 }
@@ -103,6 +105,7 @@ impl MemoryHeld {
             kind,
             name,
             id,
+            fixed: matches!(lease, Lease::Fixed(_)),
             renewal,
             released: AtomicBool::new(false),
         }
@@ -140,6 +143,27 @@ impl HeldLock for MemoryHeld {
 
     fn release_in_background(&self) {
         let _ = self.release_now();
+    }
+
+    fn can_extend(&self) -> Result<(), Error> {
+        if self.fixed {
+            Ok(())
+        } else {
+            Err(Error::not_a_fixed_lease())
+        }
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<tokio::time::Instant, Error> {
+        self.can_extend()?;
+        crate::validate_lease(lease, crate::SHORTEST_LEASE)?;
+        let sent = tokio::time::Instant::now();
+        match self.kind.renew(&self.shared, &self.name, self.id, lease) {
+            Renewal::Renewed => Ok(sent + lease),
+            Renewal::Gone => Err(Error::lost(
+                self.name.as_ref(),
+                "the lock was no longer held when extending its lease",
+            )),
+        }
     }
 }
 

@@ -170,7 +170,7 @@ impl Semaphores {
         semaphore.expire(now);
         match semaphore.holders.iter_mut().find(|h| h.id == id) {
             Some(holder) => {
-                holder.expires_at = now + lease;
+                holder.expires_at = holder.expires_at.max(now + lease);
                 holder.liveness.extend(holder.expires_at);
                 Renewal::Renewed
             }

@@ -165,7 +165,7 @@ impl Table {
         entry.expire(now);
         match &mut entry.holder {
             Some(holder) if holder.id == id => {
-                holder.expires_at = now + lease;
+                holder.expires_at = holder.expires_at.max(now + lease);
                 holder.liveness.extend(holder.expires_at);
                 Renewal::Renewed
             }

@@ -19,6 +19,8 @@ pub(super) struct MigrationHeld {
     name: String,
     guards: Mutex<Option<Vec<(&'static str, LockGuard)>>>,
     helds: Vec<(&'static str, Arc<dyn HeldLock>)>,
+    /// The legs' own liveness records, in acquisition order, moved by `extend`.
+    legs: Vec<Liveness>,
     key: Option<String>,
 }
 
@@ -30,6 +32,10 @@ impl MigrationHeld {
             .iter()
             .map(|(role, guard)| (*role, guard.held().clone()))
             .collect();
+        let legs = guards
+            .iter()
+            .map(|(_, guard)| guard.liveness().clone())
+            .collect();
         let key = guards
             .first()
             .and_then(|(_, guard)| guard.backend_key())
@@ -38,6 +44,7 @@ impl MigrationHeld {
             name: name.to_owned(),
             guards: Mutex::new(Some(guards)),
             helds,
+            legs,
             key,
         }
     }
@@ -104,6 +111,35 @@ impl HeldLock for MigrationHeld {
 
     fn backend_key(&self) -> Option<&str> {
         self.key.as_deref()
+    }
+
+    /// Extends every leg, in acquisition order; the migration guard is valid until the
+    /// earlier of the legs' new deadlines. A leg that cannot be extended fails the whole
+    /// call (the legs extended before it just hold longer).
+    fn can_extend(&self) -> Result<(), Error> {
+        self.helds
+            .iter()
+            .try_for_each(|(_, held)| held.can_extend())
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+        let mut valid_until: Option<Instant> = None;
+        for ((role, held), leg) in self.helds.iter().zip(&self.legs) {
+            let extended = match held.extend(lease).await {
+                Ok(extended) => extended,
+                Err(Error::Lost { reason, .. }) => {
+                    return Err(Error::lost(
+                        &self.name,
+                        format!("the {role} leg was lost: {reason}"),
+                    ));
+                }
+                Err(error) => return Err(error),
+            };
+            leg.extend(extended);
+            let leg_until = leg.valid_until();
+            valid_until = Some(valid_until.map_or(leg_until, |v| v.min(leg_until)));
+        }
+        valid_until.ok_or_else(|| Error::lost(&self.name, "the migration guard has no legs"))
     }
 }
 
