@@ -157,6 +157,8 @@ impl RedisTls {
 /// `wait_replicas=N` and `wait_timeout=DUR` (replica check after acquiring),
 /// `timeout=DUR` (response timeout, default 2 s), `connect_timeout=DUR` (default 5 s),
 /// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h),
+/// `poll_min=DUR` and `poll_max=DUR` (raw layout: how often a waiter looks at a
+/// hand-written lock, default 50 ms doubling to 1 s; see [`RedisConfig::poll_min`]),
 /// `db=N`, `sentinel_username=USER` and `sentinel_password=PASS` (the Sentinels' own
 /// credentials, when they require a password) (Sentinel only), and for the TLS schemes
 /// only `ca=PATH`, `cert=PATH`, `key=PATH` (see [`RedisTls`]). Durations are `250ms`, `2s`, `5m` (see
@@ -192,6 +194,15 @@ pub struct RedisConfig {
     /// Password for the Sentinels themselves (`sentinel_password=`), if they require one
     /// (`requirepass` on the Sentinels); Sentinel only. Never printed.
     pub sentinel_password: Option<String>,
+    /// In the raw layout, how often a waiter looks at a lock held by someone else, from
+    /// `poll_min=` (default 50 ms) doubling to `poll_max=` (default 1 s). A hand-written
+    /// `SET NX PX` locker publishes nothing when it deletes its key, so without this a
+    /// waiter would notice only when the key's TTL ran out; with it, a waiter gets the
+    /// lock within `poll_max` of its release. The tagged layout never polls: every
+    /// release by this library is published.
+    pub poll_min: Duration,
+    /// See [`poll_min`](Self::poll_min).
+    pub poll_max: Duration,
 }
 
 impl RedisConfig {
@@ -210,6 +221,8 @@ impl RedisConfig {
             tls: RedisTls::default(),
             sentinel_username: None,
             sentinel_password: None,
+            poll_min: Duration::from_millis(50),
+            poll_max: Duration::from_secs(1),
         }
     }
 
@@ -310,6 +323,8 @@ impl RedisConfig {
                     config.connect_timeout = parse_duration(&value).map_err(&bad)?
                 }
                 "token_ttl" => config.token_ttl = parse_duration(&value).map_err(&bad)?,
+                "poll_min" => config.poll_min = parse_duration(&value).map_err(&bad)?,
+                "poll_max" => config.poll_max = parse_duration(&value).map_err(&bad)?,
                 "sentinel_username" => config.sentinel_username = Some(value),
                 "sentinel_password" => config.sentinel_password = Some(value),
                 "ca" => config.tls.ca = Some(value),
@@ -339,6 +354,9 @@ impl RedisConfig {
             return Err(bad(
                 "timeout and connect_timeout must be positive and token_ttl at least 1s".into(),
             ));
+        }
+        if config.poll_min.is_zero() || config.poll_min > config.poll_max {
+            return Err(bad("poll_min must be positive and at most poll_max".into()));
         }
         config.layout = if raw {
             KeyLayout::raw(prefix.unwrap_or_default())
@@ -432,6 +450,8 @@ impl fmt::Debug for RedisConfig {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("token_ttl", &self.token_ttl)
+            .field("poll_min", &self.poll_min)
+            .field("poll_max", &self.poll_max)
             .field("tls", &self.tls)
             .field("sentinel_username", &self.sentinel_username)
             .field(

@@ -136,6 +136,10 @@ impl RedisLock {
         let wake = Arc::new(Notify::new());
         let mut subscriptions = Vec::new();
         let will_wait = options.wait_kind() != Wait::NoWait;
+        // A hand-written locker (raw layout) publishes nothing on release: look again
+        // after a growing interval, as well as on a message or at the key's expiry.
+        let config = &self.engine.config;
+        let mut poll = config.layout.is_raw().then_some(config.poll_min);
         loop {
             match self
                 .engine
@@ -167,10 +171,12 @@ impl RedisLock {
                     .await;
                 }
                 Attempt::Held(after) => {
+                    let pause = poll.map_or(after, |poll| poll.min(after));
                     tokio::select! {
                         () = wake.notified() => {}
-                        () = tokio::time::sleep(after) => {}
+                        () = tokio::time::sleep(pause) => {}
                     }
+                    poll = poll.map(|poll| (poll * 2).min(config.poll_max));
                 }
             }
         }

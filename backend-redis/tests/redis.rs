@@ -29,8 +29,9 @@ return 0";
 
 /// Issue 6's legacy lock: `SET lock:order:SKU-8842 <random> NX PX 5000` and a Lua
 /// compare-and-delete. Under `layout=raw&prefix=lock:` fencelock and it exclude each
-/// other both ways. The legacy release publishes nothing, so a fencelock waiter gets the
-/// lock when its PX would have run out (its sleep bound), not earlier.
+/// other both ways. The legacy release publishes nothing; a fencelock waiter gets the
+/// lock at its next poll (see
+/// `a_waiter_polls_a_hand_written_lock_and_gets_it_soon_after_its_release`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_layout_excludes_hand_written_set_nx() {
     let server = RedisServer::shared();
@@ -336,4 +337,73 @@ async fn a_server_that_forgot_the_scripts_gets_them_as_eval() {
     );
     let keys: Vec<String> = conn.keys("*forgetful*").await.unwrap();
     assert!(keys.iter().all(|k| k.ends_with(":token")), "{keys:?}");
+}
+
+/// A hand-written `SET NX PX` locker publishes nothing when it deletes its key, so in
+/// the raw layout a waiter looks again after a growing interval (`poll_min` 50 ms
+/// doubling to `poll_max` 1 s): it gets the lock within that interval of the release,
+/// not when the key's 10 s TTL would have run out. Bad poll settings are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_polls_a_hand_written_lock_and_gets_it_soon_after_its_release() {
+    let server = RedisServer::shared();
+    let mut legacy = raw(server).await;
+    let prefix = format!("lock:{}:", std::process::id());
+    let locks = locks(&format!("{}?layout=raw&prefix={prefix}", server.url())).await;
+    let key = format!("{prefix}poll");
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("legacy-1")
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut legacy)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+
+    let waiter = async {
+        let guard = locks
+            .acquire(
+                "poll",
+                AcquireOptions::new().wait_timeout(Duration::from_secs(8)),
+            )
+            .await
+            .expect("the waiter gets the lock after the hand-written release");
+        (guard, tokio::time::Instant::now())
+    };
+    let release = async {
+        // Long enough for the waiter's interval to have grown past its first steps.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let deleted: i64 = redis::Script::new(COMPARE_AND_DELETE)
+            .key(&key)
+            .arg("legacy-1")
+            .invoke_async(&mut legacy.clone())
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1);
+        tokio::time::Instant::now()
+    };
+    let ((guard, granted), released) = tokio::join!(waiter, release);
+    let after = granted.saturating_duration_since(released);
+    assert!(
+        after <= Duration::from_millis(1000) + Duration::from_millis(300),
+        "the waiter took {after:?} after the release (poll_max is 1 s)"
+    );
+    guard.release().await.unwrap();
+
+    for query in ["poll_min=0s", "poll_min=2s&poll_max=1s", "poll_max=soon"] {
+        assert!(
+            RedisConfig::from_url(&format!("{}?layout=raw&{query}", server.url())).is_err(),
+            "{query} must be refused"
+        );
+    }
+    let config = RedisConfig::from_url(&format!(
+        "{}?layout=raw&poll_min=10ms&poll_max=250ms",
+        server.url()
+    ))
+    .unwrap();
+    assert_eq!(
+        (config.poll_min, config.poll_max),
+        (Duration::from_millis(10), Duration::from_millis(250))
+    );
 }
