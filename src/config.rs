@@ -22,6 +22,7 @@ const FACADE_OPTIONS: &[&str] = &[
     "retry_max_delay",
     "metrics",
     "metrics_names",
+    "max_waiters",
 ];
 
 /// Which lock service to use and what it must guarantee: the one thing both a URL and a
@@ -33,8 +34,10 @@ const FACADE_OPTIONS: &[&str] = &[
 ///   layer with N retries (`retry_min_delay=200ms` and `retry_max_delay=1s` adjust its
 ///   default policy, 3 retries after 200 ms, 500 ms, 1 s, and also turn it on);
 ///   `metrics=true` wraps it in the metrics layer (cargo feature `metrics`;
-///   `metrics_names=true` adds the lock name as a label). Layers
-///   compose as metrics → retry → migration → backend.
+///   `metrics_names=true` adds the lock name as a label); `max_waiters=N` lets at most N
+///   acquires of the client wait at once and refuses the next with
+///   [`Error::TooManyWaiters`] ([`WaiterLimit`](fencelock_core::WaiterLimit)). Layers
+///   compose as metrics → waiter limit → retry → migration → backend.
 /// - From a TOML file: [`Config::from_file`] / [`Config::from_toml_str`]. A config file
 ///   is a structured way to write the same URL: it is turned into one, so both forms
 ///   accept exactly the same settings and are checked by the same code. See the
@@ -75,6 +78,7 @@ pub struct Config {
     retry: Option<RetryPolicy>,
     metrics: bool,
     metrics_names: bool,
+    max_waiters: Option<usize>,
 }
 
 impl Config {
@@ -116,6 +120,7 @@ impl Config {
             retry: None,
             metrics: false,
             metrics_names: false,
+            max_waiters: None,
         };
         let mut rest = Vec::new();
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -167,6 +172,14 @@ impl Config {
             "retry_max_delay" => {
                 self.retry = Some(self.retry.unwrap_or_default().max_delay(delay(value)?))
             }
+            "max_waiters" => match value.parse::<usize>() {
+                Ok(limit) if limit > 0 => self.max_waiters = Some(limit),
+                _ => {
+                    return Err(format!(
+                        "max_waiters must be a number of waiting acquires of at least 1, not {value:?}"
+                    ));
+                }
+            },
             _ => {
                 let on = match value {
                     "true" | "1" | "on" => true,
@@ -254,6 +267,19 @@ impl Config {
         self.metrics_names
     }
 
+    /// Lets at most `limit` acquires of the client wait at once (URL option
+    /// `max_waiters=N`); the next is refused at once with [`Error::TooManyWaiters`].
+    /// `None` removes the limit.
+    pub fn max_waiters(mut self, limit: Option<usize>) -> Self {
+        self.max_waiters = limit.filter(|&limit| limit > 0);
+        self
+    }
+
+    /// The waiter limit, if any.
+    pub fn waiter_limit(&self) -> Option<usize> {
+        self.max_waiters
+    }
+
     /// The URL scheme, which names the backend (`etcd`, `redis`, `migrate`, ...).
     pub fn scheme(&self) -> &str {
         self.url.split_once("://").map_or("", |(scheme, _)| scheme)
@@ -295,6 +321,9 @@ impl fmt::Display for Config {
         }
         if self.metrics_names {
             options.push("metrics_names=true".into());
+        }
+        if let Some(limit) = self.max_waiters {
+            options.push(format!("max_waiters={limit}"));
         }
         for (i, option) in options.iter().enumerate() {
             let separator = if i == 0 && !self.url.contains('?') {

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use fencelock_core::{DistributedLock, Error, MemoryLock, Retry};
+use fencelock_core::{DistributedLock, Error, MemoryLock, Retry, WaiterLimit};
 use url::Url;
 
 use crate::redact::redact_url;
@@ -121,6 +121,10 @@ pub async fn connect_config(config: &Config) -> Result<Arc<dyn DistributedLock>,
     let lock: Arc<dyn DistributedLock> = match config.retry_policy() {
         Some(policy) if policy.retries() > 0 => Arc::new(Retry::new(lock, *policy)),
         _ => lock,
+    };
+    let lock: Arc<dyn DistributedLock> = match config.waiter_limit() {
+        Some(limit) => Arc::new(WaiterLimit::new(lock, limit)?),
+        None => lock,
     };
     with_metrics(lock, config.has_metrics(), config.has_metrics_names())
 }
@@ -426,6 +430,41 @@ mod tests {
         assert!(format!("{retried:?}").starts_with("Retry"), "{retried:?}");
         let metrics = connect("mem://layers?metrics=true").await;
         assert_eq!(metrics.is_ok(), cfg!(feature = "metrics"), "{metrics:?}");
+
+        // max_waiters: the second waiting acquire of one client is refused at once.
+        let limited = connect("mem://layers?max_waiters=1&retry=1").await.unwrap();
+        assert!(
+            format!("{limited:?}").starts_with("WaiterLimit"),
+            "{limited:?}"
+        );
+        let held = limited
+            .acquire("hot", fencelock_core::AcquireOptions::new())
+            .await
+            .unwrap();
+        let waiting = limited.acquire("hot", fencelock_core::AcquireOptions::new());
+        tokio::pin!(waiting);
+        let still = tokio::time::timeout(std::time::Duration::from_millis(20), &mut waiting).await;
+        assert!(still.is_err());
+        let refused = limited
+            .acquire("hot", fencelock_core::AcquireOptions::new())
+            .await;
+        assert!(
+            matches!(refused, Err(Error::TooManyWaiters { limit: 1, .. })),
+            "{refused:?}"
+        );
+        held.release().await.unwrap();
+        waiting.await.unwrap().release().await.unwrap();
+        for bad in ["mem://?max_waiters=0", "mem://?max_waiters=many"] {
+            assert!(
+                matches!(Config::from_url(bad), Err(Error::InvalidUrl { .. })),
+                "{bad}"
+            );
+        }
+        let config = Config::from_url("mem://x?max_waiters=7").unwrap();
+        assert_eq!(config.waiter_limit(), Some(7));
+        assert_eq!(config.to_string(), "mem://x?max_waiters=7");
+        let file = Config::from_toml_str("backend = \"mem\"\nmax_waiters = 7").unwrap();
+        assert_eq!(file.waiter_limit(), Some(7));
     }
 
     #[tokio::test]

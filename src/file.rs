@@ -50,6 +50,7 @@ pub(crate) struct FileConfig {
     require: Vec<String>,
     retry: Option<RetrySetting>,
     metrics: Option<bool>,
+    max_waiters: Option<u64>,
     auth: Option<Auth>,
     tls: Option<Tls>,
     #[serde(default)]
@@ -229,6 +230,9 @@ impl FileConfig {
         }
         if let Some(metrics) = self.metrics {
             query.push(("metrics".into(), metrics.to_string()));
+        }
+        if let Some(limit) = self.max_waiters {
+            query.push(("max_waiters".into(), limit.to_string()));
         }
         let mut url = base;
         for (i, (key, value)) in query.iter().enumerate() {

@@ -65,7 +65,9 @@ pub fn code_of(error: &Error) -> u8 {
         | Error::UnknownScheme { .. }
         | Error::BackendNotCompiled { .. }
         | Error::RequirementNotMet { .. } => code::USAGE,
-        Error::Timeout { .. } | Error::Contended { .. } => code::NOT_ACQUIRED,
+        Error::Timeout { .. } | Error::Contended { .. } | Error::TooManyWaiters { .. } => {
+            code::NOT_ACQUIRED
+        }
         Error::Lost { .. } | Error::Unavailable { .. } | Error::Backend { .. } => code::UNAVAILABLE,
         _ => code::INTERNAL,
     }

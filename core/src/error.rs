@@ -118,6 +118,19 @@ pub enum Error {
         operation: &'static str,
     },
 
+    /// The client already has as many acquires waiting as its waiter limit allows
+    /// ([`WaiterLimit`](crate::layer::limit::WaiterLimit), URL option `max_waiters=N`):
+    /// refused at once, before anything was sent, so an overload cannot pile up queue
+    /// entries, watches and memory without bound. Not retryable by the retry layer;
+    /// shed the work or try again later.
+    #[error("too many waiting acquires on this client ({limit}); {name:?} was refused")]
+    TooManyWaiters {
+        /// The lock name.
+        name: String,
+        /// The client's limit.
+        limit: usize,
+    },
+
     /// The client was closed with [`DistributedLock::close`](crate::DistributedLock::close):
     /// it takes no locks any more. Not retryable; connect a new client.
     #[error("lock backend {backend} client was closed")]

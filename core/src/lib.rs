@@ -49,6 +49,7 @@ pub use guard::{HeldLock, LockGuard};
 #[cfg(feature = "metrics")]
 pub use layer::metrics::{Metrics, MetricsOptions};
 pub use layer::migration::{MigrationLock, MigrationPhase};
+pub use layer::limit::WaiterLimit;
 pub use layer::retry::{Retry, RetryPolicy};
 pub use liveness::{Liveness, LossCause};
 pub use lock::{DistributedLock, HolderInfo, ListedLock, LockInfo, downcast_lock};

@@ -280,6 +280,7 @@ impl DistributedLock for Metrics {
             Ok(_) => "acquired",
             Err(Error::Timeout { .. }) => "timeout",
             Err(Error::Contended { .. }) => "contended",
+            Err(Error::TooManyWaiters { .. }) => "too_many_waiters",
             Err(_) => "error",
         };
         let mut with_result = labels.clone();
