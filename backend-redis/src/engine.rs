@@ -37,8 +37,8 @@ pub(crate) struct Engine {
     /// Nodes that must agree: 1, or a majority for Redlock.
     pub(crate) quorum: usize,
     /// Random per client; owner values are `client_id:attempt`.
-    client_id: String,
-    next_id: AtomicU64,
+    pub(crate) client_id: String,
+    pub(crate) next_id: AtomicU64,
     pub(crate) renewals: Renewals,
     /// Every lock granted through this client and not yet released, for `close`.
     pub(crate) held: Mutex<HashMap<u64, Granted>>,
@@ -78,12 +78,12 @@ enum Reply {
 
 /// Releases an attempt's key in the background if the attempt is dropped before it has
 /// been turned into a guard or found not to have taken the lock.
-struct InFlight<'a> {
-    engine: &'a Arc<Engine>,
-    keys: &'a LockKeys,
-    owner: String,
-    election: bool,
-    armed: bool,
+pub(crate) struct InFlight<'a> {
+    pub(crate) engine: &'a Arc<Engine>,
+    pub(crate) keys: &'a LockKeys,
+    pub(crate) owner: String,
+    pub(crate) election: bool,
+    pub(crate) armed: bool,
 }
 
 impl Drop for InFlight<'_> {
@@ -133,7 +133,7 @@ impl Engine {
     /// already bounds every command by the configured timeout, so for it (when `limit`
     /// is no shorter) no timer of its own is set: that timer was a measurable part of an
     /// uncontended acquire.
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         node: &Node,
         limit: Duration,

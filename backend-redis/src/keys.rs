@@ -86,6 +86,65 @@ impl KeyLayout {
 }
 
 impl KeyLayout {
+    /// The keys of semaphore (`kind` = `sem`) or read-write lock (`kind` = `rw`) `name`,
+    /// all in the slot of the lock key of `name` (see the README's key layout). The
+    /// returned [`LockKeys`]' `lock` is the index hash; each holder's key is
+    /// [`PrimitiveKeys::holder`].
+    pub(crate) fn primitive_keys(&self, name: &str, kind: &str) -> PrimitiveKeys {
+        let base = if self.raw {
+            let lock = format!("{}{name}", self.prefix);
+            let tag = hash_tag(&lock).unwrap_or(&lock).to_owned();
+            format!("{{{tag}}}:fencelock-{kind}:{lock}")
+        } else {
+            format!("{}{{{}}}:{kind}", self.prefix, encode_tagged(name))
+        };
+        PrimitiveKeys {
+            slot: slot(&base),
+            holders: format!("{base}:h:"),
+            token: format!("{base}:token"),
+            waiters: format!("{base}:waiters"),
+            channel: format!("{base}:unlock"),
+            intent: format!("{base}:intent"),
+            index: base,
+        }
+    }
+}
+
+/// The keys of one semaphore or read-write lock (see [`KeyLayout::primitive_keys`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PrimitiveKeys {
+    /// The index hash: holder owner → permits (`w` for a writer), and `#limit`.
+    pub index: String,
+    /// The prefix of the holders' keys (`holders` + owner; value `owner \r index`).
+    pub holders: String,
+    /// The token counter.
+    pub token: String,
+    /// The waiter marker (as the lock's).
+    pub waiters: String,
+    /// The release channel.
+    pub channel: String,
+    /// A waiting writer's intent (read-write locks).
+    pub intent: String,
+    /// The Redis Cluster slot of all of them.
+    pub slot: u16,
+}
+
+impl PrimitiveKeys {
+    /// The [`LockKeys`] of the holder `owner`: its own key, with the shared counter,
+    /// marker and channel, which the lock's release and renewal scripts handle.
+    pub(crate) fn holder(&self, owner: &str) -> LockKeys {
+        LockKeys {
+            lock: format!("{}{owner}", self.holders),
+            token: self.token.clone(),
+            waiters: self.waiters.clone(),
+            channel: self.channel.clone(),
+            election: self.channel.clone(),
+            slot: self.slot,
+        }
+    }
+}
+
+impl KeyLayout {
     /// A `SCAN MATCH` glob for the lock keys of names starting with `prefix`. In the raw
     /// layout it matches every key under the layout's prefix that starts so.
     pub(crate) fn match_pattern(&self, prefix: &str) -> String {
@@ -304,6 +363,37 @@ mod tests {
         assert_eq!(slot(&k.channel), slot(&k.lock));
         assert_eq!(slot(&k.election), slot(&k.lock));
         assert_eq!(slot(&k.waiters), slot(&k.lock));
+    }
+
+    #[test]
+    fn primitive_keys_share_the_lock_slot_and_are_not_listed() {
+        for layout in [KeyLayout::default(), KeyLayout::raw("lock:")] {
+            for name in ["a", "a}b", "{x}", "锁"] {
+                let lock = layout.keys(name);
+                for kind in ["sem", "rw"] {
+                    let k = layout.primitive_keys(name, kind);
+                    let holder = k.holder("owner:1");
+                    for key in [
+                        &k.index,
+                        &k.token,
+                        &k.waiters,
+                        &k.channel,
+                        &k.intent,
+                        &holder.lock,
+                    ] {
+                        assert_eq!(slot(key), lock.slot, "{key}");
+                        assert_eq!(layout.name_of(key), None, "{key}");
+                        if !layout.is_raw() {
+                            assert!(!glob(&layout.match_pattern(""), key), "{key}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            KeyLayout::default().primitive_keys("x", "sem").index,
+            "fencelock:{x}:sem"
+        );
     }
 
     #[test]

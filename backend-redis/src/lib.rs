@@ -51,6 +51,7 @@ mod held;
 mod keys;
 mod lock;
 mod node;
+mod primitives;
 mod renewal;
 mod scripts;
 mod sentinel;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Leader, LeaderChanges, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Wait,
-    validate_name, validate_prefix,
+    HolderInfo, Leader, LeaderChanges, Lease, ListedLock, LockGuard, LockInfo, LossDetection,
+    Permits, Wait, validate_name, validate_prefix,
 };
 use futures_util::future::join_all;
 use redis::Value;
@@ -183,7 +183,7 @@ impl RedisLock {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn guard(
+    pub(crate) fn guard(
         &self,
         name: &str,
         keys: &LockKeys,
@@ -246,8 +246,13 @@ impl RedisLock {
         ))
     }
 
+    /// The client's shared state.
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     /// Fails with [`Error::Closed`] once the client is closed.
-    fn check_open(&self) -> Result<(), Error> {
+    pub(crate) fn check_open(&self) -> Result<(), Error> {
         if self.engine.closed.is_cancelled() {
             Err(Error::Closed { backend: BACKEND })
         } else {
@@ -260,6 +265,34 @@ impl RedisLock {
 impl DistributedLock for RedisLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         self.take(name, options, None).await
+    }
+
+    /// Holders have keys of their own, renewed and released like lock keys, listed in
+    /// an index hash with the semaphore's limit (see the README's key layout). Not FIFO:
+    /// waiters wake on a release and race, so a large request can be overtaken by
+    /// smaller ones while permits keep being freed one at a time. Not on Redlock (see
+    /// the capabilities): a majority of independent instances cannot bound the holders.
+    async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: Permits,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        self.take_member(name, crate::primitives::ask_permits(permits), options)
+            .await
+    }
+
+    /// Writer-preferring: a waiting writer's intent (refreshed while it waits, deleted
+    /// at its grant or cancellation) keeps new readers out. Not on Redlock.
+    async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        self.take_member(name, crate::primitives::Ask::Read, options)
+            .await
+    }
+
+    /// See [`acquire_read`](Self::acquire_read).
+    async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        self.take_member(name, crate::primitives::Ask::Write, options)
+            .await
     }
 
     /// Takes the lock `election` with `value` stored in its key (see the crate's
@@ -402,6 +435,10 @@ impl DistributedLock for RedisLock {
         )
         .with_min_lease(MIN_LEASE)
         .with_election(true)
+        // A majority of independent instances can neither bound a semaphore's holders
+        // nor (as implemented) run the read-write lock: single, Sentinel and Cluster only.
+        .with_semaphore(!self.is_redlock())
+        .with_rw_lock(!self.is_redlock())
     }
 
     fn backend(&self) -> &'static str {

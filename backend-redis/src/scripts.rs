@@ -289,6 +289,10 @@ return 1
 /// the key): this is a release sent again after its first send was applied (redis-rs
 /// re-sends after a dropped connection), or an expiry no other holder followed. Nothing
 /// can have overlapped, so it is not a loss.
+///
+/// A semaphore's or read-write lock's holder key (`owner \r index`: see
+/// [`MEMBER_ACQUIRE`]) is deleted with its entry in the index, and the index with its
+/// last holder.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
@@ -302,6 +306,18 @@ if v == ARGV[1] or (ARGV[4] and v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] 
   end
   return 1
 end
+if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\r' then
+  local idx = string.sub(v, #ARGV[1] + 2)
+  redis.call('HDEL', idx, ARGV[1])
+  local n = redis.call('HLEN', idx)
+  if n == 0 or (n == 1 and redis.call('HEXISTS', idx, '#limit') == 1) then
+    redis.call('DEL', idx)
+  end
+  if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
+    redis.call('PUBLISH', ARGV[2], '0')
+  end
+  return 1
+end
 if not v and ARGV[3] ~= '' and redis.call('GET', KEYS[3]) == ARGV[3] then
   return 1
 end
@@ -311,6 +327,9 @@ return 0
 });
 
 /// KEYS: lock keys (one slot). ARGV: owner, lease ms for each key in turn.
+/// A semaphore's or read-write lock's holder key (`owner \r index`: see
+/// [`MEMBER_ACQUIRE`]) is renewed with its index hash, whose expiry is kept at least as
+/// late as every holder's.
 /// Returns one integer per key: 1 renewed, 0 missing or another owner. A campaign's
 /// lock key (owner line, then the term: see [`campaign_grant`]) is compared by its owner
 /// line, which costs a plain lock's renewal nothing (its value equals the owner).
@@ -322,6 +341,13 @@ for i, k in ipairs(KEYS) do
   local v, o = redis.call('GET', k), ARGV[2 * i - 1]
   if v == o or (v and string.sub(v, 1, #o + 1) == o .. '\n') then
     redis.call('PEXPIRE', k, ARGV[2 * i])
+    r[i] = 1
+  elseif v and string.sub(v, 1, #o + 1) == o .. '\r' then
+    local idx, ms = string.sub(v, #o + 2), tonumber(ARGV[2 * i])
+    redis.call('PEXPIRE', k, ms)
+    if redis.call('PTTL', idx) < ms then
+      redis.call('PEXPIRE', idx, ms)
+    end
     r[i] = 1
   else
     r[i] = 0
@@ -340,6 +366,129 @@ pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+",
+    )
+});
+
+/// A semaphore's or read-write lock's grant. KEYS: index hash, the holder's key, token
+/// counter, waiter marker, writer intent. ARGV: owner, lease ms, token ttl ms, mark (`1`
+/// when the caller will wait), mode (`s` semaphore, `r` reader, `w` writer), count,
+/// limit, the holders' key prefix, the writer's intent id.
+///
+/// Returns `{1, token}` when granted, `{0, retry ms}` when refused, `{-1, limit}` when
+/// the semaphore has holders and another limit.
+///
+/// Each holder has a key of its own (`holders` + owner, value `owner \r index`, PX =
+/// lease), renewed and released by [`RENEW`] and [`RELEASE`] like a lock key; the index
+/// hash maps each holder's owner to its permits (`w` for a writer) and keeps the
+/// semaphore's `#limit`. Entries whose holder key has expired are pruned here, so a
+/// crashed holder's permits come back with its lease. The index expires no earlier than
+/// its latest holder.
+///
+/// A writer that will wait and finds the lock taken records its intent (a key with a
+/// 3 s expiry, refreshed on each try, deleted by its grant or its cancellation); while
+/// another writer's intent is there, no reader and no other writer is granted:
+/// writer-preferring. Tokens are `max(counter + 1, server clock in µs)` as for locks.
+pub(crate) static MEMBER_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local idx, me = KEYS[1], ARGV[1] .. '\r' .. KEYS[1]
+if redis.call('GET', KEYS[2]) == me then
+  local c = redis.call('GET', KEYS[3])
+  if c then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    return {1, c}
+  end
+end
+local mode, count, limit = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local used, writer, soonest, stored = 0, false, -1, nil
+local all = redis.call('HGETALL', idx)
+for i = 1, #all, 2 do
+  local f, v = all[i], all[i + 1]
+  if f == '#limit' then
+    stored = tonumber(v)
+  else
+    local p = redis.call('PTTL', ARGV[8] .. f)
+    if p == -2 then
+      redis.call('HDEL', idx, f)
+    else
+      if v == 'w' then
+        writer = true
+        used = used + 1
+      else
+        used = used + (tonumber(v) or 1)
+      end
+      if p >= 0 and (soonest < 0 or p < soonest) then soonest = p end
+    end
+  end
+end
+local ok, intent = false, false
+if mode == 's' then
+  if used > 0 and stored and stored ~= limit then
+    return {-1, stored}
+  end
+  ok = used + count <= limit
+else
+  intent = redis.call('GET', KEYS[5])
+  if mode == 'r' then
+    ok = not writer and not intent
+  else
+    ok = used == 0 and (not intent or intent == ARGV[9])
+  end
+end
+if ok then
+  redis.call('SET', KEYS[2], me, 'PX', ARGV[2])
+  if mode == 's' then
+    redis.call('HSET', idx, ARGV[1], count, '#limit', limit)
+  elseif mode == 'w' then
+    redis.call('HSET', idx, ARGV[1], 'w')
+    if intent then redis.call('DEL', KEYS[5]) end
+  else
+    redis.call('HSET', idx, ARGV[1], '1')
+  end
+  if redis.call('PTTL', idx) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', idx, ARGV[2])
+  end
+  local t = redis.call('TIME')
+  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  local c = tonumber(redis.call('SET', KEYS[3], now, 'PX', ARGV[3], 'GET') or '0') or 0
+  if c < tonumber(now) then
+    return {1, now}
+  end
+  local tok = string.format('%.0f', c + 1)
+  redis.call('SET', KEYS[3], tok, 'PX', ARGV[3])
+  return {1, tok}
+end
+if mode == 'w' and ARGV[4] == '1' and (not intent or intent == ARGV[9]) then
+  redis.call('SET', KEYS[5], ARGV[9], 'PX', 3000)
+end
+if soonest < 0 then
+  soonest = intent and redis.call('PTTL', KEYS[5]) or 100
+  if soonest < 0 then soonest = 100 end
+end
+if ARGV[4] == '1' then
+  local ms = soonest
+  if ms < 1000 then ms = 1000 end
+  redis.call('SET', KEYS[4], '1', 'PX', ms + 1000)
+end
+return {0, soonest}
+",
+    )
+});
+
+/// KEYS: writer intent, waiter marker. ARGV: intent id, channel. Deletes a cancelled
+/// writer's intent if it is still its own, and wakes the readers it held back.
+pub(crate) static INTENT_CLEAR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if redis.call('DEL', KEYS[2]) > 0 then
+    redis.call('PUBLISH', ARGV[2], '0')
+  end
+  return 1
+end
+return 0
 ",
     )
 });

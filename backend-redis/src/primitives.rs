@@ -1,0 +1,329 @@
+//! Semaphores and read-write locks on one Redis server (single, Sentinel, Cluster).
+//!
+//! Each holder has a key of its own in the name's slot, renewed, released and expired
+//! like a lock key; an index hash lists the holders (see [`scripts::MEMBER_ACQUIRE`] and
+//! the README's key layout). Waiters wake on a release message (published when a
+//! refused waiter marked the name) or at the soonest holder's expiry; waiting is not
+//! FIFO, except that a waiting writer holds back new readers and other writers.
+//!
+//! Redlock has neither: a semaphore over a majority of independent instances cannot
+//! bound its holders (each instance bounds its own, so with three instances up to 1.5 ×
+//! `limit` requests can each win two), and the read-write lock is not implemented there
+//! yet; both are [`Error::Unsupported`] and the capabilities say so.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use fencelock_core::{
+    AcquireOptions, Error, FencingToken, LockGuard, Permits, Wait, validate_name,
+};
+use futures_util::future::join_all;
+use redis::Value;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::engine::{Engine, InFlight};
+use crate::keys::PrimitiveKeys;
+use crate::lock::{MIN_LEASE, RedisLock};
+use crate::node::BACKEND;
+use crate::scripts;
+
+/// What is asked for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// `count` of `limit` permits.
+    Permits { count: u32, limit: u32 },
+    /// A read lock.
+    Read,
+    /// A write lock.
+    Write,
+}
+
+impl Ask {
+    fn mode(self) -> &'static str {
+        match self {
+            Ask::Permits { .. } => "s",
+            Ask::Read => "r",
+            Ask::Write => "w",
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Ask::Permits { .. } => "sem",
+            Ask::Read | Ask::Write => "rw",
+        }
+    }
+}
+
+/// One try's outcome.
+enum Reply {
+    Granted {
+        token: u64,
+        owner: String,
+        id: u64,
+        sent: Instant,
+    },
+    Refused(Duration),
+    OtherLimit(i64),
+}
+
+/// A waiting writer's intent: deleted in the background if the request ends without
+/// the grant having deleted it (the script compares the id, so this is harmless then).
+struct Intent<'a> {
+    engine: &'a Arc<Engine>,
+    keys: &'a PrimitiveKeys,
+    id: String,
+}
+
+impl Drop for Intent<'_> {
+    fn drop(&mut self) {
+        let engine = self.engine.clone();
+        let mut call = scripts::INTENT_CLEAR.prepare_invoke();
+        call.key(&self.keys.intent)
+            .key(&self.keys.waiters)
+            .arg(&self.id)
+            .arg(&self.keys.channel);
+        let timeout = engine.config.timeout;
+        self.engine.runtime.spawn(async move {
+            let _ = tokio::time::timeout(timeout * 2, engine.nodes[0].invoke::<i64>(&call)).await;
+        });
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RedisLock {
+    /// Whether this client is a Redlock over several instances.
+    pub(crate) fn is_redlock(&self) -> bool {
+        self.engine().nodes.len() > 1
+    }
+
+    /// Takes a semaphore's permits or a read-write lock's side, waiting as `options`
+    /// allow.
+    pub(crate) async fn take_member(
+        &self,
+        name: &str,
+        ask: Ask,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        options.validate(MIN_LEASE)?;
+        self.check_open()?;
+        if self.is_redlock() {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: match ask {
+                    Ask::Permits { .. } => {
+                        "semaphores on Redlock (a majority of independent instances cannot bound the holders to the limit)"
+                    }
+                    Ask::Read | Ask::Write => "read-write locks on Redlock",
+                },
+            });
+        }
+        let keys = self.engine().config.layout.primitive_keys(name, ask.kind());
+        let waiting = async {
+            match options.wait_kind() {
+                Wait::Timeout(limit) => {
+                    tokio::time::timeout(limit, self.wait_member(name, &keys, ask, options))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Error::Timeout {
+                                name: name.to_owned(),
+                                waited: limit,
+                            })
+                        })
+                }
+                Wait::NoWait | Wait::Forever => self.wait_member(name, &keys, ask, options).await,
+            }
+        };
+        let span = tracing::debug_span!("fencelock.redis.acquire_member", name = name);
+        let closed = self.engine().closed.clone();
+        tokio::select! {
+            biased;
+            () = closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
+            taken = waiting.instrument(span) => taken,
+        }
+    }
+
+    async fn wait_member(
+        &self,
+        name: &str,
+        keys: &PrimitiveKeys,
+        ask: Ask,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let engine = self.engine();
+        let lease = options.lease_kind();
+        let will_wait = options.wait_kind() != Wait::NoWait;
+        let intent_id = format!(
+            "{}:i{}",
+            engine.client_id,
+            engine.next_id.fetch_add(1, Ordering::Relaxed)
+        );
+        // Armed before the first try: the try may record the intent.
+        let _intent = (ask == Ask::Write && will_wait).then(|| Intent {
+            engine,
+            keys,
+            id: intent_id.clone(),
+        });
+        let wake = Arc::new(Notify::new());
+        let mut subscriptions = Vec::new();
+        loop {
+            match try_member(engine, keys, ask, lease.duration(), will_wait, &intent_id).await? {
+                Reply::Granted {
+                    token,
+                    owner,
+                    id,
+                    sent,
+                } => {
+                    let holder = keys.holder(&owner);
+                    return self.guard(
+                        name,
+                        &holder,
+                        lease,
+                        FencingToken::new(token),
+                        owner,
+                        id,
+                        sent,
+                        false,
+                    );
+                }
+                Reply::OtherLimit(limit) => {
+                    return Err(Error::InvalidConfig(format!(
+                        "semaphore {name:?} is held with a limit of {limit}, not {}",
+                        match ask {
+                            Ask::Permits { limit, .. } => limit,
+                            _ => 0,
+                        }
+                    )));
+                }
+                Reply::Refused(_) if !will_wait => {
+                    return Err(Error::Contended {
+                        name: name.to_owned(),
+                    });
+                }
+                Reply::Refused(_) if subscriptions.is_empty() => {
+                    // Subscribe, then try again at once: a release between the refused
+                    // try and the subscription is seen by that second try.
+                    subscriptions = join_all(
+                        engine
+                            .subscribers
+                            .iter()
+                            .map(|s| s.subscribe(&keys.channel, wake.clone())),
+                    )
+                    .await;
+                }
+                Reply::Refused(after) => {
+                    // A writer refreshes its intent (3 s expiry) at least every second.
+                    let pause = after.min(Duration::from_secs(1));
+                    tokio::select! {
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One try: the grant script on the (only) node.
+async fn try_member(
+    engine: &Arc<Engine>,
+    keys: &PrimitiveKeys,
+    ask: Ask,
+    lease: Duration,
+    will_wait: bool,
+    intent_id: &str,
+) -> Result<Reply, Error> {
+    let id = engine.next_id.fetch_add(1, Ordering::Relaxed);
+    let owner = format!("{}:{id}", engine.client_id);
+    let holder = keys.holder(&owner);
+    // Dropped mid-call: the holder key may have been set; released in the background.
+    let mut in_flight = InFlight {
+        engine,
+        keys: &holder,
+        owner: owner.clone(),
+        election: false,
+        armed: true,
+    };
+    let (count, limit) = match ask {
+        Ask::Permits { count, limit } => (count, limit),
+        Ask::Read | Ask::Write => (1, 0),
+    };
+    let mut call = scripts::MEMBER_ACQUIRE.prepare_invoke();
+    call.key(&keys.index)
+        .key(&holder.lock)
+        .key(&keys.token)
+        .key(&keys.waiters)
+        .key(&keys.intent)
+        .arg(&owner)
+        .arg(millis(lease))
+        .arg(millis(engine.config.token_ttl))
+        .arg(u8::from(will_wait))
+        .arg(ask.mode())
+        .arg(count)
+        .arg(limit)
+        .arg(&keys.holders)
+        .arg(intent_id);
+    let sent = Instant::now();
+    let node = &engine.nodes[0];
+    let reply = engine
+        .bounded(node, engine.config.timeout, node.invoke::<Value>(&call))
+        .await;
+    let reply = match reply {
+        Ok(reply) => reply,
+        // Unknown whether it was applied: the in-flight guard releases the holder key.
+        Err(e) => return Err(e),
+    };
+    in_flight.armed = false;
+    let bad = || Error::backend(BACKEND, false, "unexpected reply from the grant script");
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    let number = |v: &Value| match v {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    };
+    match items.as_slice() {
+        [Value::Int(1), token] => {
+            let token = number(token)
+                .and_then(|t| u64::try_from(t).ok())
+                .ok_or_else(bad)?;
+            if sent.elapsed() + crate::engine::drift(lease) >= lease {
+                engine.release(&holder, &owner, None, false).await.ok();
+                return Err(Error::unavailable(
+                    BACKEND,
+                    "the lease ran out before the grant was answered",
+                ));
+            }
+            Ok(Reply::Granted {
+                token,
+                owner,
+                id,
+                sent,
+            })
+        }
+        [Value::Int(0), retry] => {
+            let ms = number(retry).unwrap_or(100).max(1);
+            Ok(Reply::Refused(Duration::from_millis(
+                u64::try_from(ms).unwrap_or(100) + 1,
+            )))
+        }
+        [Value::Int(-1), limit] => Ok(Reply::OtherLimit(number(limit).unwrap_or(0))),
+        _ => Err(bad()),
+    }
+}
+
+/// Keeps `Permits` in the signature of the trait's method next to this module.
+pub(crate) fn ask_permits(permits: Permits) -> Ask {
+    Ask::Permits {
+        count: permits.count(),
+        limit: permits.limit(),
+    }
+}
