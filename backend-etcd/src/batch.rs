@@ -37,6 +37,18 @@ pub(crate) enum Created {
     /// grant. It is never taken as a grant (its token may not be new); the caller must
     /// delete it.
     Taken { ours: Option<i64> },
+    /// The name was taken, and the request asked to queue then: the same transaction put
+    /// our key (keeping a stale key's create revision, `stale`) and read the first-created
+    /// key under the name. One proposal for a queued acquire, not a failed create and a
+    /// queueing put.
+    Queued {
+        /// Our key's incarnation: created by this transaction, or a stale one's.
+        revision: i64,
+        /// Whether our key existed before (a stale key: never a grant, to be deleted).
+        stale: bool,
+        /// The create revision of the first key under the name.
+        first: Option<i64>,
+    },
 }
 
 /// A create of our key if the name has no key at all.
@@ -46,6 +58,8 @@ struct Create {
     lease: i64,
     /// The key's value: empty for a lock, the candidate's for an election.
     value: String,
+    /// Whether to queue (put our key anyway) when the name is taken.
+    queue: bool,
     reply: oneshot::Sender<Result<Created, etcd_client::Error>>,
 }
 
@@ -167,7 +181,9 @@ impl Batcher {
         }
     }
 
-    /// Creates `key` on `lease` if no key exists under `names`; see [`Created`].
+    /// Creates `key` on `lease` if no key exists under `names`; see [`Created`]. With
+    /// `queue`, a taken name gets our key all the same, in the same transaction
+    /// ([`Created::Queued`]).
     ///
     /// Cancel safety: once queued, the request is sent unless it is still waiting when
     /// the caller goes away; either way the caller must treat the key as possibly
@@ -178,13 +194,14 @@ impl Batcher {
         key: &str,
         lease: i64,
         value: &str,
+        queue: bool,
     ) -> Result<Created, etcd_client::Error> {
         if claim(&self.creates) {
             let _claimed = Claimed {
                 batcher: self,
                 which: Which::Creates,
             };
-            return self.create_one(names, key, lease, value).await;
+            return self.create_one(names, key, lease, value, queue).await;
         }
         let (reply, answer) = oneshot::channel();
         let request = Create {
@@ -192,6 +209,7 @@ impl Batcher {
             key: key.to_owned(),
             lease,
             value: value.to_owned(),
+            queue,
             reply,
         };
         if enqueue(&self.creates, request) {
@@ -289,7 +307,13 @@ impl Batcher {
             // reports it, so the caller deletes it instead of leaving it on the lease.
             join_all(batch.into_iter().map(|create| async move {
                 let answer = self
-                    .create_one(&create.names, &create.key, create.lease, &create.value)
+                    .create_one(
+                        &create.names,
+                        &create.key,
+                        create.lease,
+                        &create.value,
+                        create.queue,
+                    )
                     .await;
                 let _ = create.reply.send(answer);
             }))
@@ -303,16 +327,40 @@ impl Batcher {
         key: &str,
         lease: i64,
         value: &str,
+        queue: bool,
     ) -> Result<Created, etcd_client::Error> {
+        let otherwise = if queue {
+            vec![
+                TxnOp::put(
+                    key,
+                    value,
+                    Some(PutOptions::new().with_lease(lease).with_prev_key()),
+                ),
+                TxnOp::get(names, Some(crate::lock::first_created())),
+            ]
+        } else {
+            vec![TxnOp::get(key, None)]
+        };
         let txn = Txn::new()
             .when([Compare::create_revision(names, CompareOp::Equal, 0).with_prefix()])
             .and_then([put(key, lease, value)])
-            .or_else([TxnOp::get(key, None)]);
+            .or_else(otherwise);
         let response = self.client.kv_client().txn(txn).await?;
+        let now = response.header().map_or(0, |h| h.revision());
         if response.succeeded() {
-            return Ok(Created::Granted(
-                response.header().map_or(0, |h| h.revision()),
-            ));
+            return Ok(Created::Granted(now));
+        }
+        if queue {
+            let ops = response.op_responses();
+            let stale = match ops.first() {
+                Some(TxnOpResponse::Put(put)) => put.prev_key().map(|kv| kv.create_revision()),
+                _ => None,
+            };
+            return Ok(Created::Queued {
+                revision: stale.unwrap_or(now),
+                stale: stale.is_some(),
+                first: crate::lock::get_first(&ops, 1),
+            });
         }
         let ours = match response.op_responses().first() {
             Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),

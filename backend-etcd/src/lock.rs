@@ -425,11 +425,30 @@ impl EtcdLock {
         value: &str,
         pending: &mut Armed,
     ) -> Result<(i64, i64), Error> {
-        if let Some(revision) = self
-            .create_if_free(key, names, lease_id, value, pending)
+        // One transaction creates our key if the name is free and queues it otherwise:
+        // a queued acquire costs one proposal, not a failed create and then a put.
+        match self
+            .create_or_queue(key, names, lease_id, value, true, pending)
             .await?
         {
-            return Ok((revision, revision));
+            Created::Granted(revision) => return Ok((revision, revision)),
+            Created::Queued {
+                revision,
+                stale: false,
+                first: Some(first),
+            } => return Ok((revision, first)),
+            // A stale key of ours (never a grant: its token may not be new): delete it
+            // and queue afresh below.
+            Created::Queued {
+                revision,
+                stale: true,
+                ..
+            } => {
+                crate::held::delete_incarnation(&self.inner.client, key, revision).await?;
+                pending.get().state = KeyState::Absent;
+            }
+            // Cannot happen (our own key is under the name); queue again below.
+            Created::Queued { .. } | Created::Taken { .. } => {}
         }
         let put = |options: PutOptions| TxnOp::put(key, value, Some(options.with_lease(lease_id)));
         loop {
@@ -532,25 +551,53 @@ impl EtcdLock {
         value: &str,
         pending: &mut Armed,
     ) -> Result<Option<i64>, Error> {
+        match self
+            .create_or_queue(key, names, lease_id, value, false, pending)
+            .await?
+        {
+            Created::Granted(revision) => Ok(Some(revision)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The create of [`create_if_free`](Self::create_if_free); with `queue`, a taken name
+    /// gets our key in the same transaction ([`Created::Queued`]). The clean-up records
+    /// exactly which incarnation of our key exists afterwards.
+    async fn create_or_queue(
+        &self,
+        key: &str,
+        names: &str,
+        lease_id: i64,
+        value: &str,
+        queue: bool,
+        pending: &mut Armed,
+    ) -> Result<Created, Error> {
         let (batcher, names, key) = (self.inner.batcher.clone(), names.to_owned(), key.to_owned());
         let value = value.to_owned();
         let created = self
             .create_in_task(
                 pending,
-                async move { batcher.create_if_free(&names, &key, lease_id, &value).await },
+                async move {
+                    batcher
+                        .create_if_free(&names, &key, lease_id, &value, queue)
+                        .await
+                },
                 |created| match created {
-                    Created::Granted(revision) => Some(*revision),
+                    Created::Granted(revision) | Created::Queued { revision, .. } => {
+                        Some(*revision)
+                    }
                     Created::Taken { ours } => *ours,
                 },
             )
             .await?;
-        let (state, granted) = match created {
-            Created::Granted(revision) => (KeyState::Created(revision), Some(revision)),
-            Created::Taken { ours: Some(stale) } => (KeyState::Created(stale), None),
-            Created::Taken { ours: None } => (KeyState::Absent, None),
+        pending.get().state = match created {
+            Created::Granted(revision) | Created::Queued { revision, .. } => {
+                KeyState::Created(revision)
+            }
+            Created::Taken { ours: Some(stale) } => KeyState::Created(stale),
+            Created::Taken { ours: None } => KeyState::Absent,
         };
-        pending.get().state = state;
-        Ok(granted)
+        Ok(created)
     }
 
     /// After waiting: our key must still be the one we queued with. If the session expired
@@ -677,7 +724,7 @@ impl EtcdLock {
 }
 
 /// Sort options selecting the first-created key under a name.
-fn first_created() -> GetOptions {
+pub(crate) fn first_created() -> GetOptions {
     GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
@@ -685,7 +732,7 @@ fn first_created() -> GetOptions {
         .with_keys_only()
 }
 
-fn get_first(ops: &[TxnOpResponse], index: usize) -> Option<i64> {
+pub(crate) fn get_first(ops: &[TxnOpResponse], index: usize) -> Option<i64> {
     match ops.get(index) {
         Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
         _ => None,
