@@ -167,6 +167,15 @@ difference is the library's overhead on this deployment. Each implementation is
 warmed up (--warmup), then measured in --rounds rounds, library and floor
 interleaved; latencies go into an HDR histogram. --hold keeps each lock that long.
 
+Scale workloads (one client, the library only, checked as they run): waiters
+(--count waiters queued on one name in batches, then served: each exactly once,
+in batch order where the backend claims FIFO; memory per waiter; hand-off latency
+with the whole queue, 1,000 and 10 left); held (--count locks held at once,
+renewing, for 5 lease periods: none lost; memory per held lock; one more acquire
+with all held against the first); cycles (--count acquire+release on distinct
+names: memory after against a warm-up, nothing left on the server). Memory is
+this process's resident set.
+
 Examples:
   fencelock bench --workload uncontended --duration 5s --baseline
   fencelock bench --url etcd://127.0.0.1:2379/bench --workload contended --clients 8 --json
@@ -368,6 +377,12 @@ pub enum Workload {
     Contended,
     /// N workers on distinct names.
     ManyKeys,
+    /// Scale: --count waiters (default 10,000) queued on one name, then served.
+    Waiters,
+    /// Scale: --count locks (default 100,000) held at once for 5 lease periods.
+    Held,
+    /// Scale: --count acquire+release cycles (default 1,000,000) on distinct names.
+    Cycles,
 }
 
 impl Workload {
@@ -377,6 +392,9 @@ impl Workload {
             Workload::Uncontended => "uncontended",
             Workload::Contended => "contended",
             Workload::ManyKeys => "many-keys",
+            Workload::Waiters => "waiters",
+            Workload::Held => "held",
+            Workload::Cycles => "cycles",
         }
     }
 }
@@ -407,6 +425,12 @@ pub struct BenchArgs {
     /// Also run the raw-client floor of the backend
     #[arg(long)]
     pub baseline: bool,
+    /// Scale workloads: how many waiters, held locks or cycles
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub count: Option<u64>,
+    /// Scale workloads: the renewing lease of every lock (default: the backend's)
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub lease: Option<Duration>,
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,

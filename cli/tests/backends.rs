@@ -181,6 +181,44 @@ fn bench_json(url: &str) {
     check_bench_json(&stdout(&out), "contended", true);
 }
 
+/// The scale workloads run and check themselves on a real server (small counts here;
+/// the numbers in the README come from the defaults): every waiter served once in
+/// order, no held lock lost over 5 lease periods, no name left after the cycles.
+fn scale_workloads(url: &str) {
+    for (workload, count, field) in [
+        ("waiters", "300", "served_exactly_once"),
+        ("held", "300", "lost"),
+        ("cycles", "2000", "names_left"),
+    ] {
+        let out = output(fencelock().args([
+            "bench",
+            "--url",
+            url,
+            "--workload",
+            workload,
+            "--count",
+            count,
+            "--lease",
+            "2s",
+            "--json",
+            "--quiet",
+        ]));
+        assert_code(&out, 0);
+        let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(doc["workload"], workload, "{doc}");
+        match workload {
+            "waiters" => {
+                assert_eq!(doc[field], true, "{doc}");
+                if doc["fifo_claimed"] == true {
+                    assert_eq!(doc["batch_order_inversions"], 0, "{doc}");
+                }
+                assert!(doc["rss_bytes_per_waiter"].is_number(), "{doc}");
+            }
+            _ => assert_eq!(doc[field], 0, "{doc}"),
+        }
+    }
+}
+
 fn unreachable_backend_is_69(url: &str) {
     let out = output(fencelock().args(["inspect", "--url", url, "a"]));
     assert_code(&out, 69);
@@ -335,6 +373,11 @@ macro_rules! backend_tests {
             #[test]
             fn bench_json() {
                 super::bench_json(&$url);
+            }
+
+            #[test]
+            fn scale_workloads() {
+                super::scale_workloads(&$url);
             }
 
             #[test]

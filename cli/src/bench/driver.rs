@@ -114,6 +114,8 @@ pub fn lock_name(workload: Workload, prefix: &str, i: usize) -> String {
         Workload::Uncontended => format!("{prefix}/uncontended"),
         Workload::Contended => format!("{prefix}/contended"),
         Workload::ManyKeys => format!("{prefix}/key-{i}"),
+        // Scale workloads name their own locks (see `scale`).
+        Workload::Waiters | Workload::Held | Workload::Cycles => format!("{prefix}/scale-{i}"),
     }
 }
 

@@ -3,6 +3,7 @@
 mod baseline;
 mod driver;
 mod report;
+mod scale;
 
 use std::sync::Arc;
 
@@ -23,15 +24,39 @@ use crate::exit::{Failure, code};
 pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
     // bench may keep the in-process default: it measures, it excludes nobody.
     let (target, config) = crate::backend::config(&args.url, true)?;
+    if matches!(
+        args.workload,
+        Workload::Waiters | Workload::Held | Workload::Cycles
+    ) {
+        if args.baseline {
+            return Err(Failure::usage(
+                "--baseline is for uncontended, contended and many-keys; the scale \
+                 workloads measure the library alone",
+            ));
+        }
+        let locks = fencelock::connect_config(&config).await?;
+        let prefix = format!("fencelock-bench/{}-{}", std::process::id(), nanos());
+        let report = scale::run(&args, locks.clone(), &prefix).await;
+        let _ = locks.close().await;
+        let report = report?;
+        if args.json {
+            println!("{report}");
+        } else {
+            print!("{}", scale::text(&report));
+        }
+        return Ok(code::OK);
+    }
     let clients = match args.workload {
         Workload::Uncontended => 1,
         Workload::Contended | Workload::ManyKeys => usize::from(args.clients),
+        Workload::Waiters | Workload::Held | Workload::Cycles => 1,
     };
     // Contending clients each get their own connection (as separate processes would);
     // many-keys workers share one, as the tasks of one service do.
     let connections = match args.workload {
         Workload::Contended => clients,
         Workload::Uncontended | Workload::ManyKeys => 1,
+        Workload::Waiters | Workload::Held | Workload::Cycles => 1,
     };
     let prefix = format!("fencelock-bench/{}-{}", std::process::id(), nanos());
     let baseline_url = match (&target, args.baseline) {
