@@ -37,7 +37,7 @@ use fencelock_testkit::{EtcdServer, RedisCluster, RedisSentinelSet, RedisServer}
 /// in backend-redis/README.md ("Least-privilege ACL").
 const LEAST_PRIVILEGE: &str = "~fencelock:* &fencelock:* -@all +evalsha +eval +ping \
                                +get +set +del +pexpire +pttl +time +publish +subscribe \
-                               +unsubscribe";
+                               +unsubscribe +hgetall +hset +hdel +hlen +hexists";
 /// What Redis Cluster needs on top (redis-rs asks for the slot map and sends `READONLY`,
 /// whose refusal it ignores, on every node connection).
 const CLUSTER_EXTRA: &str = "+cluster|slots +readonly";

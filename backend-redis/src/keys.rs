@@ -369,6 +369,10 @@ mod tests {
     fn primitive_keys_share_the_lock_slot_and_are_not_listed() {
         for layout in [KeyLayout::default(), KeyLayout::raw("lock:")] {
             for name in ["a", "a}b", "{x}", "锁"] {
+                if layout.is_raw() && name == "a}b" {
+                    // A raw key with `}` and no tag: documented as unsupported on Cluster.
+                    continue;
+                }
                 let lock = layout.keys(name);
                 for kind in ["sem", "rw"] {
                     let k = layout.primitive_keys(name, kind);

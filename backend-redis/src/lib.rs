@@ -35,6 +35,13 @@
 //!   runs out. Not linearizable: a failover can elect a second leader while the first has
 //!   not noticed (its token is smaller), and a term shorter than an observer's read may
 //!   go unreported. The README's Elections section has the details.
+//! - **Semaphores and read-write locks** on a single server, Sentinel and Cluster: each
+//!   holder has a key of its own (renewed, released and expired like a lock key), listed
+//!   in an index hash in the name's slot; grants take tokens by the lock's rule. Not FIFO,
+//!   but the first refused waiting writer or semaphore request records an intent that
+//!   holds back barging requests (writer-preferring). Not on Redlock (`Unsupported`): a
+//!   majority of independent instances cannot bound a semaphore's holders. The README's
+//!   key layout has the details.
 //! - Renewal: one task per client renews all its renewing locks every third of the lease,
 //!   batched per node (per slot on Cluster). A key found gone or re-owned reports loss at
 //!   once; renewal errors lead to loss at the local deadline (renewal sent + lease −

@@ -269,8 +269,9 @@ impl DistributedLock for RedisLock {
 
     /// Holders have keys of their own, renewed and released like lock keys, listed in
     /// an index hash with the semaphore's limit (see the README's key layout). Not FIFO:
-    /// waiters wake on a release and race, so a large request can be overtaken by
-    /// smaller ones while permits keep being freed one at a time. Not on Redlock (see
+    /// waiters wake on a release and race, but the first refused waiting request
+    /// records an intent that keeps its permits from smaller requests, so it is not
+    /// starved by barging. Not on Redlock (see
     /// the capabilities): a majority of independent instances cannot bound the holders.
     async fn acquire_permits(
         &self,

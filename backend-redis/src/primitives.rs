@@ -3,8 +3,10 @@
 //! Each holder has a key of its own in the name's slot, renewed, released and expired
 //! like a lock key; an index hash lists the holders (see [`scripts::MEMBER_ACQUIRE`] and
 //! the README's key layout). Waiters wake on a release message (published when a
-//! refused waiter marked the name) or at the soonest holder's expiry; waiting is not
-//! FIFO, except that a waiting writer holds back new readers and other writers.
+//! refused waiter marked the name) or at the soonest holder's expiry. Waiting is not
+//! FIFO, but the first refused writer or semaphore request that waits is protected from
+//! barging: a waiting writer holds back new readers and other writers, and a waiting
+//! semaphore request keeps its permits from being handed to smaller requests.
 //!
 //! Redlock has neither: a semaphore over a majority of independent instances cannot
 //! bound its holders (each instance bounds its own, so with three instances up to 1.5 ×
@@ -70,7 +72,7 @@ enum Reply {
     OtherLimit(i64),
 }
 
-/// A waiting writer's intent: deleted in the background if the request ends without
+/// A waiting writer's or semaphore request's intent: deleted in the background if the request ends without
 /// the grant having deleted it (the script compares the id, so this is harmless then).
 struct Intent<'a> {
     engine: &'a Arc<Engine>,
@@ -166,7 +168,7 @@ impl RedisLock {
             engine.next_id.fetch_add(1, Ordering::Relaxed)
         );
         // Armed before the first try: the try may record the intent.
-        let _intent = (ask == Ask::Write && will_wait).then(|| Intent {
+        let _intent = (ask != Ask::Read && will_wait).then(|| Intent {
             engine,
             keys,
             id: intent_id.clone(),

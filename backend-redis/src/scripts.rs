@@ -385,10 +385,13 @@ return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET
 /// crashed holder's permits come back with its lease. The index expires no earlier than
 /// its latest holder.
 ///
-/// A writer that will wait and finds the lock taken records its intent (a key with a
-/// 3 s expiry, refreshed on each try, deleted by its grant or its cancellation); while
-/// another writer's intent is there, no reader and no other writer is granted:
-/// writer-preferring. Tokens are `max(counter + 1, server clock in µs)` as for locks.
+/// A writer or semaphore request that will wait and is refused records its intent
+/// (`id \n count`, a key with a 3 s expiry, refreshed on each try, deleted by its grant
+/// or its cancellation) unless another request's intent is there. While a writer's
+/// intent is there, no reader and no other writer is granted: writer-preferring. While
+/// a semaphore request's intent is there, others are granted only what leaves its
+/// permits free, so smaller requests cannot starve it. Tokens are
+/// `max(counter + 1, server clock in µs)` as for locks.
 pub(crate) static MEMBER_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
@@ -422,19 +425,21 @@ for i = 1, #all, 2 do
     end
   end
 end
-local ok, intent = false, false
+local intent, mine, ahead = redis.call('GET', KEYS[5]), false, 0
+if intent then
+  local id, n = string.match(intent, '^(.*)\n(%d+)$')
+  if id == ARGV[9] then mine = true else ahead = tonumber(n) or 1 end
+end
+local ok
 if mode == 's' then
   if used > 0 and stored and stored ~= limit then
     return {-1, stored}
   end
-  ok = used + count <= limit
+  ok = used + count + ahead <= limit
+elseif mode == 'r' then
+  ok = not writer and not intent
 else
-  intent = redis.call('GET', KEYS[5])
-  if mode == 'r' then
-    ok = not writer and not intent
-  else
-    ok = used == 0 and (not intent or intent == ARGV[9])
-  end
+  ok = used == 0 and (not intent or mine)
 end
 if ok then
   redis.call('SET', KEYS[2], me, 'PX', ARGV[2])
@@ -442,10 +447,10 @@ if ok then
     redis.call('HSET', idx, ARGV[1], count, '#limit', limit)
   elseif mode == 'w' then
     redis.call('HSET', idx, ARGV[1], 'w')
-    if intent then redis.call('DEL', KEYS[5]) end
   else
     redis.call('HSET', idx, ARGV[1], '1')
   end
+  if mine then redis.call('DEL', KEYS[5]) end
   if redis.call('PTTL', idx) < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', idx, ARGV[2])
   end
@@ -459,8 +464,8 @@ if ok then
   redis.call('SET', KEYS[3], tok, 'PX', ARGV[3])
   return {1, tok}
 end
-if mode == 'w' and ARGV[4] == '1' and (not intent or intent == ARGV[9]) then
-  redis.call('SET', KEYS[5], ARGV[9], 'PX', 3000)
+if mode ~= 'r' and ARGV[4] == '1' and (not intent or mine) then
+  redis.call('SET', KEYS[5], ARGV[9] .. '\n' .. count, 'PX', 3000)
 end
 if soonest < 0 then
   soonest = intent and redis.call('PTTL', KEYS[5]) or 100
@@ -476,12 +481,14 @@ return {0, soonest}
     )
 });
 
-/// KEYS: writer intent, waiter marker. ARGV: intent id, channel. Deletes a cancelled
-/// writer's intent if it is still its own, and wakes the readers it held back.
+/// KEYS: intent, waiter marker. ARGV: intent id, channel. Deletes a cancelled request's
+/// intent (see [`MEMBER_ACQUIRE`]) if it is still its own, and wakes the waiters it
+/// held back.
 pub(crate) static INTENT_CLEAR: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\n' then
   redis.call('DEL', KEYS[1])
   if redis.call('DEL', KEYS[2]) > 0 then
     redis.call('PUBLISH', ARGV[2], '0')
