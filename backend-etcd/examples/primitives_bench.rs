@@ -36,6 +36,7 @@
 //! `BENCH_COUNT=1` first prints the gRPC messages etcd received per uncontended op of each
 //! implementation, by method (from etcd's `/metrics`), to explain the differences.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -456,16 +457,26 @@ async fn contended_once(cs: &[(Arc<Contender>, Work)], kind: Kind, name: &str) -
     (cs.len() * CONTENDED_OPS) as f64 / start.elapsed().as_secs_f64()
 }
 
-async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind]) {
+async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind], endpoint: &str) {
     println!(
         "{what} contended ({} clients x {CONTENDED_OPS} ops, {REPEATS} interleaved repeats)",
         cs.len()
     );
     let name = format!("contended-{}", what.replace(' ', "-"));
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
-    for _ in 0..REPEATS {
+    let count = std::env::var_os("BENCH_COUNT").is_some();
+    for repeat in 0..REPEATS {
         for (i, &kind) in kinds.iter().enumerate() {
+            let before = (count && repeat == 0).then(|| received(endpoint));
             rates[i].push(contended_once(cs, kind, &name).await);
+            if let Some(before) = before {
+                let ops = (cs.len() * CONTENDED_OPS) as u64;
+                println!(
+                    "  {:<10} per op: {}",
+                    kind.label(),
+                    per_op(&before, &received(endpoint), ops)
+                );
+            }
         }
     }
     let raw = kinds.iter().position(|k| *k == Kind::Raw);
@@ -487,7 +498,7 @@ async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind]) {
 }
 
 /// gRPC messages etcd has received so far, by method (`grpc_server_msg_received_total`).
-fn received(endpoint: &str) -> std::collections::BTreeMap<String, u64> {
+fn received(endpoint: &str) -> BTreeMap<String, u64> {
     use std::io::{Read, Write};
     // Outside any timed section: a blocking read is fine.
     let mut stream = std::net::TcpStream::connect(endpoint).expect("metrics connect");
@@ -496,7 +507,7 @@ fn received(endpoint: &str) -> std::collections::BTreeMap<String, u64> {
         .expect("metrics request");
     let mut text = String::new();
     stream.read_to_string(&mut text).expect("metrics read");
-    let mut counts = std::collections::BTreeMap::new();
+    let mut counts = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else {
             continue;
@@ -525,17 +536,25 @@ async fn count_requests(c: &Contender, endpoint: &str, work: Work, kinds: &[Kind
         for _ in 0..N {
             c.op(kind, work, "count").await;
         }
-        let after = received(endpoint);
-        let per_op: Vec<String> = after
-            .iter()
-            .filter_map(|(method, n)| {
-                let d = n - before.get(method).copied().unwrap_or(0);
-                // Keepalives and the metrics reads themselves are noise below 0.1 per op.
-                (d * 10 >= N).then(|| format!("{method} {:.1}", d as f64 / N as f64))
-            })
-            .collect();
-        println!("  {:<10} {}", kind.label(), per_op.join(", "));
+        println!(
+            "  {:<10} {}",
+            kind.label(),
+            per_op(&before, &received(endpoint), N)
+        );
     }
+}
+
+/// The messages by method between two [`received`] counts, per op of `ops`.
+fn per_op(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, ops: u64) -> String {
+    let shown: Vec<String> = after
+        .iter()
+        .filter_map(|(method, n)| {
+            let d = n - before.get(method).copied().unwrap_or(0);
+            // Keepalives and the metrics reads themselves are noise below 0.1 per op.
+            (d * 10 >= ops).then(|| format!("{method} {:.1}", d as f64 / ops as f64))
+        })
+        .collect();
+    shown.join(", ")
 }
 
 #[tokio::main]
@@ -573,7 +592,7 @@ async fn main() {
                 .iter()
                 .map(|c| (c.clone(), Work::Elect))
                 .collect();
-            contended("election hand-over", &cs, &kinds).await;
+            contended("election hand-over", &cs, &kinds, &endpoint).await;
         }
     }
     if wanted("semaphore") {
@@ -584,7 +603,7 @@ async fn main() {
                 .iter()
                 .map(|c| (c.clone(), Work::Semaphore))
                 .collect();
-            contended("semaphore 3 permits", &cs, &kinds).await;
+            contended("semaphore 3 permits", &cs, &kinds, &endpoint).await;
         }
     }
     if wanted("rwlock") {
@@ -600,7 +619,7 @@ async fn main() {
                     (c.clone(), work)
                 })
                 .collect();
-            contended("RW lock 6 readers 2 writers", &cs, &kinds).await;
+            contended("RW lock 6 readers 2 writers", &cs, &kinds, &endpoint).await;
         }
     }
 }
