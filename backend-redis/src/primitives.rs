@@ -282,7 +282,6 @@ async fn try_member(
         // Unknown whether it was applied: the in-flight guard releases the holder key.
         Err(e) => return Err(e),
     };
-    in_flight.armed = false;
     let bad = || Error::backend(BACKEND, false, "unexpected reply from the grant script");
     let Value::Array(items) = reply else {
         return Err(bad());
@@ -298,12 +297,15 @@ async fn try_member(
                 .and_then(|t| u64::try_from(t).ok())
                 .ok_or_else(bad)?;
             if sent.elapsed() + crate::engine::drift(lease) >= lease {
+                // Still armed: a drop during this release releases in the background.
                 engine.release(&holder, &owner, None, false).await.ok();
+                in_flight.armed = false;
                 return Err(Error::unavailable(
                     BACKEND,
                     "the lease ran out before the grant was answered",
                 ));
             }
+            in_flight.armed = false;
             Ok(Reply::Granted {
                 token,
                 owner,
@@ -312,12 +314,16 @@ async fn try_member(
             })
         }
         [Value::Int(0), retry] => {
+            in_flight.armed = false;
             let ms = number(retry).unwrap_or(100).max(1);
             Ok(Reply::Refused(Duration::from_millis(
                 u64::try_from(ms).unwrap_or(100) + 1,
             )))
         }
-        [Value::Int(-1), limit] => Ok(Reply::OtherLimit(number(limit).unwrap_or(0))),
+        [Value::Int(-1), limit] => {
+            in_flight.armed = false;
+            Ok(Reply::OtherLimit(number(limit).unwrap_or(0)))
+        }
         _ => Err(bad()),
     }
 }

@@ -128,7 +128,8 @@ async fn another_limit_is_refused_while_held_and_accepted_when_idle() {
 async fn renewed_permits_outlive_their_first_lease() {
     let server = RedisServer::start();
     let a = locks(&server.url()).await;
-    let lease = Duration::from_millis(300);
+    // Long enough that a busy machine (2 shared cores) does not delay a renewal past it.
+    let lease = Duration::from_secs(1);
     let held = a
         .acquire_permits("pool", of(3, 3), AcquireOptions::new().lease(lease))
         .await
@@ -137,7 +138,7 @@ async fn renewed_permits_outlive_their_first_lease() {
         .acquire_read("doc", AcquireOptions::new().lease(lease))
         .await
         .unwrap();
-    tokio::time::sleep(lease * 4).await;
+    tokio::time::sleep(lease * 3).await;
     assert!(!held.is_lost() && !reader.is_lost());
     assert!(matches!(
         a.acquire_permits("pool", of(1, 3), AcquireOptions::new().no_wait())
@@ -300,32 +301,49 @@ async fn redlock_refuses_semaphores_and_rw_locks() {
     assert!(single.semaphore && single.rw_lock);
 }
 
+/// A client that always holds a permit (it takes the next one before giving back the
+/// last) would starve a request for all of them forever; the waiting request's intent
+/// makes its next request wait instead, until it gives its permit back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_request_is_not_starved_by_smaller_ones() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let server = RedisServer::start();
     let small = locks(&server.url()).await;
     let large = locks(&server.url()).await;
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let grants = std::sync::atomic::AtomicUsize::new(0);
-    // Two tasks whose one-permit holds overlap: without protection, three permits are
-    // never free at once.
-    let churn = (0..2).map(|_| async {
-        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-            let guard = small
+    let stop = AtomicBool::new(false);
+    let grants = AtomicUsize::new(0);
+    let churn = async {
+        let mut held: Option<fencelock_core::LockGuard> = None;
+        while !stop.load(Ordering::SeqCst) {
+            let next = small
                 .acquire_permits(
                     "pool",
                     of(1, 3),
-                    AcquireOptions::new().wait_timeout(Duration::from_secs(20)),
+                    AcquireOptions::new().wait_timeout(Duration::from_millis(300)),
                 )
-                .await
-                .unwrap();
-            grants.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(40)).await;
-            guard.release().await.unwrap();
+                .await;
+            match next {
+                Ok(next) => {
+                    grants.fetch_add(1, Ordering::SeqCst);
+                    if let Some(last) = held.replace(next) {
+                        last.release().await.unwrap();
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(Error::Timeout { .. }) => {
+                    if let Some(last) = held.take() {
+                        last.release().await.unwrap();
+                    }
+                }
+                Err(error) => panic!("{error:?}"),
+            }
         }
-    });
+        if let Some(last) = held {
+            last.release().await.unwrap();
+        }
+    };
     let waiter = async {
-        while grants.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+        while grants.load(Ordering::SeqCst) < 4 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let all = large
@@ -335,11 +353,11 @@ async fn a_large_request_is_not_starved_by_smaller_ones() {
                 AcquireOptions::new().wait_timeout(Duration::from_secs(10)),
             )
             .await;
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        stop.store(true, Ordering::SeqCst);
         all.expect("all three permits despite the smaller requests")
             .release()
             .await
             .unwrap();
     };
-    let (_, ()) = tokio::join!(futures_util::future::join_all(churn), waiter);
+    tokio::join!(churn, waiter);
 }
