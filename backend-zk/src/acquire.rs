@@ -45,6 +45,20 @@ pub(crate) async fn acquire(
     name: &str,
     ask: Ask<'_>,
 ) -> Result<LockGuard, Error> {
+    let dir = names::lock_dir(session.root(), name);
+    acquire_in(session, name, dir, ask).await
+}
+
+/// Acquires `name` with nodes in the directory `dir` (a lock's, a read-write lock's or
+/// a semaphore's internal mutex). A reader ([`Recipe::Read`]) waits only for the writers
+/// before it, and watches the nearest one; every other recipe waits for every node
+/// before it and watches its immediate predecessor.
+pub(crate) async fn acquire_in(
+    session: Arc<ZkSession>,
+    name: &str,
+    dir: String,
+    ask: Ask<'_>,
+) -> Result<LockGuard, Error> {
     let Ask {
         recipe,
         data,
@@ -52,7 +66,6 @@ pub(crate) async fn acquire(
         no_wait,
         deadline,
     } = ask;
-    let dir = names::lock_dir(session.root(), name);
     let mut pending = Pending {
         session: session.clone(),
         dir,
@@ -96,12 +109,20 @@ pub(crate) async fn acquire(
         delete_own_orphans(&session, &pending, own, &children);
         if let Some(other) = children[..index]
             .iter()
-            .find_map(|c| Recipe::of(c).filter(|r| *r != recipe))
+            .find_map(|c| Recipe::of(c).filter(|r| !r.shares_dir(recipe)))
         {
             let _ = tokio::time::timeout(GIVE_UP_DELETE, pending.delete_now()).await;
             return Err(mixed_recipes(name, &pending.dir, other));
         }
-        if index == 0 {
+        // The node to wait for: for a reader the nearest writer before it (readers share),
+        // for everyone else the immediate predecessor.
+        let blocker = match recipe {
+            Recipe::Read => children[..index]
+                .iter()
+                .rposition(|c| Recipe::of(c) == Some(Recipe::Write)),
+            _ => index.checked_sub(1),
+        };
+        let Some(blocker) = blocker else {
             if grant_deadline(&session, lease, sent) <= Instant::now() {
                 // Confirmed only after the lease ran out (slow replies): not a grant;
                 // the armed clean-up deletes our node.
@@ -112,7 +133,7 @@ pub(crate) async fn acquire(
             }
             pending.armed = false;
             return Ok(grant(session, name, path, stat, lease, sent));
-        }
+        };
         if no_wait {
             pending.delete_now().await;
             return Err(Error::Contended {
@@ -128,7 +149,7 @@ pub(crate) async fn acquire(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(give_up_waiting(&mut pending, name).await);
         }
-        let predecessor = format!("{}/{}", pending.dir, children[index - 1]);
+        let predecessor = format!("{}/{}", pending.dir, children[blocker]);
         match session.client.get_and_watch_data(&predecessor).await {
             Ok((_, _, watcher)) => {
                 tokio::select! {
@@ -147,7 +168,7 @@ pub(crate) async fn acquire(
 }
 
 /// The end of a fixed lease confirmed by a request sent at `sent`.
-fn fixed_cap(lease: Lease, sent: Instant) -> Option<Instant> {
+pub(crate) fn fixed_cap(lease: Lease, sent: Instant) -> Option<Instant> {
     match lease {
         Lease::Fixed(duration) => Some(sent + duration),
         Lease::Renewing(_) => None,
@@ -157,7 +178,7 @@ fn fixed_cap(lease: Lease, sent: Instant) -> Option<Instant> {
 /// The guard's first deadline: the session's (from the probe the leader has surely
 /// heard, not this grant's requests: see [`ZkSession::anchor`]), or the fixed lease's
 /// end if earlier.
-fn grant_deadline(session: &ZkSession, lease: Lease, sent: Instant) -> Instant {
+pub(crate) fn grant_deadline(session: &ZkSession, lease: Lease, sent: Instant) -> Instant {
     let deadline = session.deadline(session.anchor());
     fixed_cap(lease, sent).map_or(deadline, |cap| cap.min(deadline))
 }
@@ -207,7 +228,7 @@ pub(crate) fn mixed_recipes(name: &str, dir: &str, other: Recipe) -> Error {
     )
 }
 
-fn waiting_error(name: &str, err: zk::Error) -> Error {
+pub(crate) fn waiting_error(name: &str, err: zk::Error) -> Error {
     if session_ended(&err) {
         Error::lost(
             name,
@@ -253,13 +274,32 @@ async fn create_node(
     }
 }
 
-/// Creates the lock directory as a container node (and the root above it, persistent).
-async fn ensure_dir(session: &ZkSession, dir: &str) -> Result<(), Error> {
+/// Creates the lock directory as a container node (and the root above it, persistent;
+/// the directories between them, such as `{root}/%sem/{name}`, as containers).
+pub(crate) async fn ensure_dir(session: &ZkSession, dir: &str) -> Result<(), Error> {
+    ensure_dir_with(session, dir, &[]).await
+}
+
+/// [`ensure_dir`] with `data` on `dir` when this call creates it.
+pub(crate) async fn ensure_dir_with(
+    session: &ZkSession,
+    dir: &str,
+    data: &[u8],
+) -> Result<(), Error> {
     let acls = session.acls();
     let mut mode = zk::CreateMode::Container;
     loop {
-        match session.client.create(dir, &[], &mode.with_acls(acls)).await {
+        match session
+            .client
+            .create(dir, data, &mode.with_acls(acls))
+            .await
+        {
             Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+            Err(zk::Error::NoNode) if parent_below_root(session.root(), dir).is_some() => {
+                if let Some(parent) = parent_below_root(session.root(), dir) {
+                    Box::pin(ensure_dir(session, parent)).await?;
+                }
+            }
             Err(zk::Error::NoNode) if !session.root().is_empty() => {
                 let root_options = zk::CreateMode::Persistent.with_acls(acls);
                 match session.client.mkdir(session.root(), &root_options).await {
@@ -275,6 +315,13 @@ async fn ensure_dir(session: &ZkSession, dir: &str) -> Result<(), Error> {
             Err(err) => return Err(map(err)),
         }
     }
+}
+
+/// The parent of `dir` when it lies strictly below `root` (`None` for a lock's own
+/// directory, whose parent is the root).
+fn parent_below_root<'a>(root: &str, dir: &'a str) -> Option<&'a str> {
+    let parent = &dir[..dir.rfind('/')?];
+    (parent.len() > root.len() && parent.starts_with(root)).then_some(parent)
 }
 
 /// Finds the node a create with a lost reply may have made, by its uuid prefix.

@@ -20,6 +20,8 @@ const WATCH_DELAY: Duration = Duration::from_millis(10);
 pub(crate) struct ZkHeld {
     name: String,
     node: Arc<Node>,
+    /// A semaphore grant's further lease nodes (one per permit past the first).
+    extra: Vec<Arc<Node>>,
     liveness: Liveness,
     registration: u64,
     /// Whether the grant has a fixed lease (and so may be extended).
@@ -137,15 +139,34 @@ impl ZkHeld {
         liveness: Liveness,
         cap: Option<tokio::time::Instant>,
     ) -> Self {
+        Self::start_many(name, node, Vec::new(), liveness, cap)
+    }
+
+    /// [`ZkHeld::start`] for a grant of several nodes (a semaphore's permits): each is
+    /// watched, the loss of any loses the grant, and release deletes them all.
+    pub(crate) fn start_many(
+        name: &str,
+        node: Node,
+        extra: Vec<Node>,
+        liveness: Liveness,
+        cap: Option<tokio::time::Instant>,
+    ) -> Self {
         let node = Arc::new(node);
+        let extra: Vec<Arc<Node>> = extra.into_iter().map(Arc::new).collect();
         let registration = node.session.register(liveness.clone(), cap, &node.path);
         let stop = CancellationToken::new();
         node.session
             .runtime()
             .spawn(watch_node(node.clone(), liveness.clone(), stop.clone()));
+        for other in &extra {
+            node.session
+                .runtime()
+                .spawn(watch_node(other.clone(), liveness.clone(), stop.clone()));
+        }
         ZkHeld {
             name: name.to_owned(),
             node,
+            extra,
             liveness,
             registration,
             fixed: cap.is_some(),
@@ -240,6 +261,19 @@ impl HeldLock for ZkHeld {
             return Ok(());
         }
         let lost_before = self.liveness.is_lost();
+        let mut extra_gone = false;
+        for other in &self.extra {
+            match other.delete(Some(other.session.timeout())).await {
+                Ok(Deleted::Now) => {}
+                Ok(Deleted::AlreadyGone) => extra_gone = true,
+                Err(error) => {
+                    for node in self.extra.iter().chain([&self.node]) {
+                        node.delete_in_background();
+                    }
+                    return Err(error);
+                }
+            }
+        }
         let deleted = match self.node.delete(Some(self.node.session.timeout())).await {
             Ok(deleted) => deleted,
             Err(error) => {
@@ -250,7 +284,7 @@ impl HeldLock for ZkHeld {
             }
         };
         match deleted {
-            Deleted::Now if !lost_before => {
+            Deleted::Now if !lost_before && !extra_gone => {
                 self.released.store(true, Ordering::Release);
                 Ok(())
             }
@@ -265,6 +299,9 @@ impl HeldLock for ZkHeld {
 
     fn release_in_background(&self) {
         self.stop_tracking();
+        for other in &self.extra {
+            other.delete_in_background();
+        }
         self.node.delete_in_background();
     }
 

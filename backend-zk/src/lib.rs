@@ -17,6 +17,13 @@
 //! observers follow the directory with a persistent recursive watch. A lock and an
 //! election never share a name (see [`ZkLock`], "Leader election").
 //!
+//! Semaphores follow Curator's `InterProcessSemaphoreV2` on `/r/%sem/{encoded name}`
+//! (`locks/` for its internal mutex, `leases/` with one `_c_<uuid>-lease-<seq>` node per
+//! permit, the limit stored as `limit=<N>` in the data of `leases/`), and read-write
+//! locks Curator's `InterProcessReadWriteLock` on `/r/%rw/{encoded name}`
+//! (`_c_<uuid>-__READ__<seq>` / `_c_<uuid>-__WRIT__<seq>` nodes). See [`ZkLock`],
+//! "Semaphores" and "Read-write locks".
+//!
 //! ```text
 //! zk://[user:password@]host[:port][,host[:port]...][/chroot][?session_timeout=30s&min_lease=4s&acl=open|creator]
 //! zks://[user:password@]host[:port][,...][/chroot][?ca=PATH&cert=PATH&key=PATH&sasl=digest-md5]
@@ -38,6 +45,7 @@ mod fence;
 mod held;
 mod lock;
 mod names;
+mod semaphore;
 mod session;
 mod transport;
 

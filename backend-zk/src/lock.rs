@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
-    HolderInfo, Leader, LeaderChanges, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Wait,
-    validate_name, validate_prefix,
+    HolderInfo, Leader, LeaderChanges, Lease, ListedLock, LockGuard, LockInfo, LossDetection,
+    Permits, Wait, validate_name, validate_prefix,
 };
 use tracing::Instrument;
 use zookeeper_client as zk;
@@ -18,6 +18,7 @@ use crate::election;
 use crate::error::{BACKEND, map, retry};
 use crate::fence::ZkFence;
 use crate::names::{self, Recipe};
+use crate::semaphore;
 use crate::session::{SessionPool, ZkSession, closed};
 use crate::transport::Transport;
 
@@ -65,6 +66,27 @@ use crate::transport::Transport;
 ///   non-retryable [`Error::Backend`] (its node deleted first), so the lock and the
 ///   election of one name still exclude each other, and [`leader`](DistributedLock::leader)
 ///   reports nobody while a lock holds the name. Give elections names of their own.
+///
+/// # Semaphores
+///
+/// [`acquire_permits`](DistributedLock::acquire_permits) uses Curator's
+/// `InterProcessSemaphoreV2` layout on `{root}/%sem/{encoded name}` (a namespace of its
+/// own: `%sem` is no encoded lock name): the request takes the internal mutex
+/// `…/locks/`, waits until its permits fit, and creates one `_c_<uuid>-lease-<seq>`
+/// node per permit in `…/leases/` in one multi-op (all or nothing), then releases the
+/// mutex. The limit is the data of `…/leases/` (`limit=<N>`, which Curator ignores): a
+/// request with another limit while leases are held is [`Error::InvalidConfig`]. The
+/// token is the czxid of the lease nodes. Details in the crate's README.
+///
+/// # Read-write locks
+///
+/// [`acquire_read`](DistributedLock::acquire_read) and
+/// [`acquire_write`](DistributedLock::acquire_write) use Curator's
+/// `InterProcessReadWriteLock` layout on `{root}/%rw/{encoded name}`:
+/// `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>` nodes sorted by sequence. A
+/// writer holds when first and watches its predecessor; a reader holds when no writer
+/// comes before it and watches the nearest writer before it (FIFO, no writer
+/// starvation). The token is the grant's node's czxid.
 ///
 /// Clones share the sessions.
 ///
@@ -122,6 +144,21 @@ impl ZkLock {
         recipe: Recipe,
         data: &[u8],
     ) -> Result<LockGuard, Error> {
+        self.take_what(name, options, What::Node(recipe, data))
+            .await
+    }
+
+    /// [`ZkLock::take`] for any kind of grant.
+    async fn take_what(
+        &self,
+        name: &str,
+        options: AcquireOptions,
+        what: What<'_>,
+    ) -> Result<LockGuard, Error> {
+        let (recipe, data) = match what {
+            What::Node(recipe, data) => (recipe, data),
+            What::Permits(_) => (Recipe::Lock, &b""[..]),
+        };
         options.validate(self.config().min_lease())?;
         // No lease on the options means "this client's session": the configured
         // `session_timeout` (see the type's documentation).
@@ -151,8 +188,20 @@ impl ZkLock {
                 biased;
                 // Dropping the acquire deletes its node, as for any cancellation.
                 () = self.pool.closed().cancelled() => Err(closed()),
-                taken = acquire::acquire(session, name, ask)
-                    .instrument(tracing::debug_span!("fencelock.zookeeper.acquire", lock = name, ?recipe)) => taken,
+                taken = async {
+                    match what {
+                        What::Node(Recipe::Read | Recipe::Write, _) => {
+                            let dir = names::rw_dir(session.root(), name);
+                            acquire::acquire_in(session, name, dir, ask).await
+                        }
+                        What::Node(..) => acquire::acquire(session, name, ask).await,
+                        What::Permits(permits) => {
+                            semaphore::acquire(session, name, permits.count(), permits.limit(), ask)
+                                .await
+                        }
+                    }
+                }
+                .instrument(tracing::debug_span!("fencelock.zookeeper.acquire", lock = name, ?recipe)) => taken,
             }
         };
         let timed_out = |limit| Error::Timeout {
@@ -231,6 +280,15 @@ impl std::fmt::Debug for ZkLock {
     }
 }
 
+/// What [`ZkLock::take_what`] takes.
+#[derive(Debug, Clone, Copy)]
+enum What<'a> {
+    /// A node of a lock, an election or a read-write lock, with its data.
+    Node(Recipe, &'a [u8]),
+    /// Permits of a semaphore.
+    Permits(Permits),
+}
+
 /// The holder node of `dir` (path, stat, number of waiters), if any.
 async fn holder(
     session: &ZkSession,
@@ -288,6 +346,26 @@ impl DistributedLock for ZkLock {
     async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
         self.take(name, options, Recipe::Lock, b"").await
+    }
+
+    async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: Permits,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        self.take_what(name, options, What::Permits(permits)).await
+    }
+
+    async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        self.take(name, options, Recipe::Read, b"").await
+    }
+
+    async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        validate_name(name)?;
+        self.take(name, options, Recipe::Write, b"").await
     }
 
     async fn campaign(
@@ -413,6 +491,8 @@ impl DistributedLock for ZkLock {
             .with_min_lease(self.config().min_lease())
             .with_counts_waiters(true)
             .with_election(true)
+            .with_semaphore(true)
+            .with_rw_lock(true)
     }
 
     fn backend(&self) -> &'static str {

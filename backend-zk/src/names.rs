@@ -24,6 +24,12 @@ pub(crate) const LOCK_NAME: &str = "lock-";
 /// number.
 pub(crate) const LATCH_NAME: &str = "latch-";
 
+/// The lock name of Curator's `InterProcessReadWriteLock` read side.
+pub(crate) const READ_NAME: &str = "__READ__";
+
+/// The lock name of Curator's `InterProcessReadWriteLock` write side.
+pub(crate) const WRITE_NAME: &str = "__WRIT__";
+
 /// Which Curator recipe a node of a lock directory belongs to, told by its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recipe {
@@ -31,6 +37,10 @@ pub(crate) enum Recipe {
     Lock,
     /// `LeaderLatch`: `_c_<uuid>-latch-<seq>`, fencelock's elections.
     Latch,
+    /// `InterProcessReadWriteLock` read side: `_c_<uuid>-__READ__<seq>`.
+    Read,
+    /// `InterProcessReadWriteLock` write side: `_c_<uuid>-__WRIT__<seq>`.
+    Write,
 }
 
 impl Recipe {
@@ -39,6 +49,8 @@ impl Recipe {
         match self {
             Recipe::Lock => LOCK_NAME,
             Recipe::Latch => LATCH_NAME,
+            Recipe::Read => READ_NAME,
+            Recipe::Write => WRITE_NAME,
         }
     }
 
@@ -47,14 +59,31 @@ impl Recipe {
         match self {
             Recipe::Lock => "a lock (Curator InterProcessMutex nodes)",
             Recipe::Latch => "an election (Curator LeaderLatch nodes)",
+            Recipe::Read | Recipe::Write => {
+                "a read-write lock (Curator InterProcessReadWriteLock nodes)"
+            }
         }
+    }
+
+    /// Whether nodes of `self` and `other` may queue in one directory: the same recipe,
+    /// or the two sides of a read-write lock.
+    pub(crate) fn shares_dir(self, other: Recipe) -> bool {
+        self == other
+            || matches!(
+                (self, other),
+                (Recipe::Read, Recipe::Write) | (Recipe::Write, Recipe::Read)
+            )
     }
 
     /// The recipe of `child`, a node of a lock directory: `None` for a node neither
     /// recipe makes. The protection prefix is `_c_` and a hex uuid, so neither name can
     /// appear in it.
     pub(crate) fn of(child: &str) -> Option<Recipe> {
-        if child.contains(LATCH_NAME) {
+        if child.contains(READ_NAME) {
+            Some(Recipe::Read)
+        } else if child.contains(WRITE_NAME) {
+            Some(Recipe::Write)
+        } else if child.contains(LATCH_NAME) {
             Some(Recipe::Latch)
         } else if child.contains(LOCK_NAME) {
             Some(Recipe::Lock)
@@ -121,6 +150,19 @@ pub(crate) fn decode_name(segment: &str, at_root: bool) -> Option<String> {
 /// The directory (a container node) holding the lock nodes of `name`.
 pub(crate) fn lock_dir(root: &str, name: &str) -> String {
     format!("{root}/{}", encode_name(name, root.is_empty()))
+}
+
+/// The directory of semaphore `name`: `{root}/%sem/{encoded name}`. `%sem` is no
+/// encoded lock name (an encoded `%` is `%25`), so a lock and a semaphore of one name
+/// never meet, and [`decode_name`] skips it when listing locks.
+pub(crate) fn semaphore_dir(root: &str, name: &str) -> String {
+    format!("{root}/%sem/{}", encode_name(name, false))
+}
+
+/// The directory of read-write lock `name`: `{root}/%rw/{encoded name}` (see
+/// [`semaphore_dir`]).
+pub(crate) fn rw_dir(root: &str, name: &str) -> String {
+    format!("{root}/%rw/{}", encode_name(name, false))
 }
 
 /// The child-name prefix of one acquisition or campaign: `_c_<uuid>-lock-` or

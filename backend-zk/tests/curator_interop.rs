@@ -3,7 +3,6 @@
 //! register in ZooKeeper, written with a version check under the lock, shows no overlap,
 //! no lost update and tokens (czxids) that only grow across both implementations.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,44 +15,8 @@ use fencelock_zk::{ZkConfig, ZkLock};
 
 const JAVA_ROUNDS: usize = 40;
 const RUST_TASKS: usize = 2;
-const JARS: &[&str] = &[
-    "curator-recipes.jar",
-    "curator-framework.jar",
-    "curator-client.jar",
-    "zookeeper.jar",
-    "zookeeper-jute.jar",
-    "guava.jar",
-    "slf4j-api.jar",
-    "slf4j-nop.jar",
-];
 
-/// Compiles `CuratorContender.java` into `dir`; returns the class path to run it with.
-fn compile_contender(dir: &Path) -> String {
-    let mut classpath: Vec<String> = JARS
-        .iter()
-        .map(|jar| {
-            let path = Path::new("/usr/share/java").join(jar);
-            assert!(
-                path.is_file(),
-                "{} is missing: install the Debian package libcurator-recipes-java (./scripts/test does)",
-                path.display()
-            );
-            path.display().to_string()
-        })
-        .collect();
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorContender.java");
-    let status = Command::new("javac")
-        .args(["-nowarn", "-encoding", "UTF-8", "-d"])
-        .arg(dir)
-        .arg("-cp")
-        .arg(classpath.join(":"))
-        .arg(&source)
-        .status()
-        .expect("javac (Debian package default-jdk-headless)");
-    assert!(status.success(), "javac failed");
-    classpath.insert(0, dir.display().to_string());
-    classpath.join(":")
-}
+mod curator;
 
 fn parse_register(data: &[u8]) -> (u64, u64) {
     let text = std::str::from_utf8(data).expect("utf-8 register");
@@ -83,7 +46,7 @@ async fn curator_and_fencelock_exclude_each_other() {
         .expect("create the register");
 
     let classes = tempfile::tempdir().unwrap();
-    let classpath = compile_contender(classes.path());
+    let classpath = curator::compile(classes.path(), "CuratorContender");
     let java = Command::new("java")
         .args(["-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", &classpath])
         .arg("CuratorContender")

@@ -4,128 +4,28 @@
 //! other's value (participant id) as the leader, and leadership passes both ways with
 //! tokens (czxids) that only grow.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 
 use fencelock_core::{AcquireOptions, DistributedLock, Error, FencingToken, Leader, LeaderChanges};
 use fencelock_testkit::ZkServer;
 use fencelock_zk::{ZkConfig, ZkLock};
-use tokio::sync::mpsc;
 
-const JARS: &[&str] = &[
-    "curator-recipes.jar",
-    "curator-framework.jar",
-    "curator-client.jar",
-    "zookeeper.jar",
-    "zookeeper-jute.jar",
-    "guava.jar",
-    "slf4j-api.jar",
-    "slf4j-nop.jar",
-];
+mod curator;
 
-/// How long any single step may take.
-const STEP: Duration = Duration::from_secs(30);
+use curator::{Curator, STEP, compile};
 
-/// Compiles `CuratorLatch.java` into `dir`; returns the class path to run it with.
-fn compile(dir: &Path) -> String {
-    let mut classpath: Vec<String> = JARS
-        .iter()
-        .map(|jar| {
-            let path = Path::new("/usr/share/java").join(jar);
-            assert!(
-                path.is_file(),
-                "{} is missing: install the Debian package libcurator-recipes-java (./scripts/test does)",
-                path.display()
-            );
-            path.display().to_string()
-        })
-        .collect();
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLatch.java");
-    let status = Command::new("javac")
-        .args(["-nowarn", "-encoding", "UTF-8", "-d"])
-        .arg(dir)
-        .arg("-cp")
-        .arg(classpath.join(":"))
-        .arg(&source)
-        .status()
-        .expect("javac (Debian package default-jdk-headless)");
-    assert!(status.success(), "javac failed");
-    classpath.insert(0, dir.display().to_string());
-    classpath.join(":")
+/// Starts the `CuratorLatch` participant.
+async fn start_latch(classpath: &str, connect: &str, path: &str, id: &str) -> Curator {
+    Curator::start(classpath, "CuratorLatch", &[connect, path, id]).await
 }
 
-/// The Java participant, driven one command per line.
-struct Curator {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::UnboundedReceiver<String>,
-}
-
-impl Curator {
-    async fn start(classpath: &str, connect: &str, path: &str, id: &str) -> Curator {
-        let mut child = Command::new("java")
-            .args(["-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", classpath])
-            .arg("CuratorLatch")
-            .args([connect, path, id])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("java");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (sender, lines) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if sender.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut curator = Curator {
-            child,
-            stdin,
-            lines,
-        };
-        assert_eq!(curator.line().await, "READY");
-        curator
-    }
-
-    fn send(&mut self, command: &str) {
-        writeln!(self.stdin, "{command}").expect("write to java");
-        self.stdin.flush().expect("flush to java");
-    }
-
-    async fn line(&mut self) -> String {
-        tokio::time::timeout(STEP, self.lines.recv())
-            .await
-            .expect("the Curator participant answers")
-            .expect("the Curator participant exited early")
-    }
-
-    async fn ask(&mut self, command: &str) -> String {
-        self.send(command);
-        self.line().await
-    }
-
-    /// The czxid from a `LEADER <czxid>` answer.
-    async fn leads(&mut self) -> u64 {
-        let answer = self.line().await;
-        answer
-            .strip_prefix("LEADER ")
-            .and_then(|czxid| czxid.parse().ok())
-            .unwrap_or_else(|| panic!("Curator did not become leader: {answer}"))
-    }
-}
-
-impl Drop for Curator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The czxid from a `LEADER <czxid>` answer.
+async fn leads(curator: &mut Curator) -> u64 {
+    let answer = curator.line().await;
+    answer
+        .strip_prefix("LEADER ")
+        .and_then(|czxid| czxid.parse().ok())
+        .unwrap_or_else(|| panic!("Curator did not become leader: {answer}"))
 }
 
 /// The next leader the observer reports, skipping "nobody leads" in between.
@@ -160,8 +60,8 @@ async fn curator_leader_latch_and_fencelock_elect_one_leader() {
     assert_eq!(changes.next().await.unwrap().unwrap(), None);
 
     let classes = tempfile::tempdir().unwrap();
-    let classpath = compile(classes.path());
-    let mut curator = Curator::start(&classpath, &server.connect_string(), &path, "curator").await;
+    let classpath = compile(classes.path(), "CuratorLatch");
+    let mut curator = start_latch(&classpath, &server.connect_string(), &path, "curator").await;
 
     // Curator's latch leads an empty election, in the layout fencelock expects.
     let started = curator.ask("start").await;
@@ -171,7 +71,7 @@ async fn curator_leader_latch_and_fencelock_elect_one_leader() {
         "Curator's latch node: {started}"
     );
     curator.send("await");
-    let first = curator.leads().await;
+    let first = leads(&mut curator).await;
     let curator_leads = Leader::new("curator", FencingToken::new(first));
     assert_eq!(next_leader(&mut changes).await, curator_leads);
     assert_eq!(
@@ -222,7 +122,7 @@ async fn curator_leader_latch_and_fencelock_elect_one_leader() {
     curator.send("await");
     let resigned = term.token();
     term.release().await.expect("resign");
-    let second = curator.leads().await;
+    let second = leads(&mut curator).await;
     assert!(second > resigned.get());
     let curator_again = Leader::new("curator", FencingToken::new(second));
     assert_eq!(next_leader(&mut changes).await, curator_again);

@@ -1,0 +1,355 @@
+//! Semaphores: Curator's `InterProcessSemaphoreV2` layout, all-or-nothing for several
+//! permits, a czxid token, and the limit stored where Curator ignores it.
+//!
+//! Semaphore `name` lives in `{root}/%sem/{encoded name}` (see
+//! [`names::semaphore_dir`]):
+//!
+//! - `…/locks/`: Curator's internal `InterProcessMutex` (`_c_<uuid>-lock-<seq>`), taken
+//!   by a request while it adds its leases, as Curator does;
+//! - `…/leases/`: one EPHEMERAL_SEQUENTIAL `_c_<uuid>-lease-<seq>` per permit held
+//!   (Curator's protected names). The directory's **data** is `limit=<N>`, the limit
+//!   Curator does not store.
+//!
+//! A request of `count` permits of `limit`:
+//!
+//! 1. reads the stored limit and fails with [`Error::InvalidConfig`] if leases are held
+//!    under another one (before queueing);
+//! 2. takes the internal mutex (FIFO among requests; honours no-wait and the timeout);
+//! 3. holding it, reads the stored limit and the leases (with a children watch): another
+//!    limit with leases held is [`Error::InvalidConfig`]; with none held the limit is
+//!    (re)written. If `held + count <= limit`, one multi-op checks the directory's version
+//!    (the limit read) and creates the `count` lease nodes, so the request gets all its
+//!    permits or none; otherwise it waits for the leases to change;
+//! 4. releases the mutex. The token is the czxid of the multi-op (the lease nodes'),
+//!    larger than every earlier grant's of the semaphore.
+//!
+//! Curator instead creates its lease node first, then waits (still holding the mutex)
+//! until the leases number at most its limit, and takes `count` permits as `count`
+//! separate rounds. Both hold the mutex while adding leases, so together they never pass
+//! the limit; but a Curator process holding part of a multi-permit request can block a
+//! fencelock request (and the reverse) — as two Curator processes can block each other.
+
+use std::sync::Arc;
+
+use fencelock_core::{Error, FencingToken, Liveness, LockGuard};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::acquire::{self, Ask};
+use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
+use crate::held::{Node, ZkHeld};
+use crate::names::{self, Recipe};
+use crate::session::ZkSession;
+
+/// The lease nodes' name after the protection prefix, as Curator names them.
+const LEASE_NAME: &str = "lease-";
+
+/// The data of the leases directory for `limit`.
+fn limit_data(limit: u32) -> Vec<u8> {
+    format!("limit={limit}").into_bytes()
+}
+
+/// The limit stored in the leases directory's data (`None` if it holds none: created by
+/// Curator, or by something else).
+fn stored_limit(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data)
+        .ok()?
+        .strip_prefix("limit=")?
+        .parse()
+        .ok()
+}
+
+fn other_limit(name: &str, stored: u32, limit: u32) -> Error {
+    Error::InvalidConfig(format!(
+        "semaphore {name:?} is held with a limit of {stored} permits, not {limit}: every \
+         client must ask with the same limit"
+    ))
+}
+
+/// Takes `count` permits of semaphore `name` of `limit` on `session`, waiting as `ask`
+/// says (its recipe and data are ignored).
+pub(crate) async fn acquire(
+    session: Arc<ZkSession>,
+    name: &str,
+    count: u32,
+    limit: u32,
+    ask: Ask<'_>,
+) -> Result<LockGuard, Error> {
+    let base = names::semaphore_dir(session.root(), name);
+    let leases = format!("{base}/leases");
+    // Fail fast on another limit, before queueing on the mutex.
+    if let Some((stored, held)) = read_limit(&session, &leases).await?
+        && stored != limit
+        && held > 0
+    {
+        return Err(other_limit(name, stored, limit));
+    }
+    let mutex = acquire::acquire_in(
+        session.clone(),
+        name,
+        format!("{base}/locks"),
+        Ask {
+            recipe: Recipe::Lock,
+            data: b"",
+            ..ask
+        },
+    )
+    .await?;
+    let granted = take_leases(&session, name, &leases, count, limit, ask).await;
+    // Whatever happened, the mutex goes (deleted in the background if this fails).
+    let _ = mutex.release().await;
+    granted
+}
+
+/// The stored limit of `leases` and how many leases are held, if it stores one.
+async fn read_limit(session: &ZkSession, leases: &str) -> Result<Option<(u32, usize)>, Error> {
+    let (data, stat) = match retry(|| session.client.get_data(leases)).await {
+        Ok(found) => found,
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(err) => return Err(map(err)),
+    };
+    Ok(stored_limit(&data).map(|limit| (limit, stat.num_children.max(0) as usize)))
+}
+
+/// Holding the internal mutex: waits until `count` more leases fit, then creates them.
+async fn take_leases(
+    session: &Arc<ZkSession>,
+    name: &str,
+    leases: &str,
+    count: u32,
+    limit: u32,
+    ask: Ask<'_>,
+) -> Result<LockGuard, Error> {
+    let mut pending = PendingLeases {
+        session: session.clone(),
+        dir: leases.to_owned(),
+        prefix_name: format!("_c_{}-{LEASE_NAME}", uuid::Uuid::new_v4()),
+        armed: false,
+    };
+    let give_up = || async {
+        match ask.deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    };
+    loop {
+        let (data, stat) = match retry(|| session.client.get_data(leases)).await {
+            Ok(found) => found,
+            Err(zk::Error::NoNode) => {
+                acquire::ensure_dir_with(session, leases, &limit_data(limit)).await?;
+                continue;
+            }
+            Err(err) => return Err(acquire::waiting_error(name, err)),
+        };
+        let (children, watcher) =
+            match retry(|| session.client.list_and_watch_children(leases)).await {
+                Ok(listed) => listed,
+                Err(zk::Error::NoNode) => continue,
+                Err(err) => return Err(acquire::waiting_error(name, err)),
+            };
+        match stored_limit(&data) {
+            Some(stored) if stored == limit => {}
+            Some(stored) if !children.is_empty() => return Err(other_limit(name, stored, limit)),
+            // No limit stored (Curator made the directory) or another one with no lease
+            // held: ours becomes the semaphore's. Holding the mutex, nobody else adds.
+            _ => {
+                match retry(|| {
+                    session
+                        .client
+                        .set_data(leases, &limit_data(limit), Some(stat.version))
+                })
+                .await
+                {
+                    Ok(_) | Err(zk::Error::BadVersion) | Err(zk::Error::NoNode) => continue,
+                    Err(err) => return Err(acquire::waiting_error(name, err)),
+                }
+            }
+        }
+        if children.len() as u64 + u64::from(count) <= u64::from(limit) {
+            let sent = Instant::now();
+            match create_leases(session, &mut pending, stat.version, count).await {
+                Ok(Some(nodes)) => {
+                    if acquire::grant_deadline(session, ask.lease, sent) <= Instant::now() {
+                        return Err(Error::unavailable(
+                            BACKEND,
+                            "the lease ran out before the grant was confirmed (ZooKeeper answered too slowly)",
+                        ));
+                    }
+                    let granted = grant(session, name, nodes, ask, sent);
+                    pending.armed = granted.is_err();
+                    return granted;
+                }
+                // The limit changed under us (or the directory went): read again.
+                Ok(None) => continue,
+                Err(err) => return Err(acquire::waiting_error(name, err)),
+            }
+        }
+        if ask.no_wait {
+            return Err(Error::Contended {
+                name: name.to_owned(),
+            });
+        }
+        if ask.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(timed_out(name));
+        }
+        tokio::select! {
+            _ = watcher.changed() => {}
+            _ = session.ended() => {
+                return Err(Error::lost(name, "the ZooKeeper session ended while waiting"));
+            }
+            _ = give_up() => return Err(timed_out(name)),
+        }
+    }
+}
+
+fn timed_out(name: &str) -> Error {
+    Error::Timeout {
+        name: name.to_owned(),
+        waited: std::time::Duration::ZERO,
+    }
+}
+
+/// Creates `count` lease nodes in one multi-op that checks the leases directory is still
+/// at `version`. `Ok(None)` when the check failed (nothing created).
+async fn create_leases(
+    session: &ZkSession,
+    pending: &mut PendingLeases,
+    version: i32,
+    count: u32,
+) -> Result<Option<Vec<(String, zk::Stat)>>, zk::Error> {
+    let prefix = format!("{}/{}", pending.dir, pending.prefix_name);
+    let options = zk::CreateMode::EphemeralSequential.with_acls(session.acls());
+    loop {
+        let mut multi = session.client.new_multi_writer();
+        multi.add_check_version(&pending.dir, version)?;
+        for _ in 0..count {
+            multi.add_create(&prefix, b"", &options)?;
+        }
+        // From here the nodes may exist: a dropped future deletes them by uuid.
+        pending.armed = true;
+        match multi.commit().await {
+            Ok(results) => {
+                let mut nodes = Vec::new();
+                for result in results {
+                    if let zk::MultiWriteResult::Create { path, stat } = result {
+                        nodes.push((path, stat));
+                    }
+                }
+                for (path, stat) in nodes.iter_mut() {
+                    if stat.is_invalid() {
+                        *stat = retry(|| session.client.get_data(path)).await?.1;
+                    }
+                }
+                return Ok(Some(nodes));
+            }
+            Err(zk::MultiWriteError::OperationFailed { .. }) => {
+                pending.armed = false;
+                return Ok(None);
+            }
+            Err(zk::MultiWriteError::RequestFailed { source }) if connection_broke(&source) => {
+                // Applied or not: a multi-op is all or nothing, so look for our nodes.
+                let children = retry(|| session.client.list_children(&pending.dir)).await?;
+                let mut own: Vec<String> = children
+                    .into_iter()
+                    .filter(|c| c.starts_with(&pending.prefix_name))
+                    .collect();
+                if own.is_empty() {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+                own.sort_unstable();
+                let mut nodes = Vec::new();
+                for child in own {
+                    let path = format!("{}/{child}", pending.dir);
+                    let stat = retry(|| session.client.get_data(&path)).await?.1;
+                    nodes.push((path, stat));
+                }
+                return Ok(Some(nodes));
+            }
+            Err(zk::MultiWriteError::RequestFailed { source }) => return Err(source),
+        }
+    }
+}
+
+/// Builds the guard over the granted lease nodes.
+fn grant(
+    session: &Arc<ZkSession>,
+    name: &str,
+    nodes: Vec<(String, zk::Stat)>,
+    ask: Ask<'_>,
+    sent: Instant,
+) -> Result<LockGuard, Error> {
+    let cap = acquire::fixed_cap(ask.lease, sent);
+    let liveness = Liveness::new(acquire::grant_deadline(session, ask.lease, sent));
+    let mut nodes = nodes
+        .into_iter()
+        .map(|(path, stat)| (Node::new(session.clone(), path, stat.version), stat.czxid));
+    // A multi-op is one transaction: every node has its zxid.
+    let Some((first, czxid)) = nodes.next() else {
+        // `count` is at least one, so the multi-op created a node.
+        return Err(Error::backend(
+            BACKEND,
+            true,
+            "the lease multi-op created no node",
+        ));
+    };
+    let extra = nodes.map(|(node, _)| node).collect();
+    let held = ZkHeld::start_many(name, first, extra, liveness.clone(), cap);
+    Ok(LockGuard::new(
+        name,
+        FencingToken::new(czxid as u64),
+        BACKEND,
+        liveness,
+        Arc::new(held),
+    ))
+}
+
+/// Lease nodes a request may have created and not handed to a guard: deleted in the
+/// background (by uuid prefix) when dropped armed.
+struct PendingLeases {
+    session: Arc<ZkSession>,
+    dir: String,
+    prefix_name: String,
+    armed: bool,
+}
+
+impl Drop for PendingLeases {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let session = self.session.clone();
+        let dir = std::mem::take(&mut self.dir);
+        let prefix_name = std::mem::take(&mut self.prefix_name);
+        self.session.runtime().spawn(async move {
+            // Repeated until answered or the session ends (see `acquire::Pending`).
+            let children = match retry(|| session.client.list_children(&dir)).await {
+                Ok(children) => children,
+                Err(_) => return,
+            };
+            for child in children.iter().filter(|c| c.starts_with(&prefix_name)) {
+                let path = format!("{dir}/{child}");
+                match retry(|| session.client.delete(&path, None)).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(err) if session_ended(&err) => return,
+                    Err(error) => {
+                        tracing::debug!(%path, %error, "could not delete an abandoned lease node");
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_round_trips_and_foreign_data_is_none() {
+        assert_eq!(stored_limit(&limit_data(7)), Some(7));
+        assert_eq!(stored_limit(b""), None);
+        assert_eq!(stored_limit(b"10.0.0.1"), None);
+        assert_eq!(stored_limit(b"limit=x"), None);
+    }
+}
