@@ -40,6 +40,8 @@ pub(crate) struct Engine {
     pub(crate) client_id: String,
     pub(crate) next_id: AtomicU64,
     pub(crate) renewals: Renewals,
+    /// The waiting lines of this client's tasks, by lock key.
+    pub(crate) lines: Arc<crate::line::Lines>,
     /// Every lock granted through this client and not yet released, for `close`.
     pub(crate) held: Mutex<HashMap<u64, Granted>>,
     /// Cancelled by `close`: waiting acquires end, the renewal and subscription tasks stop.
@@ -111,6 +113,7 @@ impl Engine {
             client_id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             next_id: AtomicU64::new(1),
             renewals: Renewals::default(),
+            lines: Arc::default(),
             held: Mutex::new(HashMap::new()),
             closed,
             runtime: tokio::runtime::Handle::current(),

@@ -56,6 +56,7 @@ mod election;
 mod engine;
 mod held;
 mod keys;
+mod line;
 mod lock;
 mod node;
 mod primitives;

@@ -140,6 +140,9 @@ impl RedisLock {
         // after a growing interval, as well as on a message or at the key's expiry.
         let config = &self.engine.config;
         let mut poll = config.layout.is_raw().then_some(config.poll_min);
+        // Once refused, wait behind this client's other waiters for the key (see
+        // `line`): only the front of the line subscribes and tries again.
+        let mut front = None;
         loop {
             match self
                 .engine
@@ -158,6 +161,11 @@ impl RedisLock {
                     return Err(Error::Contended {
                         name: name.to_owned(),
                     });
+                }
+                Attempt::Held(_) if front.is_none() => {
+                    // At the front, try again at once: the task before may have just
+                    // been granted the lock, or have given up.
+                    front = Some(self.engine.lines.front(&keys.lock).await);
                 }
                 Attempt::Held(_) if subscriptions.is_empty() => {
                     // Subscribe, then try again at once: an unlock between the failed

@@ -46,10 +46,10 @@ pub use error::{BoxError, Error};
 pub use ext::DistributedLockExt;
 pub use fence::{FencedRegister, StaleToken};
 pub use guard::{HeldLock, LockGuard};
+pub use layer::limit::WaiterLimit;
 #[cfg(feature = "metrics")]
 pub use layer::metrics::{Metrics, MetricsOptions};
 pub use layer::migration::{MigrationLock, MigrationPhase};
-pub use layer::limit::WaiterLimit;
 pub use layer::retry::{Retry, RetryPolicy};
 pub use liveness::{Liveness, LossCause};
 pub use lock::{DistributedLock, HolderInfo, ListedLock, LockInfo, downcast_lock};

@@ -5,8 +5,8 @@
 //! then sees what the application sees (including retried acquisitions as one), and
 //! retry never re-sends half of a migration's two-leg acquisition.
 
+pub mod limit;
 #[cfg(feature = "metrics")]
 pub mod metrics;
-pub mod limit;
 pub mod migration;
 pub mod retry;
