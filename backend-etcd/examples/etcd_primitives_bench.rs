@@ -4,7 +4,7 @@
 //! All on one throwaway local etcd (fencelock-testkit) or `ETCD_ENDPOINT`.
 //!
 //! ```text
-//! cargo run --release -p fencelock-etcd --example primitives_bench
+//! cargo run --release -p fencelock-etcd --example etcd_primitives_bench
 //! ```
 //!
 //! Workloads (one acquire + release = one op; nothing is held between acquire and

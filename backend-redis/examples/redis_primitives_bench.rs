@@ -3,7 +3,7 @@
 //! library around them. On one throwaway local Redis (fencelock-testkit) or `REDIS_URL`.
 //!
 //! ```text
-//! cargo run --release -p fencelock-redis --example primitives_bench
+//! cargo run --release -p fencelock-redis --example redis_primitives_bench
 //! ```
 //!
 //! Workloads (one acquire + release = one op; nothing is held in between):
