@@ -55,7 +55,7 @@ pub use rwlock::{
 };
 pub use semaphore::{
     never_more_permits_than_the_limit, permits_come_back_when_a_lease_ends,
-    semaphore_requests_are_checked_and_cancellable,
+    semaphore_requests_are_checked_and_cancellable, tokens_grow_after_a_name_was_idle,
 };
 pub use support::unique_name;
 
@@ -104,6 +104,7 @@ macro_rules! conformance_suite {
             permits_come_back_when_a_lease_ends,
             fixed_leases_can_be_extended,
             semaphore_requests_are_checked_and_cancellable,
+            tokens_grow_after_a_name_was_idle,
             readers_share_and_writers_exclude,
             a_waiting_writer_is_not_starved,
         );

@@ -234,3 +234,95 @@ pub async fn semaphore_requests_are_checked_and_cancellable(
         .expect("an idle semaphore takes a new limit");
     all_of_five.release().await.expect("release");
 }
+
+/// A name's tokens keep growing after it was idle: a grant of a lock, a semaphore's
+/// permit, a read and a write lock, and an election's term, each released by one client
+/// so that nobody holds or waits, and then granted again to the other, gets a larger
+/// token than the first grant. (A backend that forgets an idle name's state must not
+/// forget its token counter: a resource fenced by the first grant's token would accept
+/// the stale holder otherwise.)
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards, which the backend cleans up as its own
+/// cancellation safety promises.
+pub async fn tokens_grow_after_a_name_was_idle(a: &dyn DistributedLock, b: &dyn DistributedLock) {
+    let caps = a.capabilities();
+    let mut kinds = vec![Kind::Lock];
+    if caps.semaphore {
+        kinds.push(Kind::Permit);
+    }
+    if caps.rw_lock {
+        kinds.extend([Kind::Read, Kind::Write]);
+    }
+    if caps.election {
+        let election = unique_name("idle-term");
+        let first = a
+            .campaign(&election, "a", AcquireOptions::new().no_wait())
+            .await
+            .expect("first term");
+        let token = first.token();
+        first.release().await.expect("resign");
+        let second = b
+            .campaign(&election, "b", AcquireOptions::new().no_wait())
+            .await
+            .expect("second term");
+        assert!(
+            second.token() > token,
+            "a term after an idle election has token {} <= the earlier {token}",
+            second.token()
+        );
+        second.release().await.expect("resign");
+    }
+    for kind in kinds {
+        let name = unique_name("idle-tokens");
+        let first = kind
+            .grant(a, &name)
+            .await
+            .unwrap_or_else(|e| panic!("first {kind:?}: {e}"));
+        let token = first.token();
+        first.release().await.expect("release");
+        let second = kind
+            .grant(b, &name)
+            .await
+            .unwrap_or_else(|e| panic!("second {kind:?}: {e}"));
+        assert!(
+            second.token() > token,
+            "a {kind:?} granted after the name was idle has token {} <= the earlier {token}",
+            second.token()
+        );
+        second.release().await.expect("release");
+    }
+}
+
+/// What [`tokens_grow_after_a_name_was_idle`] grants.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Lock,
+    Permit,
+    Read,
+    Write,
+}
+
+impl Kind {
+    async fn grant(
+        self,
+        lock: &dyn DistributedLock,
+        name: &str,
+    ) -> Result<crate::LockGuard, Error> {
+        let options = AcquireOptions::new().no_wait();
+        match self {
+            Kind::Lock => lock.acquire(name, options).await,
+            Kind::Permit => {
+                lock.acquire_permits(name, Permits::one_of(3)?, options)
+                    .await
+            }
+            Kind::Read => lock.acquire_read(name, options).await,
+            Kind::Write => lock.acquire_write(name, options).await,
+        }
+    }
+}

@@ -26,13 +26,15 @@ pub(super) const RW_PERMITS: u32 = u32::MAX;
 #[derive(Debug, Default)]
 pub(super) struct Semaphores {
     names: HashMap<Arc<str>, Semaphore>,
+    /// One counter for every name of the table: a name's state is forgotten when idle,
+    /// and its tokens must still grow (as the lock table's do).
+    last_token: u64,
 }
 
 #[derive(Debug)]
 struct Semaphore {
     /// Fixed while anyone holds or waits; forgotten with the last of them.
     limit: u32,
-    last_token: u64,
     holders: Vec<Holder>,
     waiters: VecDeque<Waiter>,
 }
@@ -91,7 +93,6 @@ impl Semaphores {
         let now = Instant::now();
         let semaphore = self.names.entry(name.clone()).or_insert_with(|| Semaphore {
             limit: request.limit,
-            last_token: 0,
             holders: Vec::new(),
             waiters: VecDeque::new(),
         });
@@ -112,8 +113,8 @@ impl Semaphores {
                 // The next one may fit in what is left, or must arm the expiry wake-up.
                 semaphore.wake_front();
             }
-            semaphore.last_token += 1;
-            let token = FencingToken::new(semaphore.last_token);
+            self.last_token += 1;
+            let token = FencingToken::new(self.last_token);
             let expires_at = now + request.lease;
             let liveness = Liveness::new(expires_at);
             semaphore.holders.push(Holder {
