@@ -29,9 +29,9 @@
 //!   before it (a writer for a reader, any node for a writer) by an exists watch; release
 //!   deletes it.
 //!
-//! `BENCH_CONTENDED=0` runs only the uncontended cases; `BENCH_COUNT=1` first prints the
-//! packets the server received per uncontended op of each (`mntr`'s
-//! `zk_packets_received`).
+//! `BENCH_CONTENDED=0` runs only the uncontended cases; `BENCH_COUNT=1` prints the packets
+//! the server received per op of each (`mntr`'s `zk_packets_received`), uncontended and
+//! in the first contended repeat.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -365,7 +365,7 @@ async fn contended_once(cs: &[(Arc<Contender>, Work)], kind: Kind, name: &str) -
     (cs.len() * CONTENDED_OPS) as f64 / start.elapsed().as_secs_f64()
 }
 
-async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind]) {
+async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind], server: &ZkServer) {
     println!(
         "{what} contended ({} clients x {CONTENDED_OPS} ops, {REPEATS} interleaved repeats)",
         cs.len()
@@ -373,9 +373,16 @@ async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind]) {
     let name = format!("contended-{}", what.replace(' ', "-"));
     cs[0].0.raw_dirs(&name).await;
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
-    for _ in 0..REPEATS {
+    let count = std::env::var_os("BENCH_COUNT").is_some();
+    for repeat in 0..REPEATS {
         for (i, &kind) in kinds.iter().enumerate() {
+            let before = (count && repeat == 0).then(|| packets(server));
             rates[i].push(contended_once(cs, kind, &name).await);
+            if let Some(before) = before {
+                let ops = (cs.len() * CONTENDED_OPS) as f64;
+                let per_op = (packets(server) - before) as f64 / ops;
+                println!("  {:<10} packets per op {per_op:.2}", kind.label());
+            }
         }
     }
     for (i, &kind) in kinds.iter().enumerate() {
@@ -446,7 +453,7 @@ async fn main() {
             .iter()
             .map(|c| (c.clone(), Work::Semaphore))
             .collect();
-        contended("semaphore 3 permits", &cs, &kinds).await;
+        contended("semaphore 3 permits", &cs, &kinds, &server).await;
     }
     uncontended(c0, Work::Read, &kinds).await;
     uncontended(c0, Work::Write, &kinds).await;
@@ -459,6 +466,6 @@ async fn main() {
                 (c.clone(), work)
             })
             .collect();
-        contended("RW lock 6 readers 2 writers", &cs, &kinds).await;
+        contended("RW lock 6 readers 2 writers", &cs, &kinds, &server).await;
     }
 }
