@@ -41,7 +41,7 @@ pub(crate) struct Engine {
     pub(crate) next_id: AtomicU64,
     pub(crate) renewals: Renewals,
     /// The waiting lines of this client's tasks, by lock key.
-    pub(crate) lines: Arc<crate::line::Lines>,
+    pub(crate) lines: Arc<fencelock_core::line::Lines>,
     /// Every lock granted through this client and not yet released, for `close`.
     pub(crate) held: Mutex<HashMap<u64, Granted>>,
     /// Cancelled by `close`: waiting acquires end, the renewal and subscription tasks stop.

@@ -56,7 +56,6 @@ mod election;
 mod engine;
 mod held;
 mod keys;
-mod line;
 mod lock;
 mod node;
 mod primitives;

@@ -141,7 +141,7 @@ impl RedisLock {
         let config = &self.engine.config;
         let mut poll = config.layout.is_raw().then_some(config.poll_min);
         // Once refused, wait behind this client's other waiters for the key (see
-        // `line`): only the front of the line subscribes and tries again.
+        // `fencelock_core::line`): only the front of the line subscribes and tries again.
         let mut front = None;
         loop {
             match self

@@ -66,6 +66,27 @@ pub(crate) async fn acquire_in(
         no_wait,
         deadline,
     } = ask;
+    // A request that may wait first waits behind this session's other waiters for
+    // the directory: only the front has a node in the queue, so the one whose turn
+    // comes lists as many children as there are waiting sessions, not tasks. The front
+    // passes on when this returns (granted, refused or dropped).
+    let _front = if no_wait {
+        None
+    } else {
+        let front = session.lines.front(&dir);
+        match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, front).await {
+                Ok(front) => Some(front),
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        name: name.to_owned(),
+                        waited: std::time::Duration::ZERO,
+                    });
+                }
+            },
+            None => Some(front.await),
+        }
+    };
     let mut pending = Pending {
         session: session.clone(),
         dir,
@@ -150,6 +171,8 @@ pub(crate) async fn acquire_in(
             return Err(give_up_waiting(&mut pending, name).await);
         }
         let predecessor = format!("{}/{}", pending.dir, children[blocker]);
+        // Not kept while waiting: a queue's listing is as large as the queue.
+        drop(children);
         match session.client.get_and_watch_data(&predecessor).await {
             Ok((_, _, watcher)) => {
                 tokio::select! {

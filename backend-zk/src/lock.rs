@@ -306,7 +306,12 @@ async fn holder(
         names::sort_children(&mut children);
         let path = format!("{dir}/{}", children[0]);
         match retry(|| session.client.get_data(&path)).await {
-            Ok((_, stat)) => return Ok(Some((path, stat, children.len() - 1))),
+            // With the tasks of this client that wait behind its own node (see
+            // `fencelock_core::line`), as etcd's inspect counts them.
+            Ok((_, stat)) => {
+                let local = session.lines.waiting_behind(dir);
+                return Ok(Some((path, stat, children.len() - 1 + local)));
+            }
             Err(zk::Error::NoNode) => continue,
             Err(err) => return Err(map(err)),
         }

@@ -46,6 +46,9 @@ pub(crate) struct ZkSession {
     /// Send times of the last two answered probes (older, latest): see
     /// [`anchor`](Self::anchor).
     confirmed: Mutex<(Instant, Instant)>,
+    /// The waiting lines of this session's tasks, by directory: one node per waiting
+    /// (session, name), the other tasks wait locally (see [`fencelock_core::line`]).
+    pub(crate) lines: Arc<fencelock_core::line::Lines>,
 }
 
 /// A held lock as the monitor sees it.
@@ -117,6 +120,7 @@ impl ZkSession {
             ended: CancellationToken::new(),
             held: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            lines: Arc::default(),
             // Creating a session is a write the leader commits: it heard from us then.
             confirmed: Mutex::new((connecting, connecting)),
         });

@@ -28,6 +28,7 @@ mod ext;
 mod fence;
 mod guard;
 pub mod layer;
+pub mod line;
 mod liveness;
 mod lock;
 mod memory;

@@ -1,28 +1,31 @@
-//! One waiter per (client, lock key) on the server: the other tasks of the client that
-//! wait for the same key queue here, in FIFO order.
+//! Waiting lines: one waiter per (client, name) on the server; the client's other tasks
+//! that wait for the same name queue here, in FIFO order. For backends.
 //!
-//! Without it, every task waiting for a key would be woken by each unlock message and
-//! send its own try: a hand-off on a key that 10,000 tasks of one client wait for would
-//! cost 10,000 scripts and wake-ups. With it, only the task at the front of the client's
-//! line subscribes and tries; the others wait for their turn locally, so the server's
-//! work per hand-off is bounded by the number of waiting clients, not tasks, and a
-//! client's own waiters are served in the order they started to wait.
+//! Without it, every task of a client waiting for a name costs the server something
+//! per hand-off: on Redis each is woken by the unlock message and sends its own try; on
+//! ZooKeeper each has a node, and the one whose turn comes lists them all. With 10,000
+//! tasks of one client on one name, a hand-off then costs 10,000 scripts or a listing of
+//! 10,000 children. With a line, only the task at the front of the client's line waits
+//! on the server; the others wait locally, so the server's work per hand-off is bounded
+//! by the number of waiting clients, not tasks, and a client's own waiters are served in
+//! the order they started to wait. The front is given up when its task is granted (or
+//! gives up): the next task then queues on the server behind it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{Mutex as FifoMutex, OwnedMutexGuard};
 
-/// The lines of one client, by lock key.
+/// The waiting lines of one client, by name (or key).
 #[derive(Debug, Default)]
-pub(crate) struct Lines {
+pub struct Lines {
     lines: Mutex<HashMap<String, Arc<FifoMutex<()>>>>,
 }
 
 /// The front of a line: the right to wait for the key on the server. Dropping it (on a
 /// grant, an error or a cancellation) passes the turn to the next task of the line.
 #[derive(Debug)]
-pub(crate) struct Front {
+pub struct Front {
     lines: Arc<Lines>,
     key: String,
     turn: Option<OwnedMutexGuard<()>>,
@@ -40,8 +43,14 @@ impl Lines {
 
     /// Waits for the front of `key`'s line.
     ///
+    /// # Cancel safety
+    ///
     /// Cancel safe: a dropped wait leaves the line.
-    pub(crate) async fn front(self: &Arc<Self>, key: &str) -> Front {
+    ///
+    /// # Errors
+    ///
+    /// None: it only waits.
+    pub async fn front(self: &Arc<Self>, key: &str) -> Front {
         let line = self.line(key);
         let mut front = Front {
             lines: self.clone(),
@@ -50,6 +59,16 @@ impl Lines {
         };
         front.turn = Some(line.lock_owned().await);
         front
+    }
+
+    /// How many tasks wait in `key`'s line behind its front (not yet on the server).
+    pub fn waiting_behind(&self, key: &str) -> usize {
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        lines.get(key).map_or(0, |line| {
+            // The map's reference, every waiting task's, and the front's guard's.
+            let holders = Arc::strong_count(line) - 1;
+            holders.saturating_sub(usize::from(line.try_lock().is_err()))
+        })
     }
 
     /// Lines with nobody in them are forgotten, so the map is as large as what waits.
@@ -103,6 +122,8 @@ mod tests {
         }
         // Another key is not held up.
         drop(lines.front("other").await);
+        assert_eq!(lines.waiting_behind("k"), 5);
+        assert_eq!(lines.waiting_behind("other"), 0);
         drop(first);
         for task in tasks {
             task.await.unwrap();
