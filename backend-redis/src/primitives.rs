@@ -78,10 +78,16 @@ struct Intent<'a> {
     engine: &'a Arc<Engine>,
     keys: &'a PrimitiveKeys,
     id: String,
+    /// Whether an intent may have been recorded: false once the very first try was
+    /// granted (only a refused try records one), which saves a script per grant.
+    armed: bool,
 }
 
 impl Drop for Intent<'_> {
     fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
         let engine = self.engine.clone();
         let mut call = scripts::INTENT_CLEAR.prepare_invoke();
         call.key(&self.keys.intent)
@@ -168,21 +174,32 @@ impl RedisLock {
             engine.next_id.fetch_add(1, Ordering::Relaxed)
         );
         // Armed before the first try: the try may record the intent.
-        let _intent = (ask != Ask::Read && will_wait).then(|| Intent {
+        let mut intent = (ask != Ask::Read && will_wait).then(|| Intent {
             engine,
             keys,
             id: intent_id.clone(),
+            armed: true,
         });
+        let mut first_try = true;
         let wake = Arc::new(Notify::new());
         let mut subscriptions = Vec::new();
         loop {
-            match try_member(engine, keys, ask, lease.duration(), will_wait, &intent_id).await? {
+            let reply =
+                try_member(engine, keys, ask, lease.duration(), will_wait, &intent_id).await?;
+            let was_first = std::mem::take(&mut first_try);
+            match reply {
                 Reply::Granted {
                     token,
                     owner,
                     id,
                     sent,
                 } => {
+                    if was_first {
+                        // Granted at once: no try of this request recorded an intent.
+                        if let Some(intent) = &mut intent {
+                            intent.armed = false;
+                        }
+                    }
                     let holder = keys.holder(&owner);
                     return self.guard(
                         name,
