@@ -120,7 +120,9 @@ impl EtcdLock {
         pending.get().state = KeyState::Created(mine);
 
         let waiting = async {
-            match ask {
+            // Whether we waited: a request granted at its first read needs no check that
+            // its key survived the wait (as a lock's first try).
+            let waited = match ask {
                 Ask::Read | Ask::Write => {
                     let blockers = match ask {
                         Ask::Read => format!("{dir}write/"),
@@ -132,17 +134,21 @@ impl EtcdLock {
                                 name: name.to_owned(),
                             });
                         }
+                        false
                     } else {
                         crate::wait::for_turn(&inner.client, &blockers, mine, &session, name)
-                            .await?;
+                            .await?
                     }
                 }
                 Ask::Permits { count, limit } => {
                     self.wait_for_permits(&dir, mine, (count, limit), &session, name, options)
-                        .await?;
+                        .await?
                 }
+            };
+            if waited {
+                self.check_still_queued(&key, mine, name).await?;
             }
-            self.check_still_queued(&key, mine, name).await
+            Ok(())
         };
         match within(deadline, waiting, timed_out).await {
             Ok(Ok(())) => {}
@@ -180,8 +186,43 @@ impl EtcdLock {
         Ok(!read.kvs().is_empty())
     }
 
+    /// Whether the permits of every key of semaphore `dir` created before `mine`, plus
+    /// ours, fit in the limit.
+    async fn permits_fit(
+        &self,
+        dir: &str,
+        mine: i64,
+        (count, limit): (u32, u32),
+        name: &str,
+    ) -> Result<bool, Error> {
+        let earlier = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_max_create_revision(mine - 1);
+        let read = self
+            .inner()
+            .client
+            .kv_client()
+            .get(dir, Some(earlier))
+            .await
+            .map_err(map)?;
+        let mut taken: u64 = 0;
+        for kv in read.kvs() {
+            let (their_count, their_limit) = parse_permits(kv.value());
+            if their_limit != limit {
+                return Err(Error::InvalidConfig(format!(
+                    "semaphore {name:?} has {their_limit} permits, not {limit}: every \
+                     client must ask with the same limit"
+                )));
+            }
+            taken += u64::from(their_count);
+        }
+        Ok(taken + u64::from(count) <= u64::from(limit))
+    }
+
     /// Waits until the permits of every key of semaphore `dir` created before `mine`,
-    /// plus ours, fit in the limit. Re-reads after each deletion in the range.
+    /// plus ours, fit in the limit. Re-reads after each deletion in the range. Returns
+    /// whether it waited: a request that fits at the first read opens no watch.
     async fn wait_for_permits(
         &self,
         dir: &str,
@@ -190,8 +231,17 @@ impl EtcdLock {
         session: &Session,
         name: &str,
         options: AcquireOptions,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let client = &self.inner().client;
+        let permits = (count, limit);
+        if self.permits_fit(dir, mine, permits, name).await? {
+            return Ok(false);
+        }
+        if options.wait_kind() == Wait::NoWait {
+            return Err(Error::Contended {
+                name: name.to_owned(),
+            });
+        }
         let waiting = async {
             let mut watch = client.watch_client();
             loop {
@@ -201,33 +251,8 @@ impl EtcdLock {
                     .with_prefix()
                     .with_filters([WatchFilterType::NoPut]);
                 let mut events = watch.watch(dir, Some(watching)).await.map_err(map)?;
-                let earlier = GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_max_create_revision(mine - 1);
-                let read = client
-                    .kv_client()
-                    .get(dir, Some(earlier))
-                    .await
-                    .map_err(map)?;
-                let mut taken: u64 = 0;
-                for kv in read.kvs() {
-                    let (their_count, their_limit) = parse_permits(kv.value());
-                    if their_limit != limit {
-                        return Err(Error::InvalidConfig(format!(
-                            "semaphore {name:?} has {their_limit} permits, not {limit}: every \
-                             client must ask with the same limit"
-                        )));
-                    }
-                    taken += u64::from(their_count);
-                }
-                if taken + u64::from(count) <= u64::from(limit) {
-                    return Ok(());
-                }
-                if options.wait_kind() == Wait::NoWait {
-                    return Err(Error::Contended {
-                        name: name.to_owned(),
-                    });
+                if self.permits_fit(dir, mine, permits, name).await? {
+                    return Ok(true);
                 }
                 loop {
                     let Some(response) = events.message().await.map_err(map)? else {

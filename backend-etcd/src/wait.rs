@@ -14,6 +14,7 @@ use crate::session::Session;
 /// the watch exists, checks that the key is still that incarnation, so a deletion in
 /// between is never missed and only one waiter wakes per release (no herd). Fails with [`Error::Lost`] as soon as `session` is
 /// lost: a waiter whose lease expired must never be handed the lock (etcd #11456).
+/// Returns whether it waited (`false`: nothing was before us at the first read).
 ///
 /// Cancel safe: dropping it closes the watch.
 pub(crate) async fn for_turn(
@@ -22,10 +23,11 @@ pub(crate) async fn for_turn(
     my_rev: i64,
     session: &Session,
     name: &str,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let waiting = async {
         let mut kv = client.kv_client();
         let mut watch = client.watch_client();
+        let mut waited = false;
         loop {
             let predecessor = GetOptions::new()
                 .with_prefix()
@@ -39,8 +41,9 @@ pub(crate) async fn for_turn(
                 .first()
                 .map(|kv| (kv.key().to_vec(), kv.create_revision()))
             else {
-                return Ok(());
+                return Ok(waited);
             };
+            waited = true;
             // Watch from now, not from the read's revision: a watch starting in the past
             // is caught up by etcd's background sync, every 100 ms, which would add up to
             // that much to every hand-over. A deletion between the read and the watch is
