@@ -38,7 +38,7 @@ use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer};
 use tokio::time::Instant;
 
 mod common;
-use common::{Proxied, Servers};
+use common::{Proxied, Rng, Servers};
 
 const LEASE: Duration = Duration::from_secs(2);
 /// How long A's acquire is given under the fault before it is dropped.
@@ -59,22 +59,6 @@ fn unique(name: &str) -> String {
 
 fn options() -> AcquireOptions {
     AcquireOptions::new().lease(LEASE)
-}
-
-/// A small xorshift generator (the tests need no crate for random delays).
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Self {
-        Rng(common::nanos() | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// Waits until `lock` sees `name` free with no waiters (where counted); fails if that

@@ -211,6 +211,33 @@ impl Checker {
         }
     }
 
+    /// C1 for a semaphore of `limit` permits: at no moment were more than `limit`
+    /// holders between their `enter` and `exit` (a holder whose loss was recorded counts
+    /// as gone from its loss on). [`assert_no_overlap`](Self::assert_no_overlap) is the
+    /// case `limit` = 1. Returns the most holders seen inside at once.
+    pub fn assert_at_most_inside(&self, limit: usize) -> usize {
+        let mut inside: Vec<(String, u64)> = Vec::new();
+        let mut most = 0;
+        for record in self.history() {
+            match record.event {
+                Event::Enter { holder, token } => {
+                    inside.push((holder.clone(), token));
+                    assert!(
+                        inside.len() <= limit,
+                        "C1: {holder} (token {token}) entered while {} held: {inside:?}",
+                        inside.len() - 1
+                    );
+                    most = most.max(inside.len());
+                }
+                Event::Exit { holder, token } | Event::Lost { holder, token, .. } => {
+                    inside.retain(|h| *h != (holder.clone(), token));
+                }
+                Event::Write { .. } => {}
+            }
+        }
+        most
+    }
+
     /// C2: no write with a token below an already accepted one was accepted. (The
     /// register enforces this itself; the check replays the history, so a scenario that
     /// fenced its writes elsewhere can record them here and be checked the same way.)
@@ -318,6 +345,26 @@ mod tests {
         c.enter("a", 1);
         c.enter("b", 2);
         c.assert_no_overlap();
+    }
+
+    #[test]
+    fn a_semaphore_history_counts_holders() {
+        let c = Checker::new();
+        c.enter("a", 1);
+        c.enter("b", 2);
+        c.lost("a", 1, Instant::now());
+        c.enter("c", 3);
+        assert_eq!(c.assert_at_most_inside(2), 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "C1")]
+    fn a_permit_too_many_is_caught() {
+        let c = Checker::new();
+        c.enter("a", 1);
+        c.enter("b", 2);
+        c.enter("c", 3);
+        c.assert_at_most_inside(2);
     }
 
     #[test]

@@ -20,6 +20,25 @@ pub fn nanos() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// A small xorshift generator (the tests need no crate for random delays).
+#[allow(clippy::new_without_default)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from the wall clock.
+    pub fn new() -> Self {
+        Rng(nanos() | 1)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
 /// Where a scenario's locks live on the servers, to look for what it left behind.
 pub enum Servers<'a> {
     /// Keys under `PREFIX/` on etcd.
