@@ -60,7 +60,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    println!("readers inside now: {}", readers_inside.load(Ordering::SeqCst));
+    println!(
+        "readers inside now: {}",
+        readers_inside.load(Ordering::SeqCst)
+    );
 
     let writer = fencelock::connect_from_env().await?;
     let asked = tokio::time::Instant::now();

@@ -70,7 +70,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             AcquireOptions::new().fixed_lease(lease),
         )
         .await?;
-    println!("a worker holds all {LIMIT} permits (token {}) and crashes", all.token());
+    println!(
+        "a worker holds all {LIMIT} permits (token {}) and crashes",
+        all.token()
+    );
     std::mem::forget(all); // never released: only its lease ends it
     let started = tokio::time::Instant::now();
     let permit = locks
