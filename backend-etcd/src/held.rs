@@ -5,17 +5,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
-};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use fencelock_core::{Error, HeldLock, Liveness, LossCause};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::delayed::Delayed;
 use crate::error::{map, timed_out};
 use crate::gate::GatePermit;
 use crate::session::{FixedLeases, Session, drift_margin};
+use crate::watches::{Ended, KeyWatches};
 
 /// Deletes `key` if it is still the incarnation created at `revision` (etcd #22082: a
 /// late delete must never remove a newer key). Returns whether it deleted it.
@@ -254,16 +252,18 @@ pub(crate) struct EtcdHeld {
 }
 
 impl EtcdHeld {
-    /// Wraps a fresh grant and starts watching its key for deletion by anyone else.
+    /// Wraps a fresh grant (`fixed`: on its own fixed lease, which may be extended) of
+    /// `client` and starts watching its key for deletion by anyone else.
     pub(crate) fn start(
         name: &str,
         session: Arc<Session>,
         registration: Option<u64>,
-        fixed: Option<Arc<FixedLeases>>,
+        fixed: bool,
         liveness: Liveness,
         cleanup: Cleanup,
-        delayed: &Arc<Delayed>,
+        client: &crate::lock::Inner,
     ) -> Self {
+        let fixed = fixed.then(|| client.fixed.clone());
         let revision = match cleanup.state {
             KeyState::Created(revision) => revision,
             _ => 0,
@@ -274,11 +274,12 @@ impl EtcdHeld {
         // Short critical sections (most of them) end before this would start, and then
         // cost no task and no watch at all.
         let work = {
-            let (key, liveness, releasing, cleanup) = (
+            let (key, liveness, releasing, cleanup, watches) = (
                 key.clone(),
                 liveness.clone(),
                 releasing.clone(),
                 cleanup.clone(),
+                client.watches.clone(),
             );
             move || -> crate::delayed::Work {
                 let client = cleanup
@@ -288,12 +289,13 @@ impl EtcdHeld {
                     .map(|c| c.client.clone());
                 Box::pin(async move {
                     let Some(client) = client else { return };
-                    let watch = watch_key(client, key, revision, liveness.clone(), releasing);
+                    let watch =
+                        watch_key(watches, client, key, revision, liveness.clone(), releasing);
                     give_up_when_lost(watch, liveness, cleanup).await;
                 })
             }
         };
-        delayed.schedule(liveness.clone(), work);
+        client.delayed.schedule(liveness.clone(), work);
         EtcdHeld {
             name: name.to_owned(),
             key,
@@ -538,43 +540,59 @@ async fn give_up_when_lost(
 }
 
 /// Marks the guard lost when its key is deleted by anyone but its own release (an
-/// operator, lease expiry). Started [`DELAY`](crate::delayed::DELAY) after the grant;
-/// it replays history from the grant's revision, so nothing in between is missed.
+/// operator, lease expiry). Started [`DELAY`](crate::delayed::DELAY) after the grant on
+/// the client's shared watch stream; it replays history from the grant's revision, so
+/// nothing in between is missed. If etcd compacted that history, the key is read instead
+/// and watched again from the read's revision.
 async fn watch_key(
+    watches: Arc<KeyWatches>,
     client: Arc<Client>,
     key: String,
     revision: i64,
     liveness: Liveness,
     releasing: Arc<AtomicBool>,
 ) {
-    let options = WatchOptions::new()
-        .with_start_revision(revision + 1)
-        .with_filters([WatchFilterType::NoPut]);
-    let watching = async {
-        let mut events = client
-            .watch_client()
-            .watch(key.as_str(), Some(options))
-            .await
-            .ok()?;
-        while let Some(response) = events.message().await.ok()? {
-            if response
-                .events()
-                .iter()
-                .any(|e| e.event_type() == EventType::Delete)
-            {
-                return Some(
-                    "the lock's key was deleted (lease expired or removed by someone else)",
-                );
+    let mut from = revision + 1;
+    let reason = loop {
+        let ended = watches.watch(&key, from).ended().await;
+        match ended {
+            Ended::Deleted => {
+                break "the lock's key was deleted (lease expired or removed by someone else)";
             }
-            if response.compact_revision() > 0 {
-                return None;
+            Ended::Refused(reason) => {
+                tracing::warn!(%key, %reason, "etcd refused to watch a held lock's key; its loss is found by its deadline only");
+                return;
             }
+            Ended::Compacted(_) => match read_incarnation(&client, &key, revision).await {
+                Some(now) => from = now + 1,
+                None => {
+                    break "the lock's key was deleted (lease expired or removed by someone else)";
+                }
+            },
         }
-        None
     };
-    if let Some(reason) = watching.await {
-        if !releasing.load(Ordering::SeqCst) {
-            liveness.mark_lost(LossCause::KeyGone, reason);
+    if !releasing.load(Ordering::SeqCst) {
+        liveness.mark_lost(LossCause::KeyGone, reason);
+    }
+}
+
+/// Reads `key` until etcd answers: the revision of the answer if the key is still the
+/// incarnation created at `revision`, `None` if it is gone or replaced.
+async fn read_incarnation(client: &Client, key: &str, revision: i64) -> Option<i64> {
+    loop {
+        let read = client
+            .kv_client()
+            .get(key, Some(GetOptions::new().with_keys_only()))
+            .await;
+        match read {
+            Ok(read) if read.kvs().first().map(|kv| kv.create_revision()) == Some(revision) => {
+                return read.header().map(|h| h.revision());
+            }
+            Ok(_) => return None,
+            Err(error) => {
+                tracing::debug!(%key, %error, "etcd: reading a held lock's key after a compaction failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
     }
 }

@@ -19,6 +19,7 @@ mod queue;
 mod session;
 mod tls;
 mod wait;
+mod watches;
 
 use std::sync::Arc;
 

@@ -29,6 +29,7 @@ use crate::keys::{decode, encode, name_prefix, own_key};
 use crate::queue::Ask;
 use crate::session::{FixedLeases, Session, Sessions, revoke};
 use crate::wait;
+use crate::watches::KeyWatches;
 
 /// Locks in etcd, with the algorithm of etcd's Go `concurrency.Mutex`, done right.
 ///
@@ -73,6 +74,8 @@ pub(crate) struct Inner {
     pub(crate) batcher: Arc<Batcher>,
     /// Per-guard watches, started only for guards that live a while.
     pub(crate) delayed: Arc<Delayed>,
+    /// The key watches of held locks, on one shared stream.
+    pub(crate) watches: Arc<KeyWatches>,
     pub(crate) config: EtcdConfig,
     pub(crate) sessions: Sessions,
     /// The dedicated leases of fixed-lease grants, revoked by `close`.
@@ -142,6 +145,7 @@ impl EtcdLock {
                 Inner {
                     batcher: Arc::new(Batcher::new(client.clone(), Handle::current())),
                     delayed: Arc::new(Delayed::new(Handle::current())),
+                    watches: Arc::new(KeyWatches::new(client.clone(), Handle::current())),
                     client,
                     config,
                     sessions,
@@ -350,10 +354,10 @@ impl EtcdLock {
             name,
             session,
             registration,
-            fixed.then(|| inner.fixed.clone()),
+            fixed,
             liveness.clone(),
             cleanup,
-            &inner.delayed,
+            inner,
         );
         let token = FencingToken::new(u64::try_from(revision).unwrap_or_default());
         Ok(LockGuard::new(

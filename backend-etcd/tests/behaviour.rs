@@ -111,6 +111,47 @@ async fn a_deleted_key_is_reported_as_loss_at_once() {
     assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
 }
 
+/// A held lock's key watch starts from the grant's revision. If etcd compacted that
+/// history before the watch started, the key is read instead: still ours, the lock stays
+/// held and its later deletion is reported; the watch never just stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_before_the_key_watch_starts_loses_no_deletion() {
+    use etcd_client::CompactionOptions;
+    // Its own server: a compaction would disturb other tests.
+    let server = fencelock_testkit::EtcdServer::start();
+    let lock = EtcdLock::connect(EtcdConfig {
+        endpoints: vec![server.endpoint()],
+        prefix: "compaction".into(),
+        lease: Duration::from_secs(2),
+        ..EtcdConfig::default()
+    })
+    .await
+    .unwrap();
+    let guard = lock.lock("held").await.unwrap();
+    let kv = || lock.client().kv_client();
+    kv().put("other", "", None).await.unwrap();
+    let now = kv()
+        .put("other", "", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    kv().compact(now, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    // The watch starts 50 ms after the grant, finds the history compacted and reads the
+    // key: still ours, so the lock is not lost.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    let key = guard.backend_key().unwrap().to_owned();
+    kv().delete(key, None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .expect("loss within 1 s");
+    assert!(guard.lost_reason().unwrap().contains("deleted"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_session_fails_its_guards_and_a_new_session_serves_later_locks() {
     let lock = client("revoked").await;

@@ -260,6 +260,39 @@ impl EtcdServer {
         ))
     }
 
+    /// The sum of the Prometheus samples named `name` (any labels) on `GET /metrics`, or
+    /// `None` if the server does not answer or has no such sample. For example
+    /// `etcd_debugging_mvcc_watch_stream_total`, the number of open watch streams.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let response = http(
+            self.ip,
+            self.client_port,
+            "GET",
+            "/metrics",
+            "",
+            PROBE_TIMEOUT,
+        )
+        .ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)?
+        } else {
+            body.to_owned()
+        };
+        let samples: Vec<f64> = body
+            .lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+            .collect();
+        (!samples.is_empty()).then(|| samples.iter().sum())
+    }
+
     /// The member name (`n0` for a single server, `m0`, `m1`, ... in a cluster).
     pub fn name(&self) -> &str {
         &self.name
@@ -337,5 +370,19 @@ impl std::ops::Deref for EtcdServer {
     /// The process, directory and log, with the fault controls (`pause`, `kill`, ...).
     fn deref(&self) -> &Server {
         &self.core
+    }
+}
+
+/// The body of a `Transfer-Encoding: chunked` HTTP response.
+fn dechunk(mut body: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(rest.get(..size)?);
+        body = rest.get(size..)?.strip_prefix("\r\n")?;
     }
 }
