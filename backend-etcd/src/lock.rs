@@ -343,7 +343,11 @@ impl EtcdLock {
                 "the lease ran out before the grant was confirmed (etcd answered too slowly)",
             ));
         }
-        let liveness = Liveness::new(valid_until);
+        let liveness = if fixed {
+            Liveness::new(valid_until)
+        } else {
+            session.liveness()
+        };
         if fixed && !inner.fixed.register(session.lease_id(), &liveness) {
             // Closed while granting: the clean-up revokes the lease.
             return Err(Error::Closed { backend: BACKEND });

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
+use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, SharedDeadline, record_renewal};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,8 +28,9 @@ pub(crate) struct Session {
 
 #[derive(Debug)]
 struct SessionState {
-    /// Conservative local deadline: last keepalive sent + TTL − margin.
-    valid_until: Instant,
+    /// Conservative local deadline: last keepalive sent + TTL − margin. Shared by the
+    /// guards on this lease, so a renewal moves one value however many are held.
+    valid_until: SharedDeadline,
     guards: HashMap<u64, Liveness>,
 }
 
@@ -67,7 +68,7 @@ impl Session {
             ttl,
             lost: CancellationToken::new(),
             state: Mutex::new(SessionState {
-                valid_until: sent + ttl - drift_margin(ttl),
+                valid_until: SharedDeadline::new(sent + ttl - drift_margin(ttl)),
                 guards: HashMap::new(),
             }),
             next_guard: AtomicU64::new(0),
@@ -98,7 +99,12 @@ impl Session {
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        self.state().valid_until
+        self.state().valid_until.get()
+    }
+
+    /// A fresh guard's liveness, whose deadline is the session's.
+    pub(crate) fn liveness(&self) -> Liveness {
+        Liveness::with_shared_deadline(self.state().valid_until.clone())
     }
 
     /// Whether the session can no longer be used.
@@ -120,12 +126,18 @@ impl Session {
         }
     }
 
-    /// Starts reporting keepalives and loss to `liveness`. Returns the registration id.
+    /// Starts reporting loss to `liveness`, made by [`liveness`](Self::liveness).
+    /// Returns the registration id.
     pub(crate) fn register(&self, liveness: Liveness) -> u64 {
         let id = self.next_guard.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state();
-        liveness.extend(state.valid_until);
-        state.guards.insert(id, liveness);
+        // `mark_lost` cancels before it drains the guards under this lock: a guard
+        // registered in between is told here.
+        if self.lost.is_cancelled() {
+            liveness.mark_lost(LossCause::SessionEnded, "the etcd session was lost");
+        } else {
+            state.guards.insert(id, liveness);
+        }
         id
     }
 
@@ -156,13 +168,7 @@ impl Session {
     }
 
     fn renewed(&self, valid_until: Instant) {
-        let mut state = self.state();
-        if valid_until > state.valid_until {
-            state.valid_until = valid_until;
-        }
-        for liveness in state.guards.values() {
-            liveness.extend(state.valid_until);
-        }
+        self.state().valid_until.extend(valid_until);
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {

@@ -52,7 +52,7 @@ pub use layer::limit::WaiterLimit;
 pub use layer::metrics::{Metrics, MetricsOptions};
 pub use layer::migration::{MigrationLock, MigrationPhase};
 pub use layer::retry::{Retry, RetryPolicy};
-pub use liveness::{Liveness, LossCause};
+pub use liveness::{Liveness, LossCause, SharedDeadline};
 pub use lock::{DistributedLock, HolderInfo, ListedLock, LockInfo, downcast_lock};
 pub use memory::MemoryLock;
 pub use name::{MAX_NAME_LEN, validate_name, validate_prefix};

@@ -53,6 +53,47 @@ impl std::fmt::Display for LossCause {
     }
 }
 
+/// How far past a shared deadline a lock's own cap starts: never in practice.
+const NO_CAP: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A deadline shared by many locks, for [`Liveness::with_shared_deadline`]: it only
+/// moves forward.
+#[derive(Clone)]
+pub struct SharedDeadline {
+    at: Arc<Mutex<Instant>>,
+}
+
+impl SharedDeadline {
+    /// A deadline at `at`.
+    pub fn new(at: Instant) -> Self {
+        SharedDeadline {
+            at: Arc::new(Mutex::new(at)),
+        }
+    }
+
+    /// The deadline now.
+    pub fn get(&self) -> Instant {
+        *self.at.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves the deadline to `to` if that is later; returns whether it moved.
+    pub fn extend(&self, to: Instant) -> bool {
+        let mut at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
+        if to > *at {
+            *at = to;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl std::fmt::Debug for SharedDeadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SharedDeadline").field(&self.get()).finish()
+    }
+}
+
 /// Whether a held lock is still valid, shared by a backend and the guard it handed out.
 ///
 /// The backend moves the deadline forward after each successful renewal and marks the
@@ -71,7 +112,10 @@ pub struct Liveness {
 struct Inner {
     lost: CancellationToken,
     ended: CancellationToken,
+    /// The deadline; with a shared deadline, this lock's own cap on it until the lock is
+    /// lost, and the deadline frozen at the loss afterwards.
     valid_until: Mutex<Instant>,
+    shared: Option<SharedDeadline>,
     reason: OnceLock<(LossCause, String)>,
     /// The guard's lock, token and backend, for the loss log line.
     identity: OnceLock<(String, u64, &'static str)>,
@@ -91,6 +135,7 @@ impl Liveness {
                 lost: CancellationToken::new(),
                 ended: CancellationToken::new(),
                 valid_until: Mutex::new(valid_until),
+                shared: None,
                 reason: OnceLock::new(),
                 identity: OnceLock::new(),
                 at_risk: AtomicBool::new(false),
@@ -100,13 +145,34 @@ impl Liveness {
         }
     }
 
+    /// A live lock whose deadline is `shared`, moved once for every lock that shares it
+    /// (for example every lock on one session lease, renewed by one keepalive): renewing
+    /// 100,000 locks then costs one update, not 100,000.
+    ///
+    /// [`extend`](Self::extend) on such a lock moves its own cap, which starts far in the
+    /// future: the lock is valid until the earlier of the two. Once the lock is lost, its
+    /// deadline is frozen and no longer follows `shared`.
+    pub fn with_shared_deadline(shared: SharedDeadline) -> Self {
+        let live = Liveness::new(shared.get() + NO_CAP);
+        Liveness {
+            inner: Arc::new(Inner {
+                shared: Some(shared),
+                ..Arc::into_inner(live.inner).expect("a new liveness has one owner")
+            }),
+        }
+    }
+
     /// The instant until which the lock is guaranteed, on the monotonic clock.
     pub fn valid_until(&self) -> Instant {
-        *self
+        let own = *self
             .inner
             .valid_until
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        match &self.inner.shared {
+            Some(shared) if !self.inner.lost.is_cancelled() => shared.get().min(own),
+            _ => own,
+        }
     }
 
     /// Moves the deadline forward after a successful renewal. Ignored when the lock is
@@ -140,6 +206,17 @@ impl Liveness {
     /// The first time, unless the guard already ended, it logs a `tracing` `warn!` with
     /// the lock, token, backend and cause: a lost lock is always visible.
     pub fn mark_lost(&self, cause: LossCause, reason: impl Into<String>) {
+        if let Some(shared) = &self.inner.shared {
+            // Freeze the deadline: a lost lock no longer follows the shared one.
+            let mut own = self
+                .inner
+                .valid_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !self.inner.lost.is_cancelled() {
+                *own = shared.get().min(*own);
+            }
+        }
         let reason = reason.into();
         if self.inner.reason.set((cause, reason.clone())).is_ok() && !self.is_ended() {
             match self.inner.identity.get() {
@@ -202,6 +279,22 @@ impl Liveness {
                 _ = tokio::time::sleep_until(deadline) => {}
             }
         }
+    }
+
+    /// Completes when the lock is marked lost: by [`mark_lost`](Self::mark_lost), or by a
+    /// check that found the deadline passed. Unlike [`lost`](Self::lost) it keeps no
+    /// timer of its own, so it suits a backend whose renewal task marks its locks lost at
+    /// their shared deadline and that waits on many locks at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping it has no effect.
+    ///
+    /// # Errors
+    ///
+    /// None: it only waits.
+    pub async fn marked_lost(&self) {
+        self.inner.lost.cancelled().await
     }
 
     /// A token cancelled when the lock is lost, including by deadline.
@@ -373,5 +466,31 @@ mod tests {
         assert!(live.is_lost());
         assert_eq!(live.lost_reason(), Some("key deleted"));
         assert_eq!(live.lost_cause(), Some(LossCause::KeyGone));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shared_deadline_moves_every_lock_until_one_is_lost() {
+        let shared = SharedDeadline::new(Instant::now() + Duration::from_secs(10));
+        let a = Liveness::with_shared_deadline(shared.clone());
+        let b = Liveness::with_shared_deadline(shared.clone());
+        assert_eq!(a.valid_until(), shared.get());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(shared.extend(Instant::now() + Duration::from_secs(10)));
+        assert!(!shared.extend(Instant::now()), "never backwards");
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(!a.is_lost() && !b.is_lost());
+        a.mark_lost(LossCause::KeyGone, "deleted");
+        let frozen = a.valid_until();
+        assert!(shared.extend(Instant::now() + Duration::from_secs(60)));
+        assert_eq!(a.valid_until(), frozen, "a lost lock's deadline is frozen");
+        assert_eq!(b.valid_until(), shared.get());
+        // The deadline alone declares loss, on the shared deadline's time.
+        let start = Instant::now();
+        b.lost().await;
+        assert_eq!(start.elapsed(), Duration::from_secs(60));
+        assert_eq!(b.lost_cause(), Some(LossCause::LeaseExpired));
+        // A lost lock no longer follows the shared deadline.
+        shared.extend(Instant::now() + Duration::from_secs(60));
+        assert!(b.is_lost());
     }
 }
