@@ -35,9 +35,18 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
             ));
         }
         let locks = fencelock::connect_config(&config).await?;
+        // A second client, for the held workload's question: does one client holding
+        // many locks slow down the others?
+        let other = match args.workload {
+            Workload::Held => Some(fencelock::connect_config(&config).await?),
+            _ => None,
+        };
         let prefix = format!("fencelock-bench/{}-{}", std::process::id(), nanos());
-        let report = scale::run(&args, locks.clone(), &prefix).await;
+        let report = scale::run(&args, locks.clone(), other.clone(), &prefix).await;
         let _ = locks.close().await;
+        if let Some(other) = other {
+            let _ = other.close().await;
+        }
         let report = report?;
         if args.json {
             println!("{report}");

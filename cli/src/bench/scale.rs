@@ -80,14 +80,21 @@ fn progress(args: &BenchArgs, line: impl AsRef<str>) {
 /// # Cancel safety
 ///
 /// Dropping it drops the waiters and guards, which the backend cleans up.
+///
+/// `other`, for the `held` workload, is a second client: its acquires are timed beside
+/// those of the client that holds everything.
 pub async fn run(
     args: &BenchArgs,
     locks: Arc<dyn DistributedLock>,
+    other: Option<Arc<dyn DistributedLock>>,
     prefix: &str,
 ) -> Result<Value, Failure> {
     match args.workload {
         Workload::Waiters => waiters(args, locks, prefix).await,
-        Workload::Held => held(args, locks, prefix).await,
+        Workload::Held => {
+            let other = other.unwrap_or_else(|| locks.clone());
+            held(args, locks, other, prefix).await
+        }
         Workload::Cycles => cycles(args, locks, prefix).await,
         Workload::Uncontended | Workload::Contended | Workload::ManyKeys => Err(Failure::usage(
             "not a scale workload (waiters, held, cycles)",
@@ -262,19 +269,24 @@ async fn acquire_all(
     names: Vec<String>,
     options: AcquireOptions,
 ) -> Result<(Vec<LockGuard>, Vec<Duration>), Failure> {
-    let limit = Arc::new(Semaphore::new(CONCURRENCY));
+    // At most CONCURRENCY tasks exist at once: tasks spawned ahead, each waiting for its
+    // turn, would count in the memory measured per lock.
     let mut tasks = JoinSet::new();
-    for (i, name) in names.into_iter().enumerate() {
-        let (locks, limit) = (locks.clone(), limit.clone());
-        tasks.spawn(async move {
-            let _permit = limit.acquire_owned().await;
-            let begun = Instant::now();
-            let guard = locks.acquire(&name, options.no_wait()).await?;
-            Ok::<_, Error>((i, guard, begun.elapsed()))
-        });
-    }
-    let mut out = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
+    let mut out = Vec::with_capacity(names.len());
+    let mut names = names.into_iter().enumerate();
+    loop {
+        while tasks.len() < CONCURRENCY {
+            let Some((i, name)) = names.next() else { break };
+            let locks = locks.clone();
+            tasks.spawn(async move {
+                let begun = Instant::now();
+                let guard = locks.acquire(&name, options.no_wait()).await?;
+                Ok::<_, Error>((i, guard, begun.elapsed()))
+            });
+        }
+        let Some(joined) = tasks.join_next().await else {
+            break;
+        };
         match joined {
             Ok(Ok(got)) => out.push(got),
             Ok(Err(error)) => return Err(failed("an acquire", &error)),
@@ -312,6 +324,7 @@ async fn release_all(guards: Vec<LockGuard>) -> Result<(), Failure> {
 async fn held(
     args: &BenchArgs,
     locks: Arc<dyn DistributedLock>,
+    other: Arc<dyn DistributedLock>,
     prefix: &str,
 ) -> Result<Value, Failure> {
     let count = usize::try_from(args.count.unwrap_or(100_000)).unwrap_or(usize::MAX);
@@ -324,6 +337,14 @@ async fn held(
         .map_err(|e| failed("the first acquire", &e))?;
     let first_latency = first_begun.elapsed();
     let lease = first.valid_until().saturating_duration_since(first_begun);
+    let mut probes = Vec::with_capacity(PROBES);
+    let mut other_probes = Vec::with_capacity(PROBES);
+    for i in 0..PROBES {
+        probes.push(probe(&locks, &format!("{prefix}/held/probe-{i}"), options).await?);
+        other_probes.push(probe(&other, &format!("{prefix}/held/other-{i}"), options).await?);
+    }
+    let (first_p50, first_max) = median_max(&mut probes);
+    let (other_p50, _) = median_max(&mut other_probes);
     let before = rss();
     let started = Instant::now();
     let names = (0..count).map(|i| format!("{prefix}/held/{i}")).collect();
@@ -337,18 +358,22 @@ async fn held(
             lease * 5
         ),
     );
-    // One more, with everything held: as fast as the first?
-    let last_begun = Instant::now();
-    let last = locks
-        .acquire(&format!("{prefix}/held/last"), options.no_wait())
-        .await
-        .map_err(|e| failed("the extra acquire", &e))?;
-    let last_latency = last_begun.elapsed();
-    tokio::time::sleep(lease * 5).await;
+    // More, with everything held: as fast as before? Spread over the whole hold, so
+    // they meet renewal rounds too.
+    let mut held_probes = Vec::with_capacity(PROBES);
+    let mut other_held_probes = Vec::with_capacity(PROBES);
+    for i in 0..PROBES {
+        held_probes.push(probe(&locks, &format!("{prefix}/held/probe-held-{i}"), options).await?);
+        other_held_probes
+            .push(probe(&other, &format!("{prefix}/held/other-held-{i}"), options).await?);
+        tokio::time::sleep(lease * 5 / PROBES as u32).await;
+    }
+    let (held_p50, held_max) = median_max(&mut held_probes);
+    let (other_held_p50, _) = median_max(&mut other_held_probes);
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     let held_rss = rss();
     release_all(guards).await?;
-    release_all(vec![first, last]).await?;
+    release_all(vec![first]).await?;
     check(
         lost == 0,
         format!("{lost} of {count} held locks were lost within 5 lease periods"),
@@ -364,8 +389,45 @@ async fn held(
         "rss_bytes_per_held_lock": per_item(before, after, count),
         "rss_growth_while_held_bytes": held_rss.zip(after).map(|(h, a)| h as i64 - a as i64),
         "first_acquire_us": first_latency.as_micros() as u64,
-        "acquire_with_all_held_us": last_latency.as_micros() as u64,
+        "acquire_p50_us_before": first_p50.as_micros() as u64,
+        "acquire_max_us_before": first_max.as_micros() as u64,
+        "acquire_p50_us_all_held": held_p50.as_micros() as u64,
+        "acquire_max_us_all_held": held_max.as_micros() as u64,
+        "other_client_acquire_p50_us_before": other_p50.as_micros() as u64,
+        "other_client_acquire_p50_us_all_held": other_held_p50.as_micros() as u64,
     }))
+}
+
+/// How many single acquires the `held` workload times before the fill and while
+/// everything is held.
+const PROBES: usize = 25;
+
+/// One timed acquire of a fresh name, released at once (not timed).
+async fn probe(
+    locks: &Arc<dyn DistributedLock>,
+    name: &str,
+    options: AcquireOptions,
+) -> Result<Duration, Failure> {
+    let begun = Instant::now();
+    let guard = locks
+        .acquire(name, options.no_wait())
+        .await
+        .map_err(|e| failed("a timed acquire", &e))?;
+    let took = begun.elapsed();
+    guard
+        .release()
+        .await
+        .map_err(|e| failed("a timed release", &e))?;
+    Ok(took)
+}
+
+/// The median and the largest of `samples`.
+fn median_max(samples: &mut [Duration]) -> (Duration, Duration) {
+    samples.sort_unstable();
+    (
+        samples.get(samples.len() / 2).copied().unwrap_or_default(),
+        samples.last().copied().unwrap_or_default(),
+    )
 }
 
 /// `count` acquire+release cycles on distinct names ([`CONCURRENCY`] at a time): the
