@@ -5,12 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::task::AbortHandle;
-use tokio_util::sync::CancellationToken;
 
-use super::Shared;
+use super::renewal::Renewals;
 use super::table::Renewal;
-use crate::{Error, HeldLock, Lease, Liveness, LossCause, RenewalOutcome};
+use super::{Client, Shared};
+use crate::{Error, HeldLock, Lease, Liveness};
 
 /// What a memory guard holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +23,7 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    fn renew(self, shared: &Shared, name: &str, id: u64, lease: Duration) -> Renewal {
+    pub(super) fn renew(self, shared: &Shared, name: &str, id: u64, lease: Duration) -> Renewal {
         match self {
             Kind::Lock => shared.table().renew(name, id, lease),
             Kind::Permits => shared.semaphores().renew(name, id, lease),
@@ -50,17 +49,19 @@ pub(super) struct MemoryHeld {
     id: u64,
     /// Whether the lease is fixed (and so may be extended).
     fixed: bool,
-    renewal: Option<AbortHandle>,
+    client: Arc<Client>,
+    /// The key of a renewing lease in the client's [`Renewals`].
+    renewal: Option<u64>,
     released: AtomicBool,
 }
 
 impl MemoryHeld {
-    /// Starts renewing a renewing lease every third of its duration; a fixed lease gets
-    /// no task at all.
+    /// Has a renewing lease renewed every third of its duration by the client's renewal
+    /// task on the current runtime; a fixed lease is never renewed.
     pub(super) fn start(
         shared: Arc<Shared>,
         kind: Kind,
-        closed: CancellationToken,
+        client: Arc<Client>,
         name: Arc<str>,
         id: u64,
         lease: Lease,
@@ -68,37 +69,13 @@ impl MemoryHeld {
     ) -> Self {
         let renewal = match lease {
             Lease::Fixed(_) => None,
-            Lease::Renewing(duration) => {
-                let (shared, name) = (shared.clone(), name.clone());
-                let task = tokio::spawn(async move {
-                    let mut tick = tokio::time::interval_at(
-                        tokio::time::Instant::now() + lease.renew_interval(),
-                        lease.renew_interval(),
-                    );
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    loop {
-                        tokio::select! {
-                            _ = tick.tick() => {}
-                            // Closing marked the lock lost already.
-                            () = closed.cancelled() => return,
-                        }
-                        let renewal = kind.renew(&shared, &name, id, duration);
-                        let outcome = match renewal {
-                            Renewal::Renewed => RenewalOutcome::Renewed,
-                            Renewal::Gone => RenewalOutcome::Gone,
-                        };
-                        crate::record_renewal(super::BACKEND, outcome, Duration::ZERO, 1);
-                        if let Renewal::Gone = renewal {
-                            liveness.mark_lost(
-                                LossCause::KeyGone,
-                                "the lock was no longer held at renewal",
-                            );
-                            return;
-                        }
-                    }
-                });
-                Some(task.abort_handle())
-            }
+            Lease::Renewing(duration) => Some(Renewals::insert(
+                &shared,
+                &client,
+                (kind, name.clone(), id),
+                duration,
+                liveness,
+            )),
         };
         MemoryHeld {
             shared,
@@ -106,14 +83,15 @@ impl MemoryHeld {
             name,
             id,
             fixed: matches!(lease, Lease::Fixed(_)),
+            client,
             renewal,
             released: AtomicBool::new(false),
         }
     }
 
     fn stop_renewal(&self) {
-        if let Some(renewal) = &self.renewal {
-            renewal.abort();
+        if let Some(key) = self.renewal {
+            self.client.renewals.remove(key);
         }
     }
 

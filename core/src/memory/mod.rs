@@ -2,6 +2,7 @@
 //! applications' own tests.
 
 mod held;
+mod renewal;
 mod semaphore;
 mod table;
 
@@ -104,6 +105,8 @@ struct Client {
     id: u64,
     /// Cancelled by `close`, under the table's lock: stops renewals and refuses acquires.
     closed: CancellationToken,
+    /// The renewing leases of the locks held through this client.
+    renewals: renewal::Renewals,
 }
 
 impl Client {
@@ -112,6 +115,7 @@ impl Client {
         Arc::new(Client {
             id: CLIENTS.fetch_add(1, Ordering::Relaxed) + 1,
             closed: CancellationToken::new(),
+            renewals: renewal::Renewals::default(),
         })
     }
 }
@@ -166,7 +170,7 @@ impl MemoryLock {
         let held = MemoryHeld::start(
             self.shared.clone(),
             kind,
-            self.client.closed.clone(),
+            self.client.clone(),
             name.clone(),
             id,
             lease,

@@ -466,3 +466,47 @@ async fn closing_one_client_leaves_the_others_of_its_set_alone() {
     assert!(matches!(ours.release().await, Err(Error::Lost { .. })));
     assert_eq!(c.active_names(), 0);
 }
+
+/// Every renewing lock of a client is renewed by one task (per runtime), not one task
+/// each: 1,000 locks held over many renewals cost one task, none is lost, and the task
+/// ends once nothing is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_task_renews_every_held_lock_of_a_client() {
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = alive();
+    let locks = MemoryLock::new();
+    let lease = Duration::from_millis(300);
+    let mut guards = Vec::new();
+    for i in 0..1_000 {
+        let name = format!("renewed-{i}");
+        guards.push(
+            locks
+                .acquire(&name, AcquireOptions::new().lease(lease))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(alive(), before + 1, "one renewal task for 1,000 locks");
+    tokio::time::sleep(lease * 5).await;
+    assert!(
+        guards.iter().all(|g| !g.is_lost()),
+        "renewed through 5 lease periods"
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    assert_eq!(locks.active_names(), 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive() > before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        alive(),
+        before,
+        "the renewal task ends when nothing is held"
+    );
+}
