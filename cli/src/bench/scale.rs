@@ -104,11 +104,16 @@ pub async fn run(
 
 /// The median of hand-off latencies in microseconds.
 fn median_micros(latencies: &[Duration]) -> Option<f64> {
+    median_max_micros(latencies).map(|(median, _)| median as f64)
+}
+
+/// The median and the largest of `latencies` in microseconds, `None` for none.
+fn median_max_micros(latencies: &[Duration]) -> Option<(u64, u64)> {
     let mut histogram = Histogram::<u64>::new(3).ok()?;
     for l in latencies {
         let _ = histogram.record(u64::try_from(l.as_micros()).unwrap_or(u64::MAX).max(1));
     }
-    (!latencies.is_empty()).then(|| histogram.value_at_quantile(0.5) as f64)
+    (!latencies.is_empty()).then(|| (histogram.value_at_quantile(0.5), histogram.max()))
 }
 
 /// `count` waiters on one name, queued in batches behind a holder, then served one
@@ -343,8 +348,8 @@ async fn held(
         probes.push(probe(&locks, &format!("{prefix}/held/probe-{i}"), options).await?);
         other_probes.push(probe(&other, &format!("{prefix}/held/other-{i}"), options).await?);
     }
-    let (first_p50, first_max) = median_max(&mut probes);
-    let (other_p50, _) = median_max(&mut other_probes);
+    let (first_p50, first_max) = median_max_micros(&probes).unwrap_or_default();
+    let (other_p50, _) = median_max_micros(&other_probes).unwrap_or_default();
     let before = rss();
     let started = Instant::now();
     let names = (0..count).map(|i| format!("{prefix}/held/{i}")).collect();
@@ -368,8 +373,8 @@ async fn held(
             .push(probe(&other, &format!("{prefix}/held/other-held-{i}"), options).await?);
         tokio::time::sleep(lease * 5 / PROBES as u32).await;
     }
-    let (held_p50, held_max) = median_max(&mut held_probes);
-    let (other_held_p50, _) = median_max(&mut other_held_probes);
+    let (held_p50, held_max) = median_max_micros(&held_probes).unwrap_or_default();
+    let (other_held_p50, _) = median_max_micros(&other_held_probes).unwrap_or_default();
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     let held_rss = rss();
     release_all(guards).await?;
@@ -389,12 +394,12 @@ async fn held(
         "rss_bytes_per_held_lock": per_item(before, after, count),
         "rss_growth_while_held_bytes": held_rss.zip(after).map(|(h, a)| h as i64 - a as i64),
         "first_acquire_us": first_latency.as_micros() as u64,
-        "acquire_p50_us_before": first_p50.as_micros() as u64,
-        "acquire_max_us_before": first_max.as_micros() as u64,
-        "acquire_p50_us_all_held": held_p50.as_micros() as u64,
-        "acquire_max_us_all_held": held_max.as_micros() as u64,
-        "other_client_acquire_p50_us_before": other_p50.as_micros() as u64,
-        "other_client_acquire_p50_us_all_held": other_held_p50.as_micros() as u64,
+        "acquire_p50_us_before": first_p50,
+        "acquire_max_us_before": first_max,
+        "acquire_p50_us_all_held": held_p50,
+        "acquire_max_us_all_held": held_max,
+        "other_client_acquire_p50_us_before": other_p50,
+        "other_client_acquire_p50_us_all_held": other_held_p50,
     }))
 }
 
@@ -419,15 +424,6 @@ async fn probe(
         .await
         .map_err(|e| failed("a timed release", &e))?;
     Ok(took)
-}
-
-/// The median and the largest of `samples`.
-fn median_max(samples: &mut [Duration]) -> (Duration, Duration) {
-    samples.sort_unstable();
-    (
-        samples.get(samples.len() / 2).copied().unwrap_or_default(),
-        samples.last().copied().unwrap_or_default(),
-    )
 }
 
 /// `count` acquire+release cycles on distinct names ([`CONCURRENCY`] at a time): the
