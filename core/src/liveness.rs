@@ -130,12 +130,16 @@ impl Liveness {
     /// Backends compute `valid_until` conservatively: the instant the acquire or renewal
     /// request was *sent*, plus the lease, minus a margin for clock drift.
     pub fn new(valid_until: Instant) -> Self {
+        Self::build(valid_until, None)
+    }
+
+    fn build(valid_until: Instant, shared: Option<SharedDeadline>) -> Self {
         Liveness {
             inner: Arc::new(Inner {
                 lost: CancellationToken::new(),
                 ended: CancellationToken::new(),
                 valid_until: Mutex::new(valid_until),
-                shared: None,
+                shared,
                 reason: OnceLock::new(),
                 identity: OnceLock::new(),
                 at_risk: AtomicBool::new(false),
@@ -153,13 +157,7 @@ impl Liveness {
     /// future: the lock is valid until the earlier of the two. Once the lock is lost, its
     /// deadline is frozen and no longer follows `shared`.
     pub fn with_shared_deadline(shared: SharedDeadline) -> Self {
-        let live = Liveness::new(shared.get() + NO_CAP);
-        Liveness {
-            inner: Arc::new(Inner {
-                shared: Some(shared),
-                ..Arc::into_inner(live.inner).expect("a new liveness has one owner")
-            }),
-        }
+        Self::build(shared.get() + NO_CAP, Some(shared))
     }
 
     /// The instant until which the lock is guaranteed, on the monotonic clock.
