@@ -292,14 +292,10 @@ impl EtcdLock {
             )
             .await??;
             if first != mine {
-                let waiting = async {
-                    wait::for_turn(&inner.client, &names, mine, &session, name)
-                        .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name))
-                        .await?;
-                    self.check_still_queued(&key, mine, name).await
-                };
+                let waiting = wait::for_turn(&inner.client, (&names, &key), mine, &session, name)
+                    .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name));
                 match within(deadline, waiting, timed_out).await {
-                    Ok(waited) => waited?,
+                    Ok(waited) => drop(waited?),
                     Err(timeout) => {
                         pending.finish_now().await;
                         return Err(timeout);

@@ -120,8 +120,9 @@ impl EtcdLock {
         pending.get().state = KeyState::Created(mine);
 
         let waiting = async {
-            // Whether we waited: a request granted at its first read needs no check that
-            // its key survived the wait (as a lock's first try).
+            // Whether our key must still be checked: a read or write request's wait
+            // confirms it itself, and a request granted at its first read needs no check
+            // that its key survived the wait (as a lock's first try).
             let waited = match ask {
                 Ask::Read | Ask::Write => {
                     let blockers = match ask {
@@ -136,8 +137,16 @@ impl EtcdLock {
                         }
                         false
                     } else {
-                        crate::wait::for_turn(&inner.client, &blockers, mine, &session, name)
-                            .await?
+                        // Confirms our key too: no separate check after it.
+                        crate::wait::for_turn(
+                            &inner.client,
+                            (&blockers, &key),
+                            mine,
+                            &session,
+                            name,
+                        )
+                        .await?;
+                        false
                     }
                 }
                 Ask::Permits { count, limit } => {

@@ -1,25 +1,31 @@
 //! Waiting for the turn: watch only the immediate predecessor.
 
 use etcd_client::{
-    Client, EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions,
+    Client, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    WatchFilterType, WatchOptions,
 };
 use fencelock_core::Error;
 
 use crate::error::map;
 use crate::session::Session;
 
-/// Waits until no key under `name_prefix` has a create revision below `my_rev`.
+/// Waits until no key under `name_prefix` has a create revision below `my_rev`, and
+/// confirms that our own key (`own_key`) is still the one created at `my_rev`.
 ///
 /// Each round reads the *last* key created before ours, watches it for deletion and, once
 /// the watch exists, checks that the key is still that incarnation, so a deletion in
 /// between is never missed and only one waiter wakes per release (no herd). Fails with [`Error::Lost`] as soon as `session` is
-/// lost: a waiter whose lease expired must never be handed the lock (etcd #11456).
-/// Returns whether it waited (`false`: nothing was before us at the first read).
+/// lost: a waiter whose lease expired must never be handed the lock (etcd #11456), and
+/// with [`Error::Lost`] if our key is gone: each predecessor read also reads our key, in
+/// one transaction, so the last one both finds the way clear and proves the key is still
+/// ours at that revision (a separate read of our key afterwards cost a round trip per
+/// hand-over). Returns whether it waited (`false`: nothing was before us at the first
+/// read).
 ///
 /// Cancel safe: dropping it closes the watch.
 pub(crate) async fn for_turn(
     client: &Client,
-    name_prefix: &str,
+    (name_prefix, own_key): (&str, &str),
     my_rev: i64,
     session: &Session,
     name: &str,
@@ -35,10 +41,30 @@ pub(crate) async fn for_turn(
                 .with_max_create_revision(my_rev - 1)
                 .with_limit(1)
                 .with_keys_only();
-            let read = kv.get(name_prefix, Some(predecessor)).await.map_err(map)?;
-            let Some((key, created)) = read
-                .kvs()
-                .first()
+            let reads = Txn::new().and_then([
+                TxnOp::get(name_prefix, Some(predecessor)),
+                TxnOp::get(own_key, Some(GetOptions::new().with_keys_only())),
+            ]);
+            let read = kv.txn(reads).await.map_err(map)?;
+            let mut gets = read.op_responses().into_iter().filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get),
+                _ => None,
+            });
+            let (before, own) = (gets.next(), gets.next());
+            if own
+                .as_ref()
+                .and_then(|own| own.kvs().first())
+                .map(|kv| kv.create_revision())
+                != Some(my_rev)
+            {
+                return Err(Error::lost(
+                    name,
+                    "our key disappeared while waiting (session expired or key deleted)",
+                ));
+            }
+            let Some((key, created)) = before
+                .as_ref()
+                .and_then(|before| before.kvs().first())
                 .map(|kv| (kv.key().to_vec(), kv.create_revision()))
             else {
                 return Ok(waited);

@@ -152,6 +152,47 @@ async fn a_compaction_before_the_key_watch_starts_loses_no_deletion() {
     assert!(guard.lost_reason().unwrap().contains("deleted"));
 }
 
+/// A waiter whose own key was deleted while it waited (by an operator, or its lease
+/// expiring) must not be handed the lock when its turn comes: it fails with `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_was_deleted_is_not_granted() {
+    let clients = futures_join(2, "waiter-deleted").await;
+    let holder = clients[0].lock("job").await.unwrap();
+    let holder_key = holder.backend_key().unwrap().to_owned();
+    let waiter = {
+        let lock = clients[1].clone();
+        tokio::spawn(async move { lock.lock("job").await })
+    };
+    // Wait until the waiter's key exists, then delete it behind its back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let waiter_key = loop {
+        let keys = keys_under(&clients[1]).await;
+        if let Some(key) = keys.into_iter().find(|k| *k != holder_key) {
+            break key;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    clients[1]
+        .client()
+        .kv_client()
+        .delete(waiter_key, None)
+        .await
+        .unwrap();
+    holder.release().await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter ended")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(Error::Lost { .. })),
+        "not granted: {outcome:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_session_fails_its_guards_and_a_new_session_serves_later_locks() {
     let lock = client("revoked").await;
