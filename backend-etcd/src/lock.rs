@@ -295,7 +295,7 @@ impl EtcdLock {
                 let waiting = wait::for_turn(&inner.client, (&names, &key), mine, &session, name)
                     .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name));
                 match within(deadline, waiting, timed_out).await {
-                    Ok(waited) => drop(waited?),
+                    Ok(waited) => waited?,
                     Err(timeout) => {
                         pending.finish_now().await;
                         return Err(timeout);

@@ -19,8 +19,7 @@ use crate::session::Session;
 /// with [`Error::Lost`] if our key is gone: each predecessor read also reads our key, in
 /// one transaction, so the last one both finds the way clear and proves the key is still
 /// ours at that revision (a separate read of our key afterwards cost a round trip per
-/// hand-over). Returns whether it waited (`false`: nothing was before us at the first
-/// read).
+/// hand-over).
 ///
 /// Cancel safe: dropping it closes the watch.
 pub(crate) async fn for_turn(
@@ -29,11 +28,10 @@ pub(crate) async fn for_turn(
     my_rev: i64,
     session: &Session,
     name: &str,
-) -> Result<bool, Error> {
+) -> Result<(), Error> {
     let waiting = async {
         let mut kv = client.kv_client();
         let mut watch = client.watch_client();
-        let mut waited = false;
         loop {
             let predecessor = GetOptions::new()
                 .with_prefix()
@@ -67,9 +65,8 @@ pub(crate) async fn for_turn(
                 .and_then(|before| before.kvs().first())
                 .map(|kv| (kv.key().to_vec(), kv.create_revision()))
             else {
-                return Ok(waited);
+                return Ok(());
             };
-            waited = true;
             // Watch from now, not from the read's revision: a watch starting in the past
             // is caught up by etcd's background sync, every 100 ms, which would add up to
             // that much to every hand-over. A deletion between the read and the watch is
