@@ -14,10 +14,16 @@
 //! its own network namespace ([`NetLab`]), so a member can be cut from its peers while
 //! its clients stay connected.
 //!
-//! The library uses only std, `libc` and `tempfile`: no async runtime, no clients.
+//! [`bench`] is the shared harness of the backend benchmarks: hdrhistogram latencies,
+//! kinds interleaved round by round, medians and ratios over repeats, and the process's
+//! own CPU time.
+//!
+//! The library uses only std, `libc`, `tempfile` and `hdrhistogram`: no async runtime,
+//! no clients.
 //! [`TestCertificates`] makes a private CA and certificates for TLS servers with the
 //! `openssl` command-line tool.
 
+pub mod bench;
 mod binaries;
 pub mod checker;
 mod etcd;

@@ -1,0 +1,499 @@
+//! The shared harness of the backend benchmarks (`examples/*bench*.rs`): latencies in
+//! hdrhistogram, medians and ratios over repeats, kinds interleaved round by round, and
+//! the process's own CPU time.
+//!
+//! Every comparison runs its kinds (the library, a raw floor, a peer) side by side in one
+//! process, alternating between them in short rounds, so drift of a shared machine hits
+//! all alike; a ratio is taken per repeat, between values measured in the same repeat,
+//! and reported as the median over repeats with every repeat's value beside it.
+//!
+//! The harness has no async runtime of its own: the interleaving helpers are `async fn`s
+//! generic over "do one op of kind K" (or "one run of kind K"), and
+//! [`timed_join`] awaits handles the bench spawned on its own runtime.
+//!
+//! ```no_run
+//! # async fn op(kind: &str) {}
+//! use fencelock_testkit::bench::{self, Rounds};
+//!
+//! # async fn run() {
+//! let kinds = ["raw", "fencelock"];
+//! let rounds = Rounds { repeats: 3, rounds: 5, ops: 100, warmup: 50 };
+//! let measured = bench::interleave(&kinds, rounds, |kind| op(kind)).await;
+//! for m in &measured {
+//!     let vs_raw = bench::ratios(&m.p50_over(&measured[0]));
+//!     println!("  {:<10} {}  p50/raw {vs_raw}", m.kind, m.summary());
+//! }
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+pub use hdrhistogram::Histogram;
+
+/// The largest latency a [`histogram`] tells apart: one hour, in µs. Longer ones are
+/// recorded as this.
+pub const MAX_MICROS: u64 = 3_600_000_000;
+
+/// An empty latency histogram in µs: 1 µs to one hour ([`MAX_MICROS`]), 3 significant
+/// digits.
+#[must_use]
+pub fn histogram() -> Histogram<u64> {
+    // Constant bounds that hdrhistogram accepts (1 <= low, 2 * low <= high, sigfig <=
+    // 5; the unit tests build one): the error is unreachable, whatever the input.
+    Histogram::new_with_bounds(1, MAX_MICROS, 3).expect("constant, valid bounds")
+}
+
+/// `d` in whole µs, at least 1 (a histogram's lowest value) and at most [`MAX_MICROS`].
+#[must_use]
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros())
+        .unwrap_or(u64::MAX)
+        .clamp(1, MAX_MICROS)
+}
+
+/// Records the latency `d` in `h` (µs, clamped as [`micros`] does).
+pub fn record(h: &mut Histogram<u64>, d: Duration) {
+    h.saturating_record(micros(d));
+}
+
+/// Adds `from` into `into` (histograms from [`histogram`], whose bounds agree).
+pub fn merge(into: &mut Histogram<u64>, from: &Histogram<u64>) {
+    // Same bounds: cannot fail; a value out of `into`'s range would be the only reason.
+    let _ = into.add(from);
+}
+
+/// What one line of a bench reports about a histogram: count, p50, p99, max (µs) and
+/// the rate over `elapsed`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Summary {
+    /// The number of recorded ops.
+    pub ops: u64,
+    /// The median latency, µs.
+    pub p50: u64,
+    /// The 99th percentile latency, µs.
+    pub p99: u64,
+    /// The largest latency, µs.
+    pub max: u64,
+    /// The wall-clock time the ops took, for [`Summary::ops_per_sec`].
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    /// The summary of `h`, whose ops took `elapsed` of wall-clock time.
+    #[must_use]
+    pub fn new(h: &Histogram<u64>, elapsed: Duration) -> Self {
+        Summary {
+            ops: h.len(),
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+            elapsed,
+        }
+    }
+
+    /// Ops per second over [`Summary::elapsed`] (0 when nothing was timed).
+    #[must_use]
+    pub fn ops_per_sec(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.ops as f64 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
+impl fmt::Display for Summary {
+    /// `ops=N  p50 … µs  p99 … µs  max … µs  … ops/s`, in fixed-width columns.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ops={:<6} p50 {:>6} µs  p99 {:>7} µs  max {:>7} µs  {:>7.0} ops/s",
+            self.ops,
+            self.p50,
+            self.p99,
+            self.max,
+            self.ops_per_sec()
+        )
+    }
+}
+
+/// The median of `values` (the upper one of an even count; NaN for none).
+#[must_use]
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// `median M (r1 r2 …)`: the median of `values` and each of them, two decimals.
+#[must_use]
+pub fn ratios(values: &[f64]) -> String {
+    let shown: Vec<String> = values.iter().map(|r| format!("{r:.2}")).collect();
+    format!(
+        "median {:.2} ({})",
+        median(values.to_vec()),
+        shown.join(" ")
+    )
+}
+
+/// `mine[i] / floor[i]` for each repeat `i` both have.
+#[must_use]
+pub fn over(mine: &[f64], floor: &[f64]) -> Vec<f64> {
+    mine.iter().zip(floor).map(|(m, f)| m / f).collect()
+}
+
+/// How [`interleave`] runs: `warmup` untimed ops of each kind, then `repeats` repeats of
+/// `rounds` rounds, each round `ops` timed ops of every kind in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rounds {
+    /// Repeats: each gives one p50 per kind, and so one ratio.
+    pub repeats: usize,
+    /// Rounds per repeat: the kinds alternate once per round.
+    pub rounds: usize,
+    /// Timed ops of one kind in one round.
+    pub ops: usize,
+    /// Untimed ops of each kind before the first repeat.
+    pub warmup: usize,
+}
+
+impl Rounds {
+    /// The timed ops of one kind over the whole run.
+    #[must_use]
+    pub fn ops_per_kind(&self) -> usize {
+        self.repeats * self.rounds * self.ops
+    }
+}
+
+/// One kind's latencies from [`interleave`].
+#[derive(Clone, Debug)]
+pub struct Measured<K> {
+    /// The kind measured.
+    pub kind: K,
+    /// Every timed op of the kind, pooled over all repeats (µs).
+    pub histogram: Histogram<u64>,
+    /// The p50 of each repeat (µs), in order.
+    pub repeat_p50: Vec<f64>,
+    /// The wall-clock time of the kind's rounds, summed.
+    pub elapsed: Duration,
+}
+
+impl<K> Measured<K> {
+    /// The pooled summary (ops/s over the kind's own rounds).
+    #[must_use]
+    pub fn summary(&self) -> Summary {
+        Summary::new(&self.histogram, self.elapsed)
+    }
+
+    /// This kind's p50 over `floor`'s, repeat by repeat (feed it to [`ratios`]).
+    #[must_use]
+    pub fn p50_over(&self, floor: &Measured<K>) -> Vec<f64> {
+        over(&self.repeat_p50, &floor.repeat_p50)
+    }
+}
+
+/// Sequential latency of each of `kinds`, interleaved as `plan` says: `once(kind)` does
+/// one op of `kind`, which this times. Returns one [`Measured`] per kind, in the order of
+/// `kinds`.
+pub async fn interleave<K, F, Fut>(kinds: &[K], plan: Rounds, mut once: F) -> Vec<Measured<K>>
+where
+    K: Copy,
+    F: FnMut(K) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for &kind in kinds {
+        for _ in 0..plan.warmup {
+            once(kind).await;
+        }
+    }
+    let mut measured: Vec<Measured<K>> = kinds
+        .iter()
+        .map(|&kind| Measured {
+            kind,
+            histogram: histogram(),
+            repeat_p50: Vec::with_capacity(plan.repeats),
+            elapsed: Duration::ZERO,
+        })
+        .collect();
+    for _ in 0..plan.repeats {
+        let mut repeat: Vec<Histogram<u64>> = kinds.iter().map(|_| histogram()).collect();
+        for _ in 0..plan.rounds {
+            for (m, h) in measured.iter_mut().zip(&mut repeat) {
+                let round = Instant::now();
+                for _ in 0..plan.ops {
+                    let t = Instant::now();
+                    once(m.kind).await;
+                    record(h, t.elapsed());
+                }
+                m.elapsed += round.elapsed();
+            }
+        }
+        for (m, h) in measured.iter_mut().zip(&repeat) {
+            m.repeat_p50.push(h.value_at_quantile(0.5) as f64);
+            merge(&mut m.histogram, h);
+        }
+    }
+    measured
+}
+
+/// `repeats` rounds of whole runs, one `run(kind, repeat)` of each of `kinds` in turn per
+/// round (for throughput, contention and CPU, where one run is many ops). Returns, per
+/// kind in the order of `kinds`, what each of its runs returned, in order.
+pub async fn interleave_runs<K, T, F, Fut>(kinds: &[K], repeats: usize, mut run: F) -> Vec<Vec<T>>
+where
+    K: Copy,
+    F: FnMut(K, usize) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let mut out: Vec<Vec<T>> = kinds.iter().map(|_| Vec::with_capacity(repeats)).collect();
+    for repeat in 0..repeats {
+        for (&kind, results) in kinds.iter().zip(&mut out) {
+            results.push(run(kind, repeat).await);
+        }
+    }
+    out
+}
+
+/// Starts the clock, then takes every handle from `spawn` (a lazy iterator that spawns
+/// workers on the bench's runtime, e.g. `(0..n).map(|i| tokio::spawn(...))`), and awaits
+/// them all. Returns the wall-clock time from before the first spawn to the last
+/// worker's end, and the workers' outputs in order.
+///
+/// # Errors
+///
+/// The first worker's error (e.g. a `JoinError` of a worker that panicked), after all
+/// workers were spawned; the others are not awaited.
+pub async fn timed_join<I, H, T, E>(spawn: I) -> Result<(Duration, Vec<T>), E>
+where
+    I: IntoIterator<Item = H>,
+    H: Future<Output = Result<T, E>>,
+{
+    let start = Instant::now();
+    let handles: Vec<H> = spawn.into_iter().collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await?);
+    }
+    Ok((start.elapsed(), out))
+}
+
+/// `USER_HZ`: the unit of `utime` and `stime` in `/proc/<pid>/stat`, 100 per second on
+/// every Linux architecture this runs on (the kernel's ABI value, whatever its internal
+/// tick rate; `sysconf(_SC_CLK_TCK)` would need `unsafe`).
+pub const USER_HZ: u64 = 100;
+
+/// How far apart the two readings of [`ProcessCpu::since`] may be and still count as
+/// agreeing: `/proc/self/stat` truncates each reading to a tick, so two readings differ
+/// from the exact value by up to two ticks, plus a little for the time between reads.
+const AGREE: Duration = Duration::from_millis(30);
+
+/// A reading of this process's own CPU time (user + system, all threads), for "client
+/// CPU per op": read before and after a run, [`ProcessCpu::since`] divided by the ops.
+///
+/// Two sources, both read at once:
+/// - the sum over live threads of `/proc/self/task/*/schedstat`'s first field (ns run
+///   on a CPU): precise, but a thread that exits takes its time with it;
+/// - `utime + stime` of `/proc/self/stat` (fields 14 and 15, in [`USER_HZ`] ticks):
+///   it keeps exited threads' time, but only to 10 ms.
+///
+/// [`ProcessCpu::since`] uses the precise sum when the two agree to within two ticks (no
+/// thread that ran for long exited in between), and the tick count otherwise. Measure
+/// runs that use at least a second of CPU for a count good to 1 %. Outside Linux (no
+/// `/proc`) every reading is zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessCpu {
+    /// `utime + stime`, ticks.
+    ticks: Option<u64>,
+    /// The live threads' run time, ns.
+    threads_ns: Option<u64>,
+}
+
+impl ProcessCpu {
+    /// Reads the process's CPU time now.
+    #[must_use]
+    pub fn now() -> Self {
+        // Threads first, then the process total: a thread that exits between the two
+        // reads makes them disagree, and the total wins.
+        let threads_ns = threads_ns();
+        let ticks = stat_ticks();
+        ProcessCpu { ticks, threads_ns }
+    }
+
+    /// The CPU time the process used from `start` to this reading (zero if `/proc` could
+    /// not be read).
+    #[must_use]
+    pub fn since(&self, start: &ProcessCpu) -> Duration {
+        let ticks = match (self.ticks, start.ticks) {
+            (Some(end), Some(begin)) => Some(Duration::from_nanos(
+                end.saturating_sub(begin)
+                    .saturating_mul(1_000_000_000 / USER_HZ),
+            )),
+            _ => None,
+        };
+        let threads = match (self.threads_ns, start.threads_ns) {
+            (Some(end), Some(begin)) if end >= begin => Some(Duration::from_nanos(end - begin)),
+            _ => None,
+        };
+        match (threads, ticks) {
+            (Some(precise), Some(coarse)) if precise.abs_diff(coarse) <= AGREE => precise,
+            (_, Some(coarse)) => coarse,
+            (Some(precise), None) => precise,
+            (None, None) => Duration::ZERO,
+        }
+    }
+}
+
+/// `utime + stime` from `/proc/self/stat`, in ticks.
+fn stat_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    parse_stat_ticks(&stat)
+}
+
+/// `utime + stime` (fields 14 and 15) of a `/proc/<pid>/stat` line. The command name
+/// (field 2) is in parentheses and may hold spaces and parentheses: fields are counted
+/// from the last `)`, after which field 3 comes.
+fn parse_stat_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_ascii_whitespace().skip(14 - 3);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime.saturating_add(stime))
+}
+
+/// The sum of the first field of `/proc/self/task/*/schedstat` (ns on a CPU) over the
+/// live threads. A thread that exits while this reads is left out.
+fn threads_ns() -> Option<u64> {
+    let mut sum = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(task) = task else { continue };
+        let Ok(schedstat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        let ns: u64 = schedstat.split_ascii_whitespace().next()?.parse().ok()?;
+        sum = sum.saturating_add(ns);
+    }
+    Some(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    /// Drives a future that never waits (the tests' ops are all ready at once).
+    fn ready<T>(f: impl Future<Output = T>) -> T {
+        let mut f = pin!(f);
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+    }
+
+    #[test]
+    fn median_and_ratios() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 3.0);
+        assert!(median(Vec::new()).is_nan());
+        assert_eq!(ratios(&[1.0, 1.25, 0.5]), "median 1.00 (1.00 1.25 0.50)");
+        assert_eq!(over(&[2.0, 3.0], &[1.0, 2.0, 5.0]), vec![2.0, 1.5]);
+    }
+
+    #[test]
+    fn latencies_are_clamped_and_summarised() {
+        let mut h = histogram();
+        record(&mut h, Duration::ZERO);
+        record(&mut h, Duration::from_micros(1500));
+        record(&mut h, Duration::from_secs(100 * 3600));
+        assert_eq!(h.len(), 3);
+        assert_eq!(h.min(), 1);
+        let s = Summary::new(&h, Duration::from_secs(1));
+        assert_eq!(s.ops, 3);
+        assert!((1499..=1501).contains(&s.p50), "{s:?}");
+        assert!(s.max >= MAX_MICROS * 999 / 1000, "{s:?}");
+        assert_eq!(s.ops_per_sec(), 3.0);
+        assert_eq!(
+            Summary::new(&histogram(), Duration::ZERO).ops_per_sec(),
+            0.0
+        );
+        assert!(s.to_string().starts_with("ops=3 "), "{s}");
+    }
+
+    #[test]
+    fn interleave_alternates_kinds_per_round() {
+        let mut order = Vec::new();
+        let plan = Rounds {
+            repeats: 2,
+            rounds: 3,
+            ops: 2,
+            warmup: 1,
+        };
+        let measured = ready(interleave(&['a', 'b'], plan, |kind| {
+            order.push(kind);
+            std::future::ready(())
+        }));
+        let expected: String = "ab".to_owned() + &"aabb".repeat(6);
+        assert_eq!(order.iter().collect::<String>(), expected);
+        assert_eq!(measured.len(), 2);
+        for m in &measured {
+            assert_eq!(m.histogram.len() as usize, plan.ops_per_kind());
+            assert_eq!(m.repeat_p50.len(), 2);
+        }
+        assert_eq!(measured[1].p50_over(&measured[0]).len(), 2);
+    }
+
+    #[test]
+    fn interleave_runs_alternates_kinds_per_repeat() {
+        let runs = ready(interleave_runs(&[1u32, 2], 3, |kind, repeat| {
+            std::future::ready(kind * 10 + repeat as u32)
+        }));
+        assert_eq!(runs, vec![vec![10, 11, 12], vec![20, 21, 22]]);
+    }
+
+    #[test]
+    fn timed_join_returns_outputs_or_the_first_error() {
+        let ok = ready(timed_join(
+            (0..3).map(|i| std::future::ready(Ok::<_, ()>(i))),
+        ));
+        assert_eq!(ok.map(|(_, v)| v), Ok(vec![0, 1, 2]));
+        let err = ready(timed_join(
+            [Ok(1), Err("first"), Err("second")].map(std::future::ready),
+        ));
+        assert_eq!(err, Err("first"));
+    }
+
+    #[test]
+    fn stat_ticks_count_from_the_last_parenthesis() {
+        let line = "42 (a) b) (c) S 1 42 42 0 -1 4194304 96 0 0 0 7 5 0 0 20 0 1 0 1 2 3";
+        assert_eq!(parse_stat_ticks(line), Some(12));
+        assert_eq!(parse_stat_ticks("42 (x) S 1"), None);
+        assert_eq!(parse_stat_ticks(""), None);
+    }
+
+    #[test]
+    fn process_cpu_counts_this_threads_work() {
+        let start = ProcessCpu::now();
+        let spin = Instant::now();
+        let mut x = 0u64;
+        while spin.elapsed() < Duration::from_millis(200) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let used = ProcessCpu::now().since(&start);
+        // Some of the 200 ms spun (a busy machine may take part of it away); at most
+        // what two cores give in the wall-clock time (other tests run alongside).
+        assert!(used >= Duration::from_millis(50), "{used:?}");
+        assert!(
+            used <= spin.elapsed() * 2 + Duration::from_millis(60),
+            "{used:?}"
+        );
+        assert_eq!(start.since(&start), Duration::ZERO);
+        assert_eq!(
+            ProcessCpu::default().since(&ProcessCpu::default()),
+            Duration::ZERO
+        );
+    }
+}
