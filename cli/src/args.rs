@@ -174,11 +174,15 @@ with the whole queue, 1,000 and 10 left); held (--count locks held at once,
 renewing, for 5 lease periods: none lost; memory per held lock; one more acquire
 with all held against the first); cycles (--count acquire+release on distinct
 names: memory after against a warm-up, nothing left on the server). Memory is
-this process's resident set.
+this process's resident set. --processes N (waiters only) queues the waiters
+from N child processes of this binary instead, count/N each, started one after
+another (each once all of its waiters are queued), all served in one queue; memory
+is then the children's resident sets.
 
 Examples:
   fencelock bench --workload uncontended --duration 5s --baseline
   fencelock bench --url etcd://127.0.0.1:2379/bench --workload contended --clients 8 --json
+  fencelock bench --url zk://127.0.0.1:2181/bench --workload waiters --count 10000 --processes 10
 
 Exit codes: 0, 64 usage, 69 backend unavailable.";
 
@@ -431,6 +435,16 @@ pub struct BenchArgs {
     /// Scale workloads: the renewing lease of every lock (default: the backend's)
     #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
     pub lease: Option<Duration>,
+    /// Waiters workload: queue the --count waiters from this many processes of this
+    /// binary (count/N each), started one after another
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub processes: u16,
+    /// Internal: run as child process INDEX of a `--processes` waiters bench
+    #[arg(long, hide = true, value_name = "INDEX", requires = "waiters_name")]
+    pub waiters_child: Option<u16>,
+    /// Internal: the name the children of a `--processes` waiters bench queue on
+    #[arg(long, hide = true, value_name = "NAME", requires = "waiters_child")]
+    pub waiters_name: Option<String>,
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,

@@ -219,6 +219,48 @@ fn scale_workloads(url: &str) {
     }
 }
 
+/// `--processes 3`: 60 waiters queued from 3 child processes, 20 each, one after the
+/// other, then served: each exactly once, each process's own in the order they were
+/// queued where the backend claims FIFO; the memory is the children's.
+fn waiters_from_processes(url: &str) {
+    let out = output(fencelock().args([
+        "bench",
+        "--url",
+        url,
+        "--workload",
+        "waiters",
+        "--count",
+        "60",
+        "--processes",
+        "3",
+        "--lease",
+        "2s",
+        "--json",
+        "--quiet",
+    ]));
+    assert_code(&out, 0);
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(doc["workload"], "waiters", "{doc}");
+    assert_eq!(doc["processes"], 3, "{doc}");
+    assert_eq!(doc["waiters"], 60, "{doc}");
+    assert_eq!(doc["waiters_per_process"], 20, "{doc}");
+    assert_eq!(doc["served_exactly_once"], true, "{doc}");
+    assert!(doc["batch_order_inversions"].is_u64(), "{doc}");
+    if doc["fifo_claimed"] == true {
+        assert_eq!(doc["batch_order_inversions_within_processes"], 0, "{doc}");
+        assert_eq!(doc["fifo_checked"], "within_processes", "{doc}");
+    }
+    assert!(doc["rss_bytes_per_waiter"].as_f64().unwrap() > 0.0, "{doc}");
+    for field in ["queue_full", "queue_10", "longest_over_shortest"] {
+        assert!(
+            doc["handoff_us_median"][field].is_number(),
+            "{field}: {doc}"
+        );
+    }
+    assert!(doc["handoffs_per_sec"].as_f64().unwrap() > 0.0, "{doc}");
+    assert!(doc["drain_s"].as_f64().unwrap() > 0.0, "{doc}");
+}
+
 fn unreachable_backend_is_69(url: &str) {
     let out = output(fencelock().args(["inspect", "--url", url, "a"]));
     assert_code(&out, 69);
@@ -381,6 +423,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn waiters_from_processes() {
+                super::waiters_from_processes(&$url);
+            }
+
+            #[test]
             fn unreachable_backend_is_69() {
                 let port = fencelock_testkit::free_port();
                 super::unreachable_backend_is_69(&format!($dead, port));
@@ -445,4 +492,79 @@ fn capabilities_refuse_what_a_backend_lacks() {
         "linearizable",
     ]));
     assert_code(&out, 0);
+}
+
+/// The child processes of `pid` (from `/proc/*/stat`: "pid (comm) state ppid ...").
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// SIGTERM to a `--processes` waiters bench while its children queue: it stops them
+/// (they drop their waiters), exits 143, and leaves no process, waiter or holder behind.
+#[test]
+fn interrupting_a_processes_bench_stops_its_children() {
+    let url = etcd_url();
+    let bench = Running::start(fencelock().args([
+        "bench",
+        "--url",
+        &url,
+        "--workload",
+        "waiters",
+        "--count",
+        "3000",
+        "--processes",
+        "3",
+        "--quiet",
+    ]));
+    // Wait for the second child: the first has queued its waiters by then.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut children = Vec::new();
+    while Instant::now() < deadline {
+        for child in children_of(bench.pid()) {
+            if !children.contains(&child) {
+                children.push(child);
+            }
+        }
+        if children.len() >= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(children.len() >= 2, "children started: {children:?}");
+    let prefix = format!("fencelock-bench/{}-", bench.pid());
+    signal(bench.pid(), Signal::SIGTERM);
+    let out = bench.wait(Duration::from_secs(20));
+    assert_code(&out, 143);
+    assert!(stderr(&out).contains("interrupted"), "{}", stderr(&out));
+    for child in children {
+        assert!(
+            gone_within(child, Duration::from_secs(5)),
+            "child {child} outlived the bench"
+        );
+    }
+    // The children's waiters and the parent's holder are gone from etcd (at the latest
+    // when their 2 s leases run out).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = output(fencelock().args(["list", "--json", "--url", &url, &prefix]));
+        assert_code(&listed, 0);
+        let listed: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
+        if listed.as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left behind: {listed}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

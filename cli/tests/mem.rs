@@ -515,3 +515,47 @@ fn a_terminal_stop_stops_the_command_too() {
     drop(running);
     assert!(gone_within(pid, Duration::from_secs(5)));
 }
+
+/// `--processes` needs the waiters workload, a count it divides, and a backend other
+/// processes can reach: `mem://` locks inside one process only.
+#[test]
+fn bench_processes_usage_errors() {
+    for (args, said) in [
+        (
+            &["--workload", "waiters", "--count", "60", "--processes", "3"][..],
+            "mem://",
+        ),
+        (
+            &[
+                "--url",
+                "mem://",
+                "--workload",
+                "waiters",
+                "--processes",
+                "2",
+            ],
+            "mem://",
+        ),
+        (
+            &["--workload", "held", "--count", "60", "--processes", "3"],
+            "--workload waiters",
+        ),
+        (
+            &["--workload", "uncontended", "--processes", "2"],
+            "--workload waiters",
+        ),
+        (
+            &["--workload", "waiters", "--count", "10", "--processes", "3"],
+            "divide",
+        ),
+        (
+            &["--workload", "waiters", "--count", "2", "--processes", "3"],
+            "divide",
+        ),
+        (&["--workload", "waiters", "--processes", "0"], "0"),
+    ] {
+        let out = output(fencelock().arg("bench").args(args).arg("--quiet"));
+        assert_code(&out, USAGE);
+        assert!(stderr(&out).contains(said), "{args:?}: {}", stderr(&out));
+    }
+}

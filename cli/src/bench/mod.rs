@@ -2,6 +2,7 @@
 
 mod baseline;
 mod driver;
+mod processes;
 mod report;
 mod scale;
 
@@ -24,6 +25,19 @@ use crate::exit::{Failure, code};
 pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
     // bench may keep the in-process default: it measures, it excludes nobody.
     let (target, config) = crate::backend::config(&args.url, true)?;
+    if args.processes > 1 && args.workload != Workload::Waiters {
+        return Err(Failure::usage(
+            "--processes is for --workload waiters (the waiters queued from several \
+             processes)",
+        ));
+    }
+    if let (Some(index), Some(name)) = (args.waiters_child, &args.waiters_name) {
+        // A child of a `--processes` waiters bench (see `processes`).
+        let locks = fencelock::connect_config(&config).await?;
+        let done = processes::child(&args, locks.clone(), index, name).await;
+        let _ = locks.close().await;
+        return done.map(|()| code::OK);
+    }
     if matches!(
         args.workload,
         Workload::Waiters | Workload::Held | Workload::Cycles
@@ -34,6 +48,15 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
                  workloads measure the library alone",
             ));
         }
+        if args.processes > 1 {
+            processes::per_process(args.count.unwrap_or(10_000), args.processes)?;
+            if config.scheme() == "mem" {
+                return Err(Failure::usage(
+                    "--processes needs a backend processes can share: mem:// locks \
+                     inside one process only",
+                ));
+            }
+        }
         let locks = fencelock::connect_config(&config).await?;
         // A second client, for the held workload's question: does one client holding
         // many locks slow down the others?
@@ -42,7 +65,11 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
             _ => None,
         };
         let prefix = format!("fencelock-bench/{}-{}", std::process::id(), nanos());
-        let report = scale::run(&args, locks.clone(), other.clone(), &prefix).await;
+        let report = if args.processes > 1 {
+            processes::parent(&args, &target, locks.clone(), &prefix).await
+        } else {
+            scale::run(&args, locks.clone(), other.clone(), &prefix).await
+        };
         let _ = locks.close().await;
         if let Some(other) = other {
             let _ = other.close().await;

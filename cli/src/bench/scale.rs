@@ -27,10 +27,10 @@ const CONCURRENCY: usize = 64;
 /// Waiters are queued in batches of this many; FIFO is checked between batches (each is
 /// fully queued before the next starts, so a later batch must never be served before
 /// an earlier one).
-const BATCH: usize = 100;
+pub(super) const BATCH: usize = 100;
 
 /// The resident set of this process, in bytes (`None` off Linux).
-fn rss() -> Option<u64> {
+pub(super) fn rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -43,14 +43,14 @@ fn per_item(before: Option<u64>, after: Option<u64>, items: usize) -> Option<f64
     Some(after.saturating_sub(before) as f64 / items.max(1) as f64)
 }
 
-fn failed(what: &str, error: &Error) -> Failure {
+pub(super) fn failed(what: &str, error: &Error) -> Failure {
     Failure::new(
         crate::exit::code_of(error),
         format!("{what}: {}", crate::exit::one_line(error)),
     )
 }
 
-fn check(ok: bool, what: impl Into<String>) -> Result<(), Failure> {
+pub(super) fn check(ok: bool, what: impl Into<String>) -> Result<(), Failure> {
     if ok {
         Ok(())
     } else {
@@ -58,14 +58,14 @@ fn check(ok: bool, what: impl Into<String>) -> Result<(), Failure> {
     }
 }
 
-fn options(args: &BenchArgs) -> AcquireOptions {
+pub(super) fn options(args: &BenchArgs) -> AcquireOptions {
     match args.lease {
         Some(lease) => AcquireOptions::new().lease(lease),
         None => AcquireOptions::new(),
     }
 }
 
-fn progress(args: &BenchArgs, line: impl AsRef<str>) {
+pub(super) fn progress(args: &BenchArgs, line: impl AsRef<str>) {
     if !args.quiet {
         eprintln!("{}", line.as_ref());
     }
@@ -207,11 +207,29 @@ async fn waiters(
             .map(|w| w[1].2.saturating_duration_since(w[0].2)),
     )
     .collect();
+    Ok(json!({
+        "workload": "waiters",
+        "backend": locks.backend(),
+        "waiters": count,
+        "served_exactly_once": true,
+        "fifo_claimed": fifo,
+        "batch_order_inversions": inversions,
+        "rss_bytes_per_waiter": per_item(before, queued_rss, count),
+        "handoff_us_median": handoff_medians(&gaps, count),
+        "drain_s": drained.as_secs_f64(),
+        "handoffs_per_sec": count as f64 / drained.as_secs_f64().max(1e-9),
+    }))
+}
+
+/// The median hand-off latencies (`gaps`: from the holder's release to the first grant,
+/// then from each grant to the next) over 10 hand-offs with the whole queue of `count`,
+/// 1,000 and 10 left, and the longest of them over the shortest.
+pub(super) fn handoff_medians(gaps: &[Duration], count: usize) -> Value {
     let window = |left: usize| {
         let at = count.saturating_sub(left);
         let from = at.min(gaps.len().saturating_sub(1));
         let to = (from + 10).min(gaps.len());
-        median_micros(&gaps[from..to])
+        median_micros(gaps.get(from..to).unwrap_or_default())
     };
     let at_full = window(count);
     let at_1000 = (count > 1000).then(|| window(1000)).flatten();
@@ -224,28 +242,21 @@ async fn waiters(
         .into_iter()
         .flatten()
         .fold(0.0, f64::max);
-    Ok(json!({
-        "workload": "waiters",
-        "backend": locks.backend(),
-        "waiters": count,
-        "served_exactly_once": true,
-        "fifo_claimed": fifo,
-        "batch_order_inversions": inversions,
-        "rss_bytes_per_waiter": per_item(before, queued_rss, count),
-        "handoff_us_median": {
-            "queue_full": at_full,
-            "queue_1000": at_1000,
-            "queue_10": at_10,
-            "longest_over_shortest": (shortest.is_finite() && shortest > 0.0).then(|| longest / shortest),
-        },
-        "drain_s": drained.as_secs_f64(),
-        "handoffs_per_sec": count as f64 / drained.as_secs_f64().max(1e-9),
-    }))
+    json!({
+        "queue_full": at_full,
+        "queue_1000": at_1000,
+        "queue_10": at_10,
+        "longest_over_shortest": (shortest.is_finite() && shortest > 0.0).then(|| longest / shortest),
+    })
 }
 
 /// Waits until `inspect` counts `n` waiters on `name` (or, on a backend that cannot
 /// count them, until the tasks had a moment to send their requests).
-async fn until_queued(locks: &dyn DistributedLock, name: &str, n: usize) -> Result<(), Failure> {
+pub(super) async fn until_queued(
+    locks: &dyn DistributedLock,
+    name: &str,
+    n: usize,
+) -> Result<(), Failure> {
     if !locks.capabilities().counts_waiters {
         tokio::time::sleep(Duration::from_millis(100)).await;
         return Ok(());
