@@ -8,8 +8,9 @@
 //! and reported as the median over repeats with every repeat's value beside it.
 //!
 //! The harness has no async runtime of its own: the interleaving helpers are `async fn`s
-//! generic over "do one op of kind K" (or "one run of kind K"), and
-//! [`timed_join`] awaits handles the bench spawned on its own runtime.
+//! generic over "do one op of kind K" ([`interleave`]) or "one run of kind K"
+//! ([`interleave_runs`]), and [`run_workers`] / [`timed_join`] await handles the bench
+//! spawned on its own runtime.
 //!
 //! ```no_run
 //! # async fn op(kind: &str) {}
@@ -19,10 +20,15 @@
 //! let kinds = ["raw", "fencelock"];
 //! let rounds = Rounds { repeats: 3, rounds: 5, ops: 100, warmup: 50 };
 //! let measured = bench::interleave(&kinds, rounds, |kind| op(kind)).await;
-//! for m in &measured {
-//!     let vs_raw = bench::ratios(&m.p50_over(&measured[0]));
-//!     println!("  {:<10} {}  p50/raw {vs_raw}", m.kind, m.summary());
+//! // "  fencelock   p50 … µs  p99 … µs  … ops/s  p50/raw median 1.04 (1.03 1.04 1.06)"
+//! for line in bench::latency_lines(&measured, Some(0), |kind| kind) {
+//!     println!("{line}");
 //! }
+//! let cpu = bench::ratios(&bench::over(
+//!     &measured[1].repeat_cpu_per_op,
+//!     &measured[0].repeat_cpu_per_op,
+//! ));
+//! println!("client CPU per op, fencelock / raw: {cpu}");
 //! # }
 //! ```
 
@@ -144,6 +150,22 @@ pub fn over(mine: &[f64], floor: &[f64]) -> Vec<f64> {
     mine.iter().zip(floor).map(|(m, f)| m / f).collect()
 }
 
+/// `ops` sequential ops, `once()` each, every one timed: their latencies (µs). The body
+/// of a worker of [`run_workers`].
+pub async fn timed_ops<F, Fut>(ops: usize, mut once: F) -> Histogram<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut latencies = histogram();
+    for _ in 0..ops {
+        let start = Instant::now();
+        once().await;
+        record(&mut latencies, start.elapsed());
+    }
+    latencies
+}
+
 /// How [`interleave`] runs: `warmup` untimed ops of each kind, then `repeats` repeats of
 /// `rounds` rounds, each round `ops` timed ops of every kind in turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +199,9 @@ pub struct Measured<K> {
     pub repeat_p50: Vec<f64>,
     /// The wall-clock time of the kind's rounds, summed.
     pub elapsed: Duration,
+    /// The process's CPU time per op in each repeat (µs; [`ProcessCpu`] over the kind's
+    /// rounds, divided by their ops), in order.
+    pub repeat_cpu_per_op: Vec<f64>,
 }
 
 impl<K> Measured<K> {
@@ -214,12 +239,17 @@ where
             histogram: histogram(),
             repeat_p50: Vec::with_capacity(plan.repeats),
             elapsed: Duration::ZERO,
+            repeat_cpu_per_op: Vec::with_capacity(plan.repeats),
         })
         .collect();
     for _ in 0..plan.repeats {
-        let mut repeat: Vec<Histogram<u64>> = kinds.iter().map(|_| histogram()).collect();
+        let mut repeat: Vec<(Histogram<u64>, Duration)> = kinds
+            .iter()
+            .map(|_| (histogram(), Duration::ZERO))
+            .collect();
         for _ in 0..plan.rounds {
-            for (m, h) in measured.iter_mut().zip(&mut repeat) {
+            for (m, (h, cpu)) in measured.iter_mut().zip(&mut repeat) {
+                let round_cpu = ProcessCpu::now();
                 let round = Instant::now();
                 for _ in 0..plan.ops {
                     let t = Instant::now();
@@ -227,14 +257,150 @@ where
                     record(h, t.elapsed());
                 }
                 m.elapsed += round.elapsed();
+                *cpu += ProcessCpu::now().since(&round_cpu);
             }
         }
-        for (m, h) in measured.iter_mut().zip(&repeat) {
+        for (m, (h, cpu)) in measured.iter_mut().zip(&repeat) {
             m.repeat_p50.push(h.value_at_quantile(0.5) as f64);
+            m.repeat_cpu_per_op.push(per_op_micros(*cpu, h.len()));
             merge(&mut m.histogram, h);
         }
     }
     measured
+}
+
+/// `cpu` per op of `ops`, µs (0 for no ops).
+fn per_op_micros(cpu: Duration, ops: u64) -> f64 {
+    if ops == 0 {
+        0.0
+    } else {
+        cpu.as_secs_f64() * 1e6 / ops as f64
+    }
+}
+
+/// One line per kind of `measured`: `  label  p50 … µs  p99 … µs  … ops/s`, and with a
+/// `floor` (an index into `measured`) `  p50/<floor's label> median … (…)`, the ratios
+/// of [`Measured::p50_over`].
+#[must_use]
+pub fn latency_lines<K: Copy>(
+    measured: &[Measured<K>],
+    floor: Option<usize>,
+    label: impl Fn(K) -> &'static str,
+) -> Vec<String> {
+    let floor = floor.and_then(|f| measured.get(f));
+    measured
+        .iter()
+        .map(|m| {
+            let s = m.summary();
+            let vs = floor.map_or(String::new(), |f| {
+                format!("  p50/{} {}", label(f.kind), ratios(&m.p50_over(f)))
+            });
+            format!(
+                "  {:<11} p50 {:>6} µs  p99 {:>7} µs  {:>7.0} ops/s{vs}",
+                label(m.kind),
+                s.p50,
+                s.p99,
+                s.ops_per_sec()
+            )
+        })
+        .collect()
+}
+
+/// One run of many ops by concurrent workers (throughput, contention), from
+/// [`run_workers`].
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// Every worker's op latencies (µs), merged.
+    pub histogram: Histogram<u64>,
+    /// Wall-clock time from before the first worker started to the last one's end.
+    pub elapsed: Duration,
+    /// The process's CPU time over the same span ([`ProcessCpu`]).
+    pub cpu: Duration,
+}
+
+impl Run {
+    /// The ops done (the latencies recorded).
+    #[must_use]
+    pub fn ops(&self) -> u64 {
+        self.histogram.len()
+    }
+
+    /// Ops per second of wall-clock time (0 for an untimed run).
+    #[must_use]
+    pub fn rate(&self) -> f64 {
+        Summary::new(&self.histogram, self.elapsed).ops_per_sec()
+    }
+
+    /// The process's CPU time per op, µs (0 for no ops).
+    #[must_use]
+    pub fn cpu_per_op(&self) -> f64 {
+        per_op_micros(self.cpu, self.ops())
+    }
+}
+
+/// Runs workers to completion as one [`Run`]: `spawn` is a lazy iterator that spawns
+/// them on the bench's runtime, each returning the [`histogram`] of its ops' latencies
+/// (e.g. `(0..n).map(|i| tokio::spawn(...))`). The clock and the CPU reading start
+/// before the first spawn.
+///
+/// # Errors
+///
+/// The first worker's error, as [`timed_join`].
+pub async fn run_workers<I, H, E>(spawn: I) -> Result<Run, E>
+where
+    I: IntoIterator<Item = H>,
+    H: Future<Output = Result<Histogram<u64>, E>>,
+{
+    let start = ProcessCpu::now();
+    let (elapsed, histograms) = timed_join(spawn).await?;
+    let cpu = ProcessCpu::now().since(&start);
+    let mut pooled = histogram();
+    for h in &histograms {
+        merge(&mut pooled, h);
+    }
+    Ok(Run {
+        histogram: pooled,
+        elapsed,
+        cpu,
+    })
+}
+
+/// One line per kind of repeated [`Run`]s (`runs[i]` are `kinds[i]`'s, from
+/// [`interleave_runs`]): `  label  R <unit> (median of N)  p50 … µs  p99 … µs`, latencies
+/// pooled over the runs, and with a `floor` (an index into `kinds`) `  /<floor's label>
+/// median … (…)`, the rates' ratios run by run.
+#[must_use]
+pub fn rate_lines<K: Copy>(
+    kinds: &[K],
+    runs: &[Vec<Run>],
+    floor: Option<usize>,
+    unit: &str,
+    label: impl Fn(K) -> &'static str,
+) -> Vec<String> {
+    let rates = |runs: &[Run]| runs.iter().map(Run::rate).collect::<Vec<f64>>();
+    let floor = floor.and_then(|f| Some((*kinds.get(f)?, rates(runs.get(f)?))));
+    kinds
+        .iter()
+        .zip(runs)
+        .map(|(&kind, runs)| {
+            let mine = rates(runs);
+            let mut pooled = histogram();
+            for run in runs {
+                merge(&mut pooled, &run.histogram);
+            }
+            let vs = floor.as_ref().map_or(String::new(), |(f, floor)| {
+                format!("  /{} {}", label(*f), ratios(&over(&mine, floor)))
+            });
+            format!(
+                "  {:<11} {:>7.0} {unit} (median of {})  p50 {:>6} µs  p99 {:>7} µs{vs}",
+                label(kind),
+                median(mine.clone()),
+                runs.len(),
+                pooled.value_at_quantile(0.5),
+                pooled.value_at_quantile(0.99),
+            )
+        })
+        .collect()
 }
 
 /// `repeats` rounds of whole runs, one `run(kind, repeat)` of each of `kinds` in turn per
@@ -447,6 +613,16 @@ mod tests {
     }
 
     #[test]
+    fn timed_ops_times_each_op() {
+        let mut n = 0;
+        let h = ready(timed_ops(5, || {
+            n += 1;
+            std::future::ready(())
+        }));
+        assert_eq!((n, h.len()), (5, 5));
+    }
+
+    #[test]
     fn interleave_runs_alternates_kinds_per_repeat() {
         let runs = ready(interleave_runs(&[1u32, 2], 3, |kind, repeat| {
             std::future::ready(kind * 10 + repeat as u32)
@@ -464,6 +640,58 @@ mod tests {
             [Ok(1), Err("first"), Err("second")].map(std::future::ready),
         ));
         assert_eq!(err, Err("first"));
+    }
+
+    #[test]
+    fn lines_name_the_floor() {
+        let plan = Rounds {
+            repeats: 3,
+            rounds: 1,
+            ops: 4,
+            warmup: 0,
+        };
+        let measured = ready(interleave(
+            &["raw", "lib"],
+            plan,
+            |_| std::future::ready(()),
+        ));
+        assert_eq!(measured[1].repeat_cpu_per_op.len(), 3);
+        let lines = latency_lines(&measured, Some(0), |k| k);
+        assert_eq!(lines.len(), 2);
+        assert!(lines[1].starts_with("  lib "), "{lines:?}");
+        assert!(
+            lines[1].contains("p50/raw median 1.00 (1.00 1.00 1.00)"),
+            "{lines:?}"
+        );
+        assert!(!latency_lines(&measured, None, |k| k)[1].contains("p50/"));
+
+        let run = |ms: u64| {
+            let mut h = histogram();
+            for _ in 0..100 {
+                record(&mut h, Duration::from_millis(1));
+            }
+            ready(run_workers([std::future::ready(Ok::<_, ()>(h))])).map(|mut run| {
+                run.elapsed = Duration::from_millis(ms);
+                run.cpu = Duration::from_millis(ms / 10);
+                run
+            })
+        };
+        let runs = [
+            vec![run(100).unwrap(), run(200).unwrap()],
+            vec![run(50).unwrap(), run(50).unwrap()],
+        ];
+        assert_eq!(runs[0][0].ops(), 100);
+        assert_eq!(runs[0][0].rate(), 1000.0);
+        assert_eq!(runs[0][0].cpu_per_op(), 100.0);
+        let lines = rate_lines(&["raw", "lib"], &runs, Some(0), "locks/s", |k| k);
+        assert!(
+            lines[1].starts_with("  lib            2000 locks/s (median of 2)  p50 "),
+            "{lines:?}"
+        );
+        assert!(
+            lines[1].ends_with("  /raw median 4.00 (2.00 4.00)"),
+            "{lines:?}"
+        );
     }
 
     #[test]
