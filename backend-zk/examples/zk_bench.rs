@@ -5,10 +5,23 @@
 //! cargo run --release -p fencelock-zk --example zk_bench
 //! ```
 //!
-//! Workloads (one acquire + release = one op):
-//! - uncontended: one task, one name, sequential ops (p50/p99 and ops/s);
-//! - contended: 4 clients (4 sessions) on one name;
-//! - distinct: 32 workers on one client, each on its own name.
+//! Workloads (one acquire + release = one op), every one run side by side in one process,
+//! alternating between the implementations (`fencelock_testkit::bench`), so drift of a
+//! shared machine hits all alike:
+//! - uncontended: one task, one name, sequential ops: 3 repeats of 5 interleaved rounds;
+//!   p50/p99 pooled (hdrhistogram), ops/s, and per repeat each one's p50 over raw-3rt's;
+//! - contended: 4 clients (4 sessions) on one name: ops/s, 3 interleaved repeats;
+//! - distinct: 32 workers on one client, each on its own name: locks/s, 3 interleaved
+//!   repeats, each one's rate over raw-3rt's per repeat.
+//!
+//! Client CPU per lock: this process's user + system CPU time (`bench::ProcessCpu`) over
+//! each kind's uncontended rounds and over each 32-name run, divided by its ops. The
+//! ZooKeeper server runs in its own JVM process, so this is the client's CPU alone
+//! (the tokio runtime, zookeeper-client and the implementation under test). The last
+//! lines give issue 17's ratios: medians over the repeats, each repeat's in parentheses.
+//!
+//! `ZK_BENCH_KINDS=fencelock,zkc-recipe` and `ZK_BENCH_WORKLOADS=distinct` narrow the run
+//! (for profiling one case).
 //!
 //! Implementations:
 //! - `fencelock`: `ZkLock::acquire` + `LockGuard::release` (create, list; delete);
@@ -18,26 +31,31 @@
 //! - `zkc-recipe`: `zookeeper_client::Client::lock` with a Curator prefix + delete.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use fencelock_core::{AcquireOptions, DistributedLock};
 use fencelock_testkit::ZkServer;
+use fencelock_testkit::bench::{self, Histogram, Rounds, Run};
 use fencelock_zk::zookeeper_client as zk;
 use fencelock_zk::{ZkConfig, ZkLock};
 
-const UNCONTENDED_OPS: usize = 2_000;
+const ROOT: &str = "/bench";
+const REPEATS: usize = 3;
+const ROUNDS: usize = 5;
+const UNCONTENDED_OPS: usize = 150;
 const CONTENDED_CLIENTS: usize = 4;
 const CONTENDED_OPS: usize = 250;
 const DISTINCT_WORKERS: usize = 32;
 const DISTINCT_OPS: usize = 100;
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Fencelock,
     Raw2,
     Raw3,
     Recipe,
 }
+
+const ALL: [Kind; 4] = [Kind::Raw2, Kind::Raw3, Kind::Recipe, Kind::Fencelock];
 
 impl Kind {
     fn label(self) -> &'static str {
@@ -104,98 +122,172 @@ impl Contender {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+/// `ops` sequential ops of `kind` on `name`: their latencies.
+async fn worker(c: Arc<Contender>, kind: Kind, name: String, ops: usize) -> Histogram<u64> {
+    bench::timed_ops(ops, || c.op(kind, ROOT, &name)).await
 }
 
-fn line(workload: &str, kind: Kind, mut latencies: Vec<Duration>, elapsed: Duration) {
-    latencies.sort();
-    println!(
-        "{workload:<12} {:<11} ops={:<5} p50={:>7.3}ms p99={:>7.3}ms  {:>8.0} ops/s",
-        kind.label(),
-        latencies.len(),
-        percentile(&latencies, 0.50).as_secs_f64() * 1e3,
-        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
-        latencies.len() as f64 / elapsed.as_secs_f64(),
-    );
+/// Every client of `cs` does [`CONTENDED_OPS`] ops of `kind` on one name.
+async fn contended(cs: &[Arc<Contender>], kind: Kind) -> Run {
+    let workers = cs.iter().map(|c| {
+        let c = c.clone();
+        tokio::spawn(worker(c, kind, "contended".into(), CONTENDED_OPS))
+    });
+    bench::run_workers(workers).await.expect("worker")
 }
 
-async fn timed_loop(c: &Contender, kind: Kind, root: &str, name: &str, n: usize) -> Vec<Duration> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let start = Instant::now();
-        c.op(kind, root, name).await;
-        out.push(start.elapsed());
+/// [`DISTINCT_WORKERS`] workers on `c`, each doing [`DISTINCT_OPS`] ops of `kind` on its
+/// own name.
+async fn distinct(c: &Arc<Contender>, kind: Kind) -> Run {
+    let workers = (0..DISTINCT_WORKERS).map(|i| {
+        let c = c.clone();
+        tokio::spawn(worker(c, kind, format!("d{i}"), DISTINCT_OPS))
+    });
+    bench::run_workers(workers).await.expect("worker")
+}
+
+/// `median (each repeat)` of per-op CPU times, µs; `-` for a workload not run.
+fn cpu_cell(values: &[f64]) -> String {
+    if values.is_empty() {
+        return "-".into();
     }
-    out
+    let shown: Vec<String> = values.iter().map(|v| format!("{v:.1}")).collect();
+    format!(
+        "{:>6.1} ({})",
+        bench::median(values.to_vec()),
+        shown.join(" ")
+    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let wanted = |var: &str, item: &str| {
+        std::env::var(var).map_or(true, |v| v.split(',').any(|w| w == item))
+    };
+    let kinds: Vec<Kind> = ALL
+        .into_iter()
+        .filter(|k| wanted("ZK_BENCH_KINDS", k.label()))
+        .collect();
+    let at = |kind: Kind| kinds.iter().position(|k| *k == kind);
     let server = ZkServer::start();
-    let root = "/bench";
-    let main_client = Arc::new(Contender::new(&server, root).await);
+    let main_client = Arc::new(Contender::new(&server, ROOT).await);
     // Create the lock directories up front so every implementation finds them.
-    for kind in [Kind::Fencelock, Kind::Raw2, Kind::Raw3, Kind::Recipe] {
+    for kind in ALL {
         main_client
-            .op(Kind::Fencelock, root, &format!("warm-{}", kind.label()))
+            .op(Kind::Fencelock, ROOT, &format!("warm-{}", kind.label()))
             .await;
     }
     for i in 0..DISTINCT_WORKERS {
         main_client
-            .op(Kind::Fencelock, root, &format!("d{i}"))
+            .op(Kind::Fencelock, ROOT, &format!("d{i}"))
             .await;
     }
-    main_client.op(Kind::Fencelock, root, "contended").await;
-    main_client.op(Kind::Fencelock, root, "uncontended").await;
-    // Warm-up.
-    for kind in [Kind::Fencelock, Kind::Raw2, Kind::Raw3, Kind::Recipe] {
-        timed_loop(&main_client, kind, root, "uncontended", 200).await;
-    }
+    main_client.op(Kind::Fencelock, ROOT, "contended").await;
+    main_client.op(Kind::Fencelock, ROOT, "uncontended").await;
 
     println!("# ZooKeeper 3.8 standalone on loopback, tickTime=500, release build");
-    for kind in [Kind::Raw2, Kind::Raw3, Kind::Recipe, Kind::Fencelock] {
-        let start = Instant::now();
-        let lat = timed_loop(&main_client, kind, root, "uncontended", UNCONTENDED_OPS).await;
-        line("uncontended", kind, lat, start.elapsed());
+    let mut cpu_uncontended: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    let mut cpu_distinct: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    let mut uncontended_p50: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    let mut distinct_rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    if wanted("ZK_BENCH_WORKLOADS", "uncontended") {
+        println!(
+            "uncontended ({REPEATS} repeats x {ROUNDS} interleaved rounds x {UNCONTENDED_OPS} ops)"
+        );
+        let plan = Rounds {
+            repeats: REPEATS,
+            rounds: ROUNDS,
+            ops: UNCONTENDED_OPS,
+            warmup: 200,
+        };
+        let measured = bench::interleave(&kinds, plan, |kind| {
+            main_client.op(kind, ROOT, "uncontended")
+        })
+        .await;
+        println!(
+            "{}",
+            bench::latency_lines(&measured, at(Kind::Raw3), Kind::label).join("\n")
+        );
+        for (i, m) in measured.into_iter().enumerate() {
+            cpu_uncontended[i] = m.repeat_cpu_per_op;
+            uncontended_p50[i] = m.repeat_p50;
+        }
     }
 
-    let mut contenders = Vec::new();
-    for _ in 0..CONTENDED_CLIENTS {
-        contenders.push(Arc::new(Contender::new(&server, root).await));
-    }
-    for kind in [Kind::Recipe, Kind::Fencelock] {
-        let start = Instant::now();
-        let tasks: Vec<_> = contenders
-            .iter()
-            .map(|c| {
-                let c = c.clone();
-                tokio::spawn(async move {
-                    timed_loop(&c, kind, "/bench", "contended", CONTENDED_OPS).await
-                })
-            })
-            .collect();
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.extend(t.await.unwrap());
+    if wanted("ZK_BENCH_WORKLOADS", "contended") {
+        let mut contenders = Vec::new();
+        for _ in 0..CONTENDED_CLIENTS {
+            contenders.push(Arc::new(Contender::new(&server, ROOT).await));
         }
-        line("contended-4", kind, lat, start.elapsed());
+        let these: Vec<Kind> = [Kind::Recipe, Kind::Fencelock]
+            .into_iter()
+            .filter(|k| kinds.contains(k))
+            .collect();
+        println!(
+            "contended-4 ({CONTENDED_CLIENTS} clients x {CONTENDED_OPS} ops on one name, {REPEATS} interleaved repeats)"
+        );
+        let runs =
+            bench::interleave_runs(&these, REPEATS, |kind, _| contended(&contenders, kind)).await;
+        let recipe = these.iter().position(|k| *k == Kind::Recipe);
+        println!(
+            "{}",
+            bench::rate_lines(&these, &runs, recipe, "ops/s", Kind::label,).join("\n")
+        );
     }
 
-    for kind in [Kind::Raw2, Kind::Raw3, Kind::Recipe, Kind::Fencelock] {
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..DISTINCT_WORKERS)
-            .map(|i| {
-                let c = main_client.clone();
-                tokio::spawn(async move {
-                    timed_loop(&c, kind, "/bench", &format!("d{i}"), DISTINCT_OPS).await
-                })
-            })
-            .collect();
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.extend(t.await.unwrap());
+    if wanted("ZK_BENCH_WORKLOADS", "distinct") {
+        println!(
+            "distinct-32 ({DISTINCT_WORKERS} workers x {DISTINCT_OPS} ops, own names, one client, {REPEATS} interleaved repeats)"
+        );
+        let runs =
+            bench::interleave_runs(&kinds, REPEATS, |kind, _| distinct(&main_client, kind)).await;
+        println!(
+            "{}",
+            bench::rate_lines(&kinds, &runs, at(Kind::Raw3), "locks/s", Kind::label,).join("\n")
+        );
+        for (i, runs) in runs.iter().enumerate() {
+            cpu_distinct[i] = runs.iter().map(Run::cpu_per_op).collect();
+            distinct_rates[i] = runs.iter().map(Run::rate).collect();
         }
-        line("distinct-32", kind, lat, start.elapsed());
+    }
+
+    println!(
+        "client CPU per lock (µs of this process's user+system time; median of {REPEATS} (each repeat))"
+    );
+    println!("  {:<11} {:<28} distinct-32", "", "uncontended");
+    for (i, kind) in kinds.iter().enumerate() {
+        println!(
+            "  {:<11} {:<28} {}",
+            kind.label(),
+            cpu_cell(&cpu_uncontended[i]),
+            cpu_cell(&cpu_distinct[i])
+        );
+    }
+
+    // Issue 17's targets: 32 names >= 1.0x raw-3rt, uncontended p50 <= 1.05x raw-3rt,
+    // client CPU per lock <= zookeeper-client's.
+    let Some(fencelock) = at(Kind::Fencelock) else {
+        return;
+    };
+    let ratio = |what: &str, values: &[Vec<f64>], floor: Kind| {
+        if let Some(floor) = at(floor).filter(|&f| !values[f].is_empty()) {
+            let r = bench::over(&values[fencelock], &values[floor]);
+            if !r.is_empty() {
+                println!(
+                    "{what}: fencelock / {} {}",
+                    kinds[floor].label(),
+                    bench::ratios(&r)
+                );
+            }
+        }
+    };
+    ratio("32 names", &distinct_rates, Kind::Raw3);
+    ratio("uncontended p50", &uncontended_p50, Kind::Raw3);
+    for (what, cpu) in [
+        ("client CPU per lock, uncontended", &cpu_uncontended),
+        ("client CPU per lock, 32 names", &cpu_distinct),
+    ] {
+        ratio(what, cpu, Kind::Recipe);
+        ratio(what, cpu, Kind::Raw3);
     }
 }
