@@ -8,10 +8,13 @@
 //! Workloads (one acquire + release = one op):
 //! - uncontended: one task, one name, sequential ops, in ten short rounds interleaved
 //!   across the implementations (so drift of a shared machine hits all alike): pooled p50,
-//!   p99, ops/s, and the median over rounds of each one's p50 over raw's in that round;
+//!   p99 (hdrhistogram), ops/s, and each one's p50 over raw's in each round, with the
+//!   median over rounds;
 //! - contended: 4 clients (4 connections and sessions) on one name: handoffs/s;
-//! - distinct: 32 workers on one client, each on its own name: locks/s (three interleaved
-//!   rounds).
+//! - distinct: 32 workers on one client, each on its own name: locks/s, the median of
+//!   three interleaved rounds, and each one's rate over raw's per round.
+//!
+//! The interleaving, percentiles and ratios are `fencelock_testkit::bench`'s.
 //!
 //! Implementations:
 //! - `fencelock`: `EtcdLock::acquire` + `LockGuard::release` (one txn; one txn; concurrent
@@ -25,11 +28,12 @@
 //!   kept-alive lease.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
 use fencelock_core::{AcquireOptions, DistributedLock};
 use fencelock_etcd::{EtcdConfig, EtcdLock};
+use fencelock_testkit::bench::{self, Rounds, Run};
 
 const UNCONTENDED_ROUNDS: usize = 10;
 const UNCONTENDED_OPS: usize = 300;
@@ -37,6 +41,7 @@ const CONTENDED_CLIENTS: usize = 4;
 const CONTENDED_OPS: usize = 250;
 const DISTINCT_WORKERS: usize = 32;
 const DISTINCT_OPS: usize = 150;
+const DISTINCT_ROUNDS: usize = 3;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -158,65 +163,25 @@ impl Contender {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+/// Every client of `cs` does [`CONTENDED_OPS`] ops on one name.
+async fn contended(cs: &[Arc<Contender>], kind: Kind) -> Run {
+    let workers = cs.iter().map(|c| {
+        let c = c.clone();
+        tokio::spawn(
+            async move { bench::timed_ops(CONTENDED_OPS, || c.op(kind, "contended")).await },
+        )
+    });
+    bench::run_workers(workers).await.expect("worker")
 }
 
-/// One round of [`UNCONTENDED_OPS`] sequential ops: the samples and the elapsed time.
-async fn uncontended(c: &Contender, kind: Kind) -> (Vec<Duration>, Duration) {
-    let mut samples = Vec::with_capacity(UNCONTENDED_OPS);
-    let start = Instant::now();
-    for _ in 0..UNCONTENDED_OPS {
-        let t = Instant::now();
-        c.op(kind, "uncontended").await;
-        samples.push(t.elapsed());
-    }
-    let elapsed = start.elapsed();
-    (samples, elapsed)
-}
-
-fn p50(samples: &[Duration]) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    percentile(&sorted, 0.5)
-}
-
-async fn contended(cs: &[Arc<Contender>], kind: Kind) -> f64 {
-    let start = Instant::now();
-    let tasks: Vec<_> = cs
-        .iter()
-        .map(|c| {
-            let c = c.clone();
-            tokio::spawn(async move {
-                for _ in 0..CONTENDED_OPS {
-                    c.op(kind, "contended").await;
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (cs.len() * CONTENDED_OPS) as f64 / start.elapsed().as_secs_f64()
-}
-
-async fn distinct(c: &Arc<Contender>, kind: Kind) -> f64 {
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..DISTINCT_WORKERS)
-        .map(|w| {
-            let c = c.clone();
-            tokio::spawn(async move {
-                let name = format!("distinct-{w}");
-                for _ in 0..DISTINCT_OPS {
-                    c.op(kind, &name).await;
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (DISTINCT_WORKERS * DISTINCT_OPS) as f64 / start.elapsed().as_secs_f64()
+/// [`DISTINCT_WORKERS`] workers on `c`, each doing [`DISTINCT_OPS`] ops on its own name.
+async fn distinct(c: &Arc<Contender>, kind: Kind) -> Run {
+    let workers = (0..DISTINCT_WORKERS).map(|w| {
+        let c = c.clone();
+        let name = format!("distinct-{w}");
+        tokio::spawn(async move { bench::timed_ops(DISTINCT_OPS, || c.op(kind, &name)).await })
+    });
+    bench::run_workers(workers).await.expect("worker")
 }
 
 #[tokio::main]
@@ -243,70 +208,44 @@ async fn main() {
         .filter(|k| wanted("ETCD_BENCH_KINDS", k.label()))
         .collect();
     let kinds = &kinds[..];
+    let raw = kinds.iter().position(|k| *k == Kind::Raw);
     if wanted("ETCD_BENCH_WORKLOADS", "uncontended") {
         println!(
             "uncontended ({UNCONTENDED_ROUNDS} interleaved rounds of {UNCONTENDED_OPS} ops per kind)"
         );
-        for &kind in kinds {
-            for _ in 0..100 {
-                contenders[0].op(kind, "uncontended").await;
-            }
-        }
-        let mut pooled: Vec<Vec<Duration>> = vec![Vec::new(); kinds.len()];
-        let mut elapsed = vec![Duration::ZERO; kinds.len()];
-        let mut round_p50: Vec<Vec<Duration>> = vec![Vec::new(); kinds.len()];
-        for _ in 0..UNCONTENDED_ROUNDS {
-            for (i, &kind) in kinds.iter().enumerate() {
-                let (samples, took) = uncontended(&contenders[0], kind).await;
-                round_p50[i].push(p50(&samples));
-                pooled[i].extend(samples);
-                elapsed[i] += took;
-            }
-        }
-        let raw = kinds.iter().position(|k| *k == Kind::Raw);
-        for (i, &kind) in kinds.iter().enumerate() {
-            pooled[i].sort();
-            let ratio = raw.map_or(String::new(), |r| {
-                // The median over rounds of this kind's p50 over raw's p50 in the same round.
-                let mut ratios: Vec<f64> = round_p50[i]
-                    .iter()
-                    .zip(&round_p50[r])
-                    .map(|(mine, raw)| mine.as_secs_f64() / raw.as_secs_f64())
-                    .collect();
-                ratios.sort_by(f64::total_cmp);
-                format!("  p50/raw {:.3}", ratios[ratios.len() / 2])
-            });
-            println!(
-                "  {:<11} p50 {:>5} µs  p99 {:>5} µs  {:>6.0} ops/s{ratio}",
-                kind.label(),
-                percentile(&pooled[i], 0.5).as_micros(),
-                percentile(&pooled[i], 0.99).as_micros(),
-                pooled[i].len() as f64 / elapsed[i].as_secs_f64(),
-            );
-        }
+        // Each round a repeat of its own: one p50 ratio to raw's per round.
+        let plan = Rounds {
+            repeats: UNCONTENDED_ROUNDS,
+            rounds: 1,
+            ops: UNCONTENDED_OPS,
+            warmup: 100,
+        };
+        let c = &contenders[0];
+        let measured = bench::interleave(kinds, plan, |kind| c.op(kind, "uncontended")).await;
+        println!(
+            "{}",
+            bench::latency_lines(&measured, raw, Kind::label).join("\n")
+        );
     }
     if wanted("ETCD_BENCH_WORKLOADS", "contended") {
         println!("contended ({CONTENDED_CLIENTS} clients x {CONTENDED_OPS} ops on one name)");
-        for &kind in kinds {
-            println!(
-                "  {:<10} {:>7.0} handoffs/s",
-                kind.label(),
-                contended(&contenders, kind).await
-            );
-        }
+        let runs = bench::interleave_runs(kinds, 1, |kind, _| contended(&contenders, kind)).await;
+        println!(
+            "{}",
+            bench::rate_lines(kinds, &runs, None, "handoffs/s", Kind::label).join("\n")
+        );
     }
     if wanted("ETCD_BENCH_WORKLOADS", "distinct") {
         println!(
-            "distinct ({DISTINCT_WORKERS} workers x {DISTINCT_OPS} ops, own names, one client)"
+            "distinct ({DISTINCT_WORKERS} workers x {DISTINCT_OPS} ops, own names, one client, {DISTINCT_ROUNDS} interleaved rounds)"
         );
-        for round in 0..3 {
-            for &kind in kinds {
-                println!(
-                    "  round {round} {:<10} {:>7.0} locks/s",
-                    kind.label(),
-                    distinct(&contenders[0], kind).await
-                );
-            }
-        }
+        let runs = bench::interleave_runs(kinds, DISTINCT_ROUNDS, |kind, _| {
+            distinct(&contenders[0], kind)
+        })
+        .await;
+        println!(
+            "{}",
+            bench::rate_lines(kinds, &runs, raw, "locks/s", Kind::label).join("\n")
+        );
     }
 }
