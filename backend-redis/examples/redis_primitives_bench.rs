@@ -29,10 +29,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fencelock_core::{AcquireOptions, DistributedLock, Permits};
-use hdrhistogram::Histogram;
+use fencelock_testkit::bench::{self, Rounds, Run};
 use redis::aio::MultiplexedConnection;
 
 const REPEATS: usize = 3;
@@ -211,28 +211,6 @@ impl Contender {
     }
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn ratios(values: &[f64]) -> String {
-    let shown: Vec<String> = values.iter().map(|r| format!("{r:.2}")).collect();
-    format!(
-        "median {:.2} ({})",
-        median(values.to_vec()),
-        shown.join(" ")
-    )
-}
-
 /// Uncontended latency of `work` per kind: pooled p50/p99 and per-repeat p50 ratios to raw.
 async fn uncontended(c: &Contender, work: Work, kinds: &[Kind]) {
     println!(
@@ -240,63 +218,28 @@ async fn uncontended(c: &Contender, work: Work, kinds: &[Kind]) {
         work.label()
     );
     let name = format!("uncontended-{work:?}").to_lowercase();
-    for &kind in kinds {
-        for _ in 0..100 {
-            c.op(kind, work, &name).await;
-        }
-    }
-    let mut pooled: Vec<Histogram<u64>> = kinds.iter().map(|_| histogram()).collect();
-    let mut per_repeat: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
-    for _ in 0..REPEATS {
-        let mut repeat: Vec<Histogram<u64>> = kinds.iter().map(|_| histogram()).collect();
-        for _ in 0..ROUNDS {
-            for (i, &kind) in kinds.iter().enumerate() {
-                for _ in 0..OPS {
-                    let t = Instant::now();
-                    c.op(kind, work, &name).await;
-                    repeat[i].saturating_record(micros(t.elapsed()));
-                }
-            }
-        }
-        for (i, h) in repeat.iter().enumerate() {
-            per_repeat[i].push(h.value_at_quantile(0.5) as f64);
-            pooled[i].add(h).expect("same bounds");
-        }
-    }
-    for (i, &kind) in kinds.iter().enumerate() {
-        let r: Vec<f64> = per_repeat[i]
-            .iter()
-            .zip(&per_repeat[0])
-            .map(|(mine, raw)| mine / raw)
-            .collect();
-        println!(
-            "  {:<10} p50 {:>5} µs  p99 {:>6} µs  p50/raw {}",
-            kind.label(),
-            pooled[i].value_at_quantile(0.5),
-            pooled[i].value_at_quantile(0.99),
-            ratios(&r),
-        );
-    }
+    let plan = Rounds {
+        repeats: REPEATS,
+        rounds: ROUNDS,
+        ops: OPS,
+        warmup: 100,
+    };
+    let measured = bench::interleave(kinds, plan, |kind| c.op(kind, work, &name)).await;
+    println!(
+        "{}",
+        bench::latency_lines(&measured, Some(0), Kind::label).join("\n")
+    );
 }
 
 /// One contended run: each client does [`CONTENDED_OPS`] ops of its work on one name.
-async fn contended_once(cs: &[(Arc<Contender>, Work)], kind: Kind, name: &str) -> f64 {
-    let start = Instant::now();
-    let tasks: Vec<_> = cs
-        .iter()
-        .map(|(c, work)| {
-            let (c, work, name) = (c.clone(), *work, name.to_owned());
-            tokio::spawn(async move {
-                for _ in 0..CONTENDED_OPS {
-                    c.op(kind, work, &name).await;
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("worker");
-    }
-    (cs.len() * CONTENDED_OPS) as f64 / start.elapsed().as_secs_f64()
+async fn contended_once(cs: &[(Arc<Contender>, Work)], kind: Kind, name: &str) -> Run {
+    let workers = cs.iter().map(|(c, work)| {
+        let (c, work, name) = (c.clone(), *work, name.to_owned());
+        tokio::spawn(
+            async move { bench::timed_ops(CONTENDED_OPS, || c.op(kind, work, &name)).await },
+        )
+    });
+    bench::run_workers(workers).await.expect("worker")
 }
 
 async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind]) {
@@ -305,25 +248,12 @@ async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind]) {
         cs.len()
     );
     let name = format!("contended-{}", what.replace(' ', "-"));
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
-    for _ in 0..REPEATS {
-        for (i, &kind) in kinds.iter().enumerate() {
-            rates[i].push(contended_once(cs, kind, &name).await);
-        }
-    }
-    for (i, &kind) in kinds.iter().enumerate() {
-        let r: Vec<f64> = rates[i]
-            .iter()
-            .zip(&rates[0])
-            .map(|(mine, raw)| mine / raw)
-            .collect();
-        println!(
-            "  {:<10} {:>7.0} grants/s (median of {REPEATS})  /raw {}",
-            kind.label(),
-            median(rates[i].clone()),
-            ratios(&r),
-        );
-    }
+    let runs =
+        bench::interleave_runs(kinds, REPEATS, |kind, _| contended_once(cs, kind, &name)).await;
+    println!(
+        "{}",
+        bench::rate_lines(kinds, &runs, Some(0), "grants/s", Kind::label).join("\n")
+    );
 }
 
 /// The commands Redis has run so far, by name (`INFO commandstats`).
