@@ -1,168 +1,270 @@
-//! Benchmark: fencelock's Redis backend against a hand-written baseline
-//! (`SET NX PX` + `EVALSHA` compare-and-delete, same client crate), on throwaway servers.
+//! Benchmark: fencelock's Redis backend against a hand-written floor that does the same
+//! server-side work, on throwaway servers (single server, Sentinel, Cluster; Redlock over
+//! 3 instances against hand-written `SET NX` on each).
 //!
 //! ```text
 //! cargo run --release -p fencelock-redis --example bench
 //! ```
 //!
-//! Workloads: uncontended acquire+release, in twenty short rounds alternating between raw
-//! and fencelock (pooled p50/p99, ops/s, and the median over rounds of the p50 ratio); 4
-//! clients contending on one name (handoffs/s); 32 workers on distinct names (locks/s).
-//! Single server and Redlock over 3 instances. `BENCH_UNCONTENDED_ONLY=1` runs only the
-//! single server's uncontended case; `BENCH_QUANTILES=1` also prints the 5th to 90th
-//! percentiles of each uncontended kind (on a VM the latencies are a mix of round trips
-//! whose threads were still awake and ones that had to be woken).
+//! What is compared (all on the same client crate, `redis`, and the same servers):
+//!
+//! - `floor`: a lock written by hand whose acquire is one `EVALSHA` doing what
+//!   fencelock's acquire must do on the server: `SET NX PX`, then the fencing token
+//!   `max(counter + 1, server clock in µs)` kept in a counter key with a TTL. Its release
+//!   is the usual compare-and-delete script. A waiting acquire spins with 1 ms sleeps.
+//!   What fencelock costs beyond this floor is the library's own overhead.
+//! - `raw`: the usual hand-written lock, `SET NX PX` and compare-and-delete: no token, so
+//!   less work than a fencing lock must do. Shown for users.
+//! - `fencelock`: `DistributedLock::acquire` + `LockGuard::release`, default options
+//!   (a renewing 30 s lease, so renewal is armed and disarmed per lock).
+//!
+//! Workloads, each kind interleaved with the others in every round so drift on a shared
+//! machine hits all alike:
+//!
+//! 1. uncontended acquire + release, one task, one name: [`ROUNDS`] rounds of [`OPS`];
+//!    p50/p99 from all rounds, the median over rounds of each kind's p50 over the
+//!    floor's in that round, and client CPU per lock (this process's CPU time, from
+//!    `/proc/self/task/*/schedstat`: the servers are other processes);
+//! 2. 4 clients on one name for [`RUN`], [`REPEATS`] times: hand-overs/s (grants to
+//!    another client than the previous grant) and fairness (most / fewest grants of one
+//!    client);
+//! 3. 32 workers on distinct names through one client for [`RUN`], [`REPEATS`] times:
+//!    locks/s, client CPU per lock and server CPU per lock (`INFO cpu` of every master).
+//!
+//! Ratios are medians over the repeats of fencelock ÷ floor measured in the same repeat.
+//! `BENCH_ONLY=single|sentinel|cluster|redlock` runs one suite; `BENCH_PROFILE=1` runs
+//! only fencelock's 32 workers (for `perf record`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fencelock_core::{AcquireOptions, DistributedLock};
-use fencelock_testkit::RedisServer;
-use redis::aio::MultiplexedConnection;
+use fencelock_testkit::{RedisCluster, RedisSentinelSet, RedisServer};
+use hdrhistogram::Histogram;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
 
-const UNCONTENDED_ROUNDS: usize = 20;
-const UNCONTENDED_OPS: usize = 500;
+const ROUNDS: usize = 20;
+const OPS: usize = 500;
 const RUN: Duration = Duration::from_secs(3);
+const REPEATS: usize = 3;
+const LEASE_MS: u64 = 30_000;
+const TOKEN_TTL_MS: u64 = 24 * 3600 * 1000;
+const SPIN: Duration = Duration::from_millis(1);
 
+/// Compare-and-delete: the release of both hand-written locks.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0";
 
-/// Acquire as one script doing only `SET NX PX`: the floor for any acquire that must be a
-/// script (as fencelock's, which issues the token in the same script).
-const SCRIPTED_SET: &str = "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
+/// The floor's acquire. KEYS: lock, token counter. ARGV: owner, lease ms, counter ttl ms.
+/// Returns the token, or 0 when the lock is taken. The token never repeats: it is above
+/// the last one recorded and at least the server's clock (which is above every token
+/// recorded before a counter was lost).
+const FLOOR_ACQUIRE: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local token = math.max(last + 1, clock)
+redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
+return token";
 
-/// The usual hand-written Redis lock: `SET key random NX PX`, compare-and-delete.
+/// A connection to one server or to a cluster.
 #[derive(Clone)]
-struct Raw {
-    conns: Vec<MultiplexedConnection>,
-    script: Arc<redis::Script>,
-    scripted_set: Arc<redis::Script>,
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
 }
 
-impl Raw {
-    async fn new(urls: &[String]) -> Self {
+impl Conn {
+    async fn open(url: &str) -> Conn {
+        let client = redis::Client::open(url).unwrap();
+        Conn::Single(client.get_multiplexed_async_connection().await.unwrap())
+    }
+
+    /// One cluster connection, seeded with every node.
+    async fn open_cluster(urls: &[String]) -> Conn {
+        let client = redis::cluster::ClusterClient::new(urls.to_vec()).unwrap();
+        Conn::Cluster(client.get_async_connection().await.unwrap())
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(&self, inv: &redis::ScriptInvocation<'_>) -> T {
+        match self {
+            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await.unwrap(),
+            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await.unwrap(),
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        async fn run<C: ConnectionLike, T: redis::FromRedisValue>(mut c: C, cmd: &redis::Cmd) -> T {
+            cmd.query_async(&mut c).await.unwrap()
+        }
+        match self {
+            Conn::Single(c) => run(c.clone(), cmd).await,
+            Conn::Cluster(c) => run(c.clone(), cmd).await,
+        }
+    }
+}
+
+/// The two hand-written locks: one connection per server (Redlock's raw uses them all,
+/// the floor the first), or one cluster connection.
+#[derive(Clone)]
+struct Hand {
+    conns: Vec<Conn>,
+    release: Arc<redis::Script>,
+    floor: Arc<redis::Script>,
+}
+
+impl Hand {
+    async fn new(urls: &[String], cluster: bool) -> Self {
         let mut conns = Vec::new();
-        for url in urls {
-            conns.push(
-                redis::Client::open(url.as_str())
-                    .unwrap()
-                    .get_multiplexed_async_connection()
-                    .await
-                    .unwrap(),
-            );
-        }
-        Raw {
-            conns,
-            script: Arc::new(redis::Script::new(RELEASE)),
-            scripted_set: Arc::new(redis::Script::new(SCRIPTED_SET)),
-        }
-    }
-
-    async fn try_acquire(&self, key: &str, value: &str) -> bool {
-        let mut ok = 0;
-        for conn in &self.conns {
-            let r: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(30_000)
-                .query_async(&mut conn.clone())
-                .await
-                .unwrap();
-            ok += usize::from(r.is_some());
-        }
-        ok > self.conns.len() / 2
-    }
-
-    /// [`Raw::try_acquire`] on the first server, with the `SET NX PX` inside a script.
-    async fn try_acquire_scripted(&self, key: &str, value: &str) -> bool {
-        let r: Option<String> = self
-            .scripted_set
-            .key(key)
-            .arg(value)
-            .arg(30_000)
-            .invoke_async(&mut self.conns[0].clone())
-            .await
-            .unwrap();
-        r.is_some()
-    }
-
-    async fn release(&self, key: &str, value: &str) {
-        for conn in &self.conns {
-            let _: i64 = self
-                .script
-                .key(key)
-                .arg(value)
-                .invoke_async(&mut conn.clone())
-                .await
-                .unwrap();
-        }
-    }
-
-    /// Spins with 1 ms sleeps, as hand-written locks do.
-    async fn acquire(&self, key: &str, value: &str) {
-        while !self.try_acquire(key, value).await {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p) as usize]
-}
-
-fn report(what: &str, mut samples: Vec<Duration>, total: Duration) {
-    samples.sort();
-    if std::env::var_os("BENCH_QUANTILES").is_some() {
-        let q: Vec<String> = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-            .iter()
-            .map(|p| format!("{:.0}", pct(&samples, *p).as_secs_f64() * 1e6))
-            .collect();
-        println!("{what}: {}", q.join(" "));
-    }
-    println!(
-        "{what:<34} p50 {:>8.1?}  p99 {:>8.1?}  {:>8.0} ops/s",
-        pct(&samples, 0.5),
-        pct(&samples, 0.99),
-        samples.len() as f64 / total.as_secs_f64()
-    );
-}
-
-/// One round of [`UNCONTENDED_OPS`] sequential acquire+release on fencelock.
-async fn round_fencelock(locks: &Arc<dyn DistributedLock>) -> Vec<Duration> {
-    let mut samples = Vec::with_capacity(UNCONTENDED_OPS);
-    for _ in 0..UNCONTENDED_OPS {
-        let t = Instant::now();
-        let g = locks
-            .acquire("bench-u", AcquireOptions::new())
-            .await
-            .unwrap();
-        g.release().await.unwrap();
-        samples.push(t.elapsed());
-    }
-    samples
-}
-
-/// One round of [`UNCONTENDED_OPS`] sequential acquire+release by hand (with the
-/// acquire inside a script if `scripted`).
-async fn round_raw(raw: &Raw, scripted: bool) -> Vec<Duration> {
-    let mut samples = Vec::with_capacity(UNCONTENDED_OPS);
-    for i in 0..UNCONTENDED_OPS {
-        let t = Instant::now();
-        let value = format!("raw-{i}");
-        let granted = if scripted {
-            raw.try_acquire_scripted("bench-raw-u", &value).await
+        if cluster {
+            conns.push(Conn::open_cluster(urls).await);
         } else {
-            raw.try_acquire("bench-raw-u", &value).await
-        };
-        assert!(granted);
-        raw.release("bench-raw-u", &value).await;
-        samples.push(t.elapsed());
+            for url in urls {
+                conns.push(Conn::open(url).await);
+            }
+        }
+        Hand {
+            conns,
+            release: Arc::new(redis::Script::new(RELEASE)),
+            floor: Arc::new(redis::Script::new(FLOOR_ACQUIRE)),
+        }
     }
-    samples
+
+    /// `SET NX PX` on every server; granted on a majority.
+    async fn try_raw(&self, key: &str, owner: &str) -> bool {
+        let mut granted = 0;
+        for conn in &self.conns {
+            let r: Option<String> = conn
+                .query(
+                    redis::cmd("SET")
+                        .arg(key)
+                        .arg(owner)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(LEASE_MS),
+                )
+                .await;
+            granted += usize::from(r.is_some());
+        }
+        granted > self.conns.len() / 2
+    }
+
+    /// The floor's acquire on the first server: the token, or `None` when taken.
+    async fn try_floor(&self, key: &str, owner: &str) -> Option<u64> {
+        let token: u64 = self.conns[0]
+            .invoke(
+                self.floor
+                    .key(key)
+                    .key(format!("{key}:token"))
+                    .arg(owner)
+                    .arg(LEASE_MS)
+                    .arg(TOKEN_TTL_MS),
+            )
+            .await;
+        (token != 0).then_some(token)
+    }
+
+    async fn release(&self, key: &str, owner: &str) {
+        for conn in &self.conns {
+            let _: i64 = conn.invoke(self.release.key(key).arg(owner)).await;
+        }
+    }
+}
+
+/// One way of taking and releasing a lock.
+#[derive(Clone)]
+enum Kind {
+    Raw(Hand),
+    Floor(Hand),
+    Fencelock(Arc<dyn DistributedLock>),
+}
+
+impl Kind {
+    fn label(&self) -> &'static str {
+        match self {
+            Kind::Raw(_) => "raw SET NX PX",
+            Kind::Floor(_) => "floor (EVALSHA with token)",
+            Kind::Fencelock(_) => "fencelock",
+        }
+    }
+
+    /// Acquires `name` (waiting if taken), runs `held`, releases. `n` makes the owner
+    /// value unique for the hand-written kinds.
+    async fn once(&self, name: &str, n: u64, held: impl FnOnce()) {
+        match self {
+            Kind::Raw(hand) => {
+                let (key, owner) = (format!("raw:{{{name}}}"), format!("{n}-{}", nonce()));
+                while !hand.try_raw(&key, &owner).await {
+                    tokio::time::sleep(SPIN).await;
+                }
+                held();
+                hand.release(&key, &owner).await;
+            }
+            Kind::Floor(hand) => {
+                let (key, owner) = (format!("floor:{{{name}}}"), format!("{n}-{}", nonce()));
+                while hand.try_floor(&key, &owner).await.is_none() {
+                    tokio::time::sleep(SPIN).await;
+                }
+                held();
+                hand.release(&key, &owner).await;
+            }
+            Kind::Fencelock(locks) => {
+                let guard = locks.acquire(name, AcquireOptions::new()).await.unwrap();
+                held();
+                guard.release().await.unwrap();
+            }
+        }
+    }
+}
+
+fn nonce() -> u64 {
+    fastrand::u64(..)
+}
+
+/// CPU time this process has used (every thread alive now: the runtime's threads live
+/// for the whole run), in nanoseconds, from `/proc/self/task/*/schedstat`.
+fn cpu() -> Duration {
+    let mut ns = 0u64;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
+                ns += stat
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Duration::from_nanos(ns)
+}
+
+/// CPU time the servers have used (`used_cpu_user + used_cpu_sys` of `INFO cpu`).
+async fn server_cpu(servers: &[Conn]) -> Duration {
+    let mut seconds = 0.0;
+    for conn in servers {
+        let info: String = conn.query(redis::cmd("INFO").arg("cpu")).await;
+        for line in info.lines() {
+            if let Some((field, value)) = line.split_once(':')
+                && (field == "used_cpu_user" || field == "used_cpu_sys")
+            {
+                seconds += value.trim().parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    Duration::from_secs_f64(seconds)
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap()
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -170,151 +272,291 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// [`UNCONTENDED_ROUNDS`] short rounds, alternating raw, raw with a scripted acquire (a
-/// single server only) and fencelock, so drift on a shared machine hits all alike: pooled
-/// percentiles, and the median over rounds of each one's p50 over raw's in that round.
-async fn uncontended(raw: &Raw, locks: &Arc<dyn DistributedLock>, single: bool) {
-    round_raw(raw, false).await;
-    round_fencelock(locks).await;
-    let labels = [
-        "uncontended raw SET NX + EVALSHA",
-        "uncontended raw, acquire scripted",
-        "uncontended fencelock",
-    ];
-    let mut pooled: [Vec<Duration>; 3] = Default::default();
-    let mut time = [Duration::ZERO; 3];
-    let mut ratios: [Vec<f64>; 3] = Default::default();
-    for _ in 0..UNCONTENDED_ROUNDS {
-        let mut p50 = [0.0; 3];
-        for kind in 0..labels.len() {
-            if kind == 1 && !single {
-                continue;
-            }
-            let start = Instant::now();
-            let mut samples = match kind {
-                0 => round_raw(raw, false).await,
-                1 => round_raw(raw, true).await,
-                _ => round_fencelock(locks).await,
-            };
-            time[kind] += start.elapsed();
-            samples.sort();
-            p50[kind] = pct(&samples, 0.5).as_secs_f64();
-            pooled[kind].extend(samples);
-        }
-        for kind in 0..3 {
-            ratios[kind].push(p50[kind] / p50[0]);
+fn per_lock_us(cpu: Duration, locks: u64) -> f64 {
+    cpu.as_secs_f64() * 1e6 / locks.max(1) as f64
+}
+
+/// Workload 1: `ROUNDS` rounds, each running every kind for `OPS` sequential locks.
+async fn uncontended(kinds: &[Kind]) {
+    for kind in kinds {
+        for n in 0..50 {
+            kind.once("bench-u", n, || {}).await;
         }
     }
-    for (kind, label) in labels.iter().enumerate() {
-        if pooled[kind].is_empty() {
-            continue;
+    let mut pooled: Vec<Histogram<u64>> = kinds.iter().map(|_| histogram()).collect();
+    let mut cpu_used = vec![Duration::ZERO; kinds.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    let floor = kinds
+        .iter()
+        .position(|k| matches!(k, Kind::Floor(_)))
+        .unwrap_or(0);
+    for _ in 0..ROUNDS {
+        let mut p50 = vec![0.0; kinds.len()];
+        for (i, kind) in kinds.iter().enumerate() {
+            let mut round = histogram();
+            let start_cpu = cpu();
+            for n in 0..OPS {
+                let t = Instant::now();
+                kind.once("bench-u", n as u64, || {}).await;
+                round.record(micros(t.elapsed())).unwrap();
+            }
+            cpu_used[i] += cpu() - start_cpu;
+            p50[i] = round.value_at_quantile(0.5) as f64;
+            pooled[i].add(&round).unwrap();
         }
-        report(label, std::mem::take(&mut pooled[kind]), time[kind]);
+        for i in 0..kinds.len() {
+            ratios[i].push(p50[i] / p50[floor]);
+        }
+    }
+    println!("-- uncontended, one task, one name ({ROUNDS} rounds of {OPS}, interleaved)");
+    for (i, kind) in kinds.iter().enumerate() {
+        let h = &pooled[i];
         println!(
-            "{:<34} p50 / raw's, median of {UNCONTENDED_ROUNDS} rounds: {:.3}",
-            "",
-            median(std::mem::take(&mut ratios[kind]))
+            "{:<28} p50 {:>6} µs  p99 {:>6} µs  client CPU {:>5.1} µs/lock  p50 / floor's (median of rounds) {:.3}",
+            kind.label(),
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99),
+            per_lock_us(cpu_used[i], h.len()),
+            median(std::mem::take(&mut ratios[i])),
         );
     }
 }
 
-async fn contended(what: &str, workers: usize, same_name: bool, lock: impl Fn(usize) -> Worker) {
-    let count = Arc::new(AtomicU64::new(0));
+/// What one timed run of many workers measured.
+struct Run {
+    locks: u64,
+    handoffs: u64,
+    per_worker: Vec<u64>,
+    client_cpu: Duration,
+    server_cpu: Duration,
+}
+
+/// `sides.len()` workers for [`RUN`]: all on `name` if given, else each on its own.
+async fn run(sides: Vec<Kind>, name: Option<&str>, servers: &[Conn]) -> Run {
+    let last = Arc::new(AtomicU64::new(u64::MAX));
+    let handoffs = Arc::new(AtomicU64::new(0));
+    let (cpu_before, server_before) = (cpu(), server_cpu(servers).await);
     let deadline = Instant::now() + RUN;
-    let tasks: Vec<_> = (0..workers)
-        .map(|i| {
-            let (count, work) = (count.clone(), lock(i));
-            let name = if same_name {
-                "bench-c".to_string()
-            } else {
-                format!("bench-d-{i}")
-            };
+    let tasks: Vec<_> = sides
+        .into_iter()
+        .enumerate()
+        .map(|(i, side)| {
+            let (last, handoffs) = (last.clone(), handoffs.clone());
+            let name = name.map_or_else(|| format!("bench-d-{i}"), str::to_owned);
             tokio::spawn(async move {
                 let mut n = 0u64;
                 while Instant::now() < deadline {
-                    work.once(&name, n).await;
+                    side.once(&name, n, || {
+                        if last.swap(i as u64, Ordering::Relaxed) != i as u64 {
+                            handoffs.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                    .await;
                     n += 1;
-                    count.fetch_add(1, Ordering::Relaxed);
                 }
+                n
             })
         })
         .collect();
-    for t in tasks {
-        t.await.unwrap();
+    let mut per_worker = Vec::new();
+    for task in tasks {
+        per_worker.push(task.await.unwrap());
     }
-    println!(
-        "{what:<34} {:>8.0} locks/s",
-        count.load(Ordering::Relaxed) as f64 / RUN.as_secs_f64()
-    );
+    Run {
+        locks: per_worker.iter().sum(),
+        handoffs: handoffs.load(Ordering::Relaxed),
+        per_worker,
+        client_cpu: cpu() - cpu_before,
+        server_cpu: server_cpu(servers).await - server_before,
+    }
 }
 
-enum Worker {
-    Fencelock(Arc<dyn DistributedLock>),
-    Raw(Raw, usize),
-}
-
-impl Worker {
-    async fn once(&self, name: &str, n: u64) {
-        match self {
-            Worker::Fencelock(locks) => {
-                let g = locks.acquire(name, AcquireOptions::new()).await.unwrap();
-                g.release().await.unwrap();
-            }
-            Worker::Raw(raw, id) => {
-                let key = format!("raw:{name}");
-                let value = format!("{id}-{n}");
-                raw.acquire(&key, &value).await;
-                raw.release(&key, &value).await;
-            }
+/// Workload 2: `clients[k]` holds 4 clients of kind k, contending on one name.
+async fn handovers(clients: &[Vec<Kind>], servers: &[Conn]) {
+    println!("-- 4 clients on one name ({RUN:?} each, {REPEATS} repeats, interleaved)");
+    let floor = clients
+        .iter()
+        .position(|k| matches!(k[0], Kind::Floor(_)))
+        .unwrap_or(0);
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); clients.len()];
+    let mut fairness: Vec<Vec<f64>> = vec![Vec::new(); clients.len()];
+    for repeat in 0..REPEATS {
+        for (i, four) in clients.iter().enumerate() {
+            let name = format!("bench-c-{repeat}-{i}");
+            let r = run(four.clone(), Some(&name), servers).await;
+            let (min, max) = (
+                *r.per_worker.iter().min().unwrap(),
+                *r.per_worker.iter().max().unwrap(),
+            );
+            rates[i].push(r.handoffs as f64 / RUN.as_secs_f64());
+            fairness[i].push(max as f64 / min.max(1) as f64);
         }
     }
+    for (i, four) in clients.iter().enumerate() {
+        let ratio: Vec<f64> = (0..REPEATS)
+            .map(|r| rates[i][r] / rates[floor][r].max(f64::EPSILON))
+            .collect();
+        println!(
+            "{:<28} hand-overs/s {:>7}  fairness max/min {}  / floor's (median) {:.2}",
+            four[0].label(),
+            list(&rates[i], 0),
+            list(&fairness[i], 2),
+            median(ratio),
+        );
+    }
 }
 
-async fn suite(label: &str, urls: Vec<String>, fencelock_url: String) {
-    let locks = fencelock_redis::connect(&fencelock_url).await.unwrap();
-    let raw = Raw::new(&urls).await;
+/// Workload 3: 32 workers of each kind on their own names.
+async fn distinct(kinds: &[Kind], servers: &[Conn]) {
+    println!(
+        "-- 32 workers on distinct names, one client ({RUN:?} each, {REPEATS} repeats, interleaved)"
+    );
+    let floor = kinds
+        .iter()
+        .position(|k| matches!(k, Kind::Floor(_)))
+        .unwrap_or(0);
+    let raw = kinds
+        .iter()
+        .position(|k| matches!(k, Kind::Raw(_)))
+        .unwrap_or(0);
+    let mut runs: Vec<Vec<Run>> = kinds.iter().map(|_| Vec::new()).collect();
+    for _ in 0..REPEATS {
+        for (i, kind) in kinds.iter().enumerate() {
+            runs[i].push(run(vec![kind.clone(); 32], None, servers).await);
+        }
+    }
+    for (i, kind) in kinds.iter().enumerate() {
+        let rate: Vec<f64> = runs[i]
+            .iter()
+            .map(|r| r.locks as f64 / RUN.as_secs_f64())
+            .collect();
+        let client: Vec<f64> = runs[i]
+            .iter()
+            .map(|r| per_lock_us(r.client_cpu, r.locks))
+            .collect();
+        let server: Vec<f64> = runs[i]
+            .iter()
+            .map(|r| per_lock_us(r.server_cpu, r.locks))
+            .collect();
+        let vs = |other: usize, f: &dyn Fn(&Run) -> f64| {
+            median(
+                (0..REPEATS)
+                    .map(|r| f(&runs[i][r]) / f(&runs[other][r]).max(f64::EPSILON))
+                    .collect(),
+            )
+        };
+        let throughput = |r: &Run| r.locks as f64;
+        let client_cpu = |r: &Run| per_lock_us(r.client_cpu, r.locks);
+        println!(
+            "{:<28} locks/s {}  client CPU µs/lock {}  server CPU µs/lock {}  locks/s / floor's {:.2}  client CPU / raw's {:.2}",
+            kind.label(),
+            list(&rate, 0),
+            list(&client, 1),
+            list(&server, 1),
+            vs(floor, &throughput),
+            vs(raw, &client_cpu),
+        );
+    }
+}
+
+fn list(values: &[f64], decimals: usize) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.decimals$}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// The three workloads with raw, floor and fencelock on one deployment. `hand_urls`: what
+/// the hand-written locks connect to (`cluster`: one cluster client over all of them);
+/// `masters`: the servers whose CPU is counted.
+async fn suite(label: &str, hand_urls: &[String], cluster: bool, url: &str, masters: &[String]) {
     println!("== {label}");
-    uncontended(&raw, &locks, urls.len() == 1).await;
-    if std::env::var_os("BENCH_UNCONTENDED_ONLY").is_some() {
+    let hand = Hand::new(hand_urls, cluster).await;
+    let locks = fencelock_redis::connect(url).await.unwrap();
+    let mut servers = Vec::new();
+    for m in masters {
+        servers.push(Conn::open(m).await);
+    }
+    let kinds = [
+        Kind::Raw(hand.clone()),
+        Kind::Floor(hand.clone()),
+        Kind::Fencelock(locks.clone()),
+    ];
+    if std::env::var_os("BENCH_PROFILE").is_some() {
+        // Only fencelock's 32 workers, for a profiler.
+        distinct(&kinds[2..], &servers).await;
         return;
     }
-    let mut clients = Vec::new();
+    uncontended(&kinds).await;
+    let mut clients: Vec<Vec<Kind>> = vec![Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..4 {
-        clients.push(fencelock_redis::connect(&fencelock_url).await.unwrap());
+        let own = Hand::new(hand_urls, cluster).await;
+        clients[0].push(Kind::Raw(own.clone()));
+        clients[1].push(Kind::Floor(own));
+        clients[2].push(Kind::Fencelock(
+            fencelock_redis::connect(url).await.unwrap(),
+        ));
     }
-    contended("4 clients, one name: raw spin", 4, true, |_| {
-        Worker::Raw(raw.clone(), fastrand::usize(..))
-    })
-    .await;
-    contended("4 clients, one name: fencelock", 4, true, |i| {
-        Worker::Fencelock(clients[i].clone())
-    })
-    .await;
-    contended("32 workers, own names: raw", 32, false, |i| {
-        Worker::Raw(raw.clone(), i)
-    })
-    .await;
-    contended("32 workers, own names: fencelock", 32, false, |_| {
-        Worker::Fencelock(locks.clone())
-    })
-    .await;
+    handovers(&clients, &servers).await;
+    distinct(&kinds, &servers).await;
+}
+
+/// Redlock over 3 instances: raw is `SET NX PX` on each, one after the other (see
+/// `bench/redlock-vs-rslock` for the comparison with the `rslock` crate).
+async fn redlock() {
+    println!("== redlock over 3 instances (raw = SET NX on each in turn, no token)");
+    let three: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = three.iter().map(RedisServer::url).collect();
+    let hosts: Vec<String> = three.iter().map(RedisServer::addr).collect();
+    let hand = Hand::new(&urls, false).await;
+    let locks = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .unwrap();
+    let mut servers = Vec::new();
+    for url in &urls {
+        servers.push(Conn::open(url).await);
+    }
+    let kinds = [Kind::Raw(hand), Kind::Fencelock(locks)];
+    uncontended(&kinds).await;
+    distinct(&kinds, &servers).await;
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let single = RedisServer::start();
-    suite("single server", vec![single.url()], single.url()).await;
-    drop(single);
-    if std::env::var_os("BENCH_UNCONTENDED_ONLY").is_some() {
-        return;
+    let only = std::env::var("BENCH_ONLY").ok();
+    let wanted = |suite: &str| only.as_deref().is_none_or(|o| o == suite);
+    if wanted("single") {
+        let server = RedisServer::start();
+        let url = server.url();
+        let one = std::slice::from_ref(&url);
+        suite("single server", one, false, &url, one).await;
     }
-    let three: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let urls: Vec<String> = three.iter().map(RedisServer::url).collect();
-    let hosts: Vec<String> = three.iter().map(RedisServer::addr).collect();
-    suite(
-        "redlock over 3 instances (raw = sequential SET NX on each)",
-        urls,
-        format!("redlock://{}", hosts.join(",")),
-    )
-    .await;
+    if wanted("sentinel") {
+        let set = RedisSentinelSet::start();
+        let master = set.master().url();
+        suite(
+            "Sentinel (1 master, 1 replica, 3 sentinels; the floor talks to the master)",
+            std::slice::from_ref(&master),
+            false,
+            &set.url(),
+            std::slice::from_ref(&master),
+        )
+        .await;
+    }
+    if wanted("cluster") {
+        let cluster = RedisCluster::start(3);
+        let masters: Vec<String> = cluster.nodes().iter().map(RedisServer::url).collect();
+        suite(
+            "Cluster (3 masters; the floor uses redis-rs's cluster client)",
+            &masters,
+            true,
+            &cluster.url(),
+            &masters,
+        )
+        .await;
+    }
+    if wanted("redlock") {
+        redlock().await;
+    }
 }
