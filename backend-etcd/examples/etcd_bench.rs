@@ -214,25 +214,17 @@ async fn main() {
             "uncontended ({UNCONTENDED_ROUNDS} interleaved rounds of {UNCONTENDED_OPS} ops per kind)"
         );
         // Each round a repeat of its own: one p50 ratio to raw's per round.
-        let plan = Rounds {
-            repeats: UNCONTENDED_ROUNDS,
-            rounds: 1,
-            ops: UNCONTENDED_OPS,
-            warmup: 100,
-        };
+        let plan = Rounds::new(UNCONTENDED_ROUNDS, 1, UNCONTENDED_OPS, 100);
         let c = &contenders[0];
         let measured = bench::interleave(kinds, plan, |kind| c.op(kind, "uncontended")).await;
-        println!(
-            "{}",
-            bench::latency_lines(&measured, raw, Kind::label).join("\n")
-        );
+        println!("{}", bench::latency_lines(&measured, raw, Kind::label));
     }
     if wanted("ETCD_BENCH_WORKLOADS", "contended") {
         println!("contended ({CONTENDED_CLIENTS} clients x {CONTENDED_OPS} ops on one name)");
         let runs = bench::interleave_runs(kinds, 1, |kind, _| contended(&contenders, kind)).await;
         println!(
             "{}",
-            bench::rate_lines(kinds, &runs, None, "handoffs/s", Kind::label).join("\n")
+            bench::rate_lines(kinds, &runs, None, "handoffs/s", Kind::label)
         );
     }
     if wanted("ETCD_BENCH_WORKLOADS", "distinct") {
@@ -245,7 +237,7 @@ async fn main() {
         .await;
         println!(
             "{}",
-            bench::rate_lines(kinds, &runs, raw, "locks/s", Kind::label).join("\n")
+            bench::rate_lines(kinds, &runs, raw, "locks/s", Kind::label)
         );
     }
 }

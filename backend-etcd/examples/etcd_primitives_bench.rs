@@ -368,23 +368,12 @@ impl Contender {
 
 /// Uncontended latency of `work` per kind: pooled p50/p99 and per-repeat p50 ratios to raw.
 async fn uncontended(c: &Contender, work: Work, kinds: &[Kind]) {
-    println!(
-        "{} uncontended ({REPEATS} repeats x {ROUNDS} interleaved rounds x {OPS} ops)",
-        work.label()
-    );
+    let plan = Rounds::new(REPEATS, ROUNDS, OPS, 50);
+    println!("{} uncontended ({plan})", work.label());
     let name = format!("uncontended-{work:?}").to_lowercase();
-    let plan = Rounds {
-        repeats: REPEATS,
-        rounds: ROUNDS,
-        ops: OPS,
-        warmup: 50,
-    };
     let measured = bench::interleave(kinds, plan, |kind| c.op(kind, work, &name)).await;
     let raw = kinds.iter().position(|k| *k == Kind::Raw);
-    println!(
-        "{}",
-        bench::latency_lines(&measured, raw, Kind::label).join("\n")
-    );
+    println!("{}", bench::latency_lines(&measured, raw, Kind::label));
 }
 
 /// One contended run: each client does [`CONTENDED_OPS`] ops of its work on one name.
@@ -421,7 +410,7 @@ async fn contended(what: &str, cs: &[(Arc<Contender>, Work)], kinds: &[Kind], en
     let raw = kinds.iter().position(|k| *k == Kind::Raw);
     println!(
         "{}",
-        bench::rate_lines(kinds, &runs, raw, "grants/s", Kind::label).join("\n")
+        bench::rate_lines(kinds, &runs, raw, "grants/s", Kind::label)
     );
 }
 

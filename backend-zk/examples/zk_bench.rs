@@ -191,22 +191,15 @@ async fn main() {
     let mut uncontended_p50: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
     let mut distinct_rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
     if wanted("ZK_BENCH_WORKLOADS", "uncontended") {
-        println!(
-            "uncontended ({REPEATS} repeats x {ROUNDS} interleaved rounds x {UNCONTENDED_OPS} ops)"
-        );
-        let plan = Rounds {
-            repeats: REPEATS,
-            rounds: ROUNDS,
-            ops: UNCONTENDED_OPS,
-            warmup: 200,
-        };
+        let plan = Rounds::new(REPEATS, ROUNDS, UNCONTENDED_OPS, 200);
+        println!("uncontended ({plan})");
         let measured = bench::interleave(&kinds, plan, |kind| {
             main_client.op(kind, ROOT, "uncontended")
         })
         .await;
         println!(
             "{}",
-            bench::latency_lines(&measured, at(Kind::Raw3), Kind::label).join("\n")
+            bench::latency_lines(&measured, at(Kind::Raw3), Kind::label)
         );
         for (i, m) in measured.into_iter().enumerate() {
             cpu_uncontended[i] = m.repeat_cpu_per_op;
@@ -231,7 +224,7 @@ async fn main() {
         let recipe = these.iter().position(|k| *k == Kind::Recipe);
         println!(
             "{}",
-            bench::rate_lines(&these, &runs, recipe, "ops/s", Kind::label,).join("\n")
+            bench::rate_lines(&these, &runs, recipe, "ops/s", Kind::label,)
         );
     }
 
@@ -243,7 +236,7 @@ async fn main() {
             bench::interleave_runs(&kinds, REPEATS, |kind, _| distinct(&main_client, kind)).await;
         println!(
             "{}",
-            bench::rate_lines(&kinds, &runs, at(Kind::Raw3), "locks/s", Kind::label,).join("\n")
+            bench::rate_lines(&kinds, &runs, at(Kind::Raw3), "locks/s", Kind::label,)
         );
         for (i, runs) in runs.iter().enumerate() {
             cpu_distinct[i] = runs.iter().map(Run::cpu_per_op).collect();

@@ -18,12 +18,11 @@
 //!
 //! # async fn run() {
 //! let kinds = ["raw", "fencelock"];
-//! let rounds = Rounds { repeats: 3, rounds: 5, ops: 100, warmup: 50 };
+//! let rounds = Rounds::new(3, 5, 100, 50);
+//! println!("uncontended ({rounds})"); // "3 repeats x 5 interleaved rounds x 100 ops"
 //! let measured = bench::interleave(&kinds, rounds, |kind| op(kind)).await;
 //! // "  fencelock   p50 … µs  p99 … µs  … ops/s  p50/raw median 1.04 (1.03 1.04 1.06)"
-//! for line in bench::latency_lines(&measured, Some(0), |kind| kind) {
-//!     println!("{line}");
-//! }
+//! println!("{}", bench::latency_lines(&measured, Some(0), |kind| kind));
 //! let cpu = bench::ratios(&bench::over(
 //!     &measured[1].repeat_cpu_per_op,
 //!     &measured[0].repeat_cpu_per_op,
@@ -181,10 +180,33 @@ pub struct Rounds {
 }
 
 impl Rounds {
+    /// `repeats` repeats of `rounds` rounds of `ops` ops, after `warmup` untimed ops of
+    /// each kind.
+    #[must_use]
+    pub fn new(repeats: usize, rounds: usize, ops: usize, warmup: usize) -> Self {
+        Rounds {
+            repeats,
+            rounds,
+            ops,
+            warmup,
+        }
+    }
+
     /// The timed ops of one kind over the whole run.
     #[must_use]
     pub fn ops_per_kind(&self) -> usize {
         self.repeats * self.rounds * self.ops
+    }
+}
+
+impl fmt::Display for Rounds {
+    /// `R repeats x N interleaved rounds x M ops`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} repeats x {} interleaved rounds x {} ops",
+            self.repeats, self.rounds, self.ops
+        )
     }
 }
 
@@ -278,15 +300,15 @@ fn per_op_micros(cpu: Duration, ops: u64) -> f64 {
     }
 }
 
-/// One line per kind of `measured`: `  label  p50 … µs  p99 … µs  … ops/s`, and with a
-/// `floor` (an index into `measured`) `  p50/<floor's label> median … (…)`, the ratios
-/// of [`Measured::p50_over`].
+/// One line per kind of `measured` (joined by newlines, none at the end): `  label  p50 …
+/// µs  p99 … µs  … ops/s`, and with a `floor` (an index into `measured`) `  p50/<floor's
+/// label> median … (…)`, the ratios of [`Measured::p50_over`].
 #[must_use]
 pub fn latency_lines<K: Copy>(
     measured: &[Measured<K>],
     floor: Option<usize>,
     label: impl Fn(K) -> &'static str,
-) -> Vec<String> {
+) -> String {
     let floor = floor.and_then(|f| measured.get(f));
     measured
         .iter()
@@ -303,7 +325,8 @@ pub fn latency_lines<K: Copy>(
                 s.ops_per_sec()
             )
         })
-        .collect()
+        .collect::<Vec<String>>()
+        .join("\n")
 }
 
 /// One run of many ops by concurrent workers (throughput, contention), from
@@ -366,9 +389,9 @@ where
 }
 
 /// One line per kind of repeated [`Run`]s (`runs[i]` are `kinds[i]`'s, from
-/// [`interleave_runs`]): `  label  R <unit> (median of N)  p50 … µs  p99 … µs`, latencies
-/// pooled over the runs, and with a `floor` (an index into `kinds`) `  /<floor's label>
-/// median … (…)`, the rates' ratios run by run.
+/// [`interleave_runs`]; joined by newlines, none at the end): `  label  R <unit> (median
+/// of N)  p50 … µs  p99 … µs`, latencies pooled over the runs, and with a `floor` (an
+/// index into `kinds`) `  /<floor's label> median … (…)`, the rates' ratios run by run.
 #[must_use]
 pub fn rate_lines<K: Copy>(
     kinds: &[K],
@@ -376,7 +399,7 @@ pub fn rate_lines<K: Copy>(
     floor: Option<usize>,
     unit: &str,
     label: impl Fn(K) -> &'static str,
-) -> Vec<String> {
+) -> String {
     let rates = |runs: &[Run]| runs.iter().map(Run::rate).collect::<Vec<f64>>();
     let floor = floor.and_then(|f| Some((*kinds.get(f)?, rates(runs.get(f)?))));
     kinds
@@ -400,7 +423,8 @@ pub fn rate_lines<K: Copy>(
                 pooled.value_at_quantile(0.99),
             )
         })
-        .collect()
+        .collect::<Vec<String>>()
+        .join("\n")
 }
 
 /// `repeats` rounds of whole runs, one `run(kind, repeat)` of each of `kinds` in turn per
@@ -656,14 +680,19 @@ mod tests {
             |_| std::future::ready(()),
         ));
         assert_eq!(measured[1].repeat_cpu_per_op.len(), 3);
-        let lines = latency_lines(&measured, Some(0), |k| k);
+        assert_eq!(plan.to_string(), "3 repeats x 1 interleaved rounds x 4 ops");
+        assert_eq!(Rounds::new(3, 1, 4, 0), plan);
+        let lines: Vec<String> = latency_lines(&measured, Some(0), |k| k)
+            .lines()
+            .map(String::from)
+            .collect();
         assert_eq!(lines.len(), 2);
         assert!(lines[1].starts_with("  lib "), "{lines:?}");
         assert!(
             lines[1].contains("p50/raw median 1.00 (1.00 1.00 1.00)"),
             "{lines:?}"
         );
-        assert!(!latency_lines(&measured, None, |k| k)[1].contains("p50/"));
+        assert!(!latency_lines(&measured, None, |k| k).contains("p50/"));
 
         let run = |ms: u64| {
             let mut h = histogram();
@@ -683,7 +712,10 @@ mod tests {
         assert_eq!(runs[0][0].ops(), 100);
         assert_eq!(runs[0][0].rate(), 1000.0);
         assert_eq!(runs[0][0].cpu_per_op(), 100.0);
-        let lines = rate_lines(&["raw", "lib"], &runs, Some(0), "locks/s", |k| k);
+        let lines: Vec<String> = rate_lines(&["raw", "lib"], &runs, Some(0), "locks/s", |k| k)
+            .lines()
+            .map(String::from)
+            .collect();
         assert!(
             lines[1].starts_with("  lib            2000 locks/s (median of 2)  p50 "),
             "{lines:?}"
