@@ -511,15 +511,13 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// SIGTERM to a `--processes` waiters bench while its children queue: it stops them
-/// (they drop their waiters), exits 143, and leaves no process, waiter or holder behind.
-#[test]
-fn interrupting_a_processes_bench_stops_its_children() {
-    let url = etcd_url();
+/// A `--processes` waiters bench on etcd, started, and its children once at least `n`
+/// of them have been started.
+fn processes_bench(url: &str, n: usize) -> (Running, Vec<u32>) {
     let bench = Running::start(fencelock().args([
         "bench",
         "--url",
-        &url,
+        url,
         "--workload",
         "waiters",
         "--count",
@@ -528,21 +526,49 @@ fn interrupting_a_processes_bench_stops_its_children() {
         "3",
         "--quiet",
     ]));
-    // Wait for the second child: the first has queued its waiters by then.
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut children = Vec::new();
     while Instant::now() < deadline {
         for child in children_of(bench.pid()) {
-            if !children.contains(&child) {
+            // Once it runs the child bench (not the parent's image before exec).
+            let running = std::fs::read(format!("/proc/{child}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("--waiters-child"));
+            if running && !children.contains(&child) {
                 children.push(child);
             }
         }
-        if children.len() >= 2 {
+        if children.len() >= n {
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(children.len() >= 2, "children started: {children:?}");
+    assert!(children.len() >= n, "children started: {children:?}");
+    (bench, children)
+}
+
+/// Waits until nothing is held or waited on under `prefix` (at most 10 s: the leases
+/// of killed clients are 2 s).
+fn nothing_left(url: &str, prefix: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = output(fencelock().args(["list", "--json", "--url", url, prefix]));
+        assert_code(&listed, 0);
+        let listed: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
+        if listed.as_array().is_some_and(Vec::is_empty) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "left behind: {listed}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// SIGTERM to a `--processes` waiters bench while its children queue: it stops them
+/// (they drop their waiters), exits 143, and leaves no process, waiter or holder behind.
+#[test]
+fn interrupting_a_processes_bench_stops_its_children() {
+    let url = etcd_url();
+    // The second child starts once the first has queued its waiters.
+    let (bench, children) = processes_bench(&url, 2);
     let prefix = format!("fencelock-bench/{}-", bench.pid());
     signal(bench.pid(), Signal::SIGTERM);
     let out = bench.wait(Duration::from_secs(20));
@@ -554,17 +580,26 @@ fn interrupting_a_processes_bench_stops_its_children() {
             "child {child} outlived the bench"
         );
     }
-    // The children's waiters and the parent's holder are gone from etcd (at the latest
-    // when their 2 s leases run out).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let listed = output(fencelock().args(["list", "--json", "--url", &url, &prefix]));
-        assert_code(&listed, 0);
-        let listed: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
-        if listed.as_array().is_some_and(Vec::is_empty) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "left behind: {listed}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // The children's waiters and the parent's holder are gone from etcd.
+    nothing_left(&url, &prefix);
+}
+
+/// A child that fails (here: interrupted) fails the bench, which names it, stops the
+/// others and leaves nothing behind.
+#[test]
+fn a_failing_child_fails_the_bench() {
+    let url = etcd_url();
+    let (bench, children) = processes_bench(&url, 1);
+    let prefix = format!("fencelock-bench/{}-", bench.pid());
+    signal(children[0], Signal::SIGINT);
+    let out = bench.wait(Duration::from_secs(20));
+    assert_code(&out, 70);
+    // "interrupted by SIGINT" once its handlers are installed, "signal: 2" before.
+    assert!(
+        stderr(&out).contains("child process 1 of 3 failed") && stderr(&out).contains("SIGINT"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(gone_within(children[0], Duration::from_secs(5)));
+    nothing_left(&url, &prefix);
 }

@@ -105,10 +105,24 @@ pub async fn parent(
         stdins: Vec::new(),
     };
     let run = async {
+        let mut reports = Vec::with_capacity(processes);
         for index in 0..processes {
-            let queued = children.start(args, target, &name, index, per)?;
-            if queued.await.is_err() {
-                return Err(children.failure(index).await);
+            let mut queued = children.start(args, target, &name, index, per)?;
+            // Until this child's waiters are queued, any child that fails fails the run.
+            loop {
+                tokio::select! {
+                    done = &mut queued => match done {
+                        Ok(()) => break,
+                        Err(_) => return Err(children.failure(index).await),
+                    },
+                    Some(joined) = children.tasks.join_next() => match joined {
+                        Ok(Ok(report)) => reports.push(report),
+                        Ok(Err(failure)) => return Err(failure),
+                        Err(error) => {
+                            return Err(Failure::new(code::INTERNAL, format!("a child: {error}")));
+                        }
+                    },
+                }
             }
             progress(
                 args,
@@ -125,7 +139,6 @@ pub async fn parent(
             .release()
             .await
             .map_err(|e| failed("release of the first holder", &e))?;
-        let mut reports = Vec::with_capacity(processes);
         while let Some(joined) = children.tasks.join_next().await {
             match joined {
                 Ok(Ok(report)) => reports.push(report),
@@ -464,7 +477,7 @@ impl Interrupts {
 /// # Errors
 ///
 /// A [`Failure`] when the backend fails, a check does not hold, or the parent goes away
-/// (stdin ends) first.
+/// (stdin ends) or a signal (SIGINT, SIGTERM, SIGHUP) comes first.
 ///
 /// # Cancel safety
 ///
@@ -486,11 +499,17 @@ pub async fn child(
             let _ = gone.send(());
         })
         .map_err(|e| Failure::new(code::INTERNAL, format!("cannot watch stdin: {e}")))?;
+    // A terminal's Ctrl-C reaches the whole process group: end as when the parent goes.
+    let mut signals = Interrupts::listen()?;
     tokio::select! {
         done = queue_and_serve(args, locks, index, name) => done,
         _ = parent_gone => Err(Failure::new(
             code::INTERNAL,
             "the parent bench process went away (stdin closed); waiters dropped",
+        )),
+        signal = signals.recv() => Err(Failure::new(
+            crate::signals::exit_code(signal),
+            format!("interrupted by {signal}; waiters dropped"),
         )),
     }
 }
