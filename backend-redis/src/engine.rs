@@ -34,6 +34,9 @@ pub(crate) struct Engine {
     pub(crate) config: RedisConfig,
     pub(crate) nodes: Vec<Node>,
     pub(crate) subscribers: Vec<Subscriber>,
+    /// On a cluster, the slots of each master, in the order of `subscribers` (see
+    /// [`Engine::subscribers_for`]); empty otherwise.
+    shards: Vec<Vec<(u16, u16)>>,
     /// Nodes that must agree: 1, or a majority for Redlock.
     pub(crate) quorum: usize,
     /// Random per client; owner values are `client_id:attempt`.
@@ -104,10 +107,27 @@ impl Drop for InFlight<'_> {
 impl Engine {
     pub(crate) fn new(config: RedisConfig, nodes: Vec<Node>) -> Self {
         let closed = CancellationToken::new();
-        let subscribers = nodes
-            .iter()
-            .map(|n| Subscriber::new(n.clone(), config.timeout, closed.clone()))
-            .collect();
+        // A cluster gets one subscriber per master (waiters subscribe where their lock's
+        // slot is served, see `Node::for_shard`); other topologies one per node.
+        let mut subscribers = Vec::new();
+        let mut shards = Vec::new();
+        for node in &nodes {
+            if node.shards().is_empty() {
+                subscribers.push(Subscriber::new(
+                    node.clone(),
+                    config.timeout,
+                    closed.clone(),
+                ));
+            }
+            for shard in node.shards() {
+                shards.push(shard.slots.clone());
+                subscribers.push(Subscriber::new(
+                    node.for_shard(shard),
+                    config.timeout,
+                    closed.clone(),
+                ));
+            }
+        }
         Engine {
             quorum: nodes.len() / 2 + 1,
             client_id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
@@ -120,7 +140,23 @@ impl Engine {
             config,
             nodes,
             subscribers,
+            shards,
         }
+    }
+
+    /// The subscribers a waiter for a key in `slot` subscribes with: on a cluster, the
+    /// one of the master serving the slot (the first if none was found); otherwise one
+    /// per node.
+    pub(crate) fn subscribers_for(&self, slot: u16) -> &[Subscriber] {
+        if self.shards.is_empty() {
+            return &self.subscribers;
+        }
+        let index = self
+            .shards
+            .iter()
+            .position(|slots| slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+            .unwrap_or(0);
+        &self.subscribers[index..=index]
     }
 
     pub(crate) fn lease_timeout(&self, lease: Duration) -> Duration {

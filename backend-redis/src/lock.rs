@@ -172,7 +172,7 @@ impl RedisLock {
                     // try and the subscription is caught by that second try.
                     subscriptions = join_all(
                         self.engine
-                            .subscribers
+                            .subscribers_for(keys.slot)
                             .iter()
                             .map(|s| s.subscribe(&keys.channel, wake.clone())),
                     )
@@ -334,7 +334,7 @@ impl DistributedLock for RedisLock {
         // Subscribed before the first read: a change after the read is a message.
         let subscriptions = join_all(
             self.engine
-                .subscribers
+                .subscribers_for(keys.slot)
                 .iter()
                 .map(|s| s.subscribe(&keys.election, wake.clone())),
         )

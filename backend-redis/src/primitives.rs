@@ -231,7 +231,7 @@ impl RedisLock {
                     // try and the subscription is seen by that second try.
                     subscriptions = join_all(
                         engine
-                            .subscribers
+                            .subscribers_for(keys.slot)
                             .iter()
                             .map(|s| s.subscribe(&keys.channel, wake.clone())),
                     )
