@@ -23,8 +23,8 @@
 //!
 //! 1. uncontended acquire + release, one task, one name: [`ROUNDS`] rounds of [`OPS`];
 //!    p50/p99 from all rounds, the median over rounds of each kind's p50 over the
-//!    floor's in that round, and client CPU per lock (this process's CPU time, from
-//!    `/proc/self/task/*/schedstat`: the servers are other processes);
+//!    floor's in that round, and client CPU per lock (this process's CPU time,
+//!    `fencelock_testkit::bench::ProcessCpu`: the servers are other processes);
 //! 2. 4 clients on one name for [`RUN`], [`REPEATS`] times: hand-overs/s (grants to
 //!    another client than the previous grant) and fairness (most / fewest grants of one
 //!    client);
@@ -40,8 +40,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fencelock_core::{AcquireOptions, DistributedLock};
+use fencelock_testkit::bench::{Histogram, ProcessCpu, histogram, median, record};
 use fencelock_testkit::{RedisCluster, RedisSentinelSet, RedisServer};
-use hdrhistogram::Histogram;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 
@@ -225,24 +225,6 @@ fn nonce() -> u64 {
     fastrand::u64(..)
 }
 
-/// CPU time this process has used (every thread alive now: the runtime's threads live
-/// for the whole run), in nanoseconds, from `/proc/self/task/*/schedstat`.
-fn cpu() -> Duration {
-    let mut ns = 0u64;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for task in tasks.flatten() {
-            if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
-                ns += stat
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    Duration::from_nanos(ns)
-}
-
 /// CPU time the servers have used (`used_cpu_user + used_cpu_sys` of `INFO cpu`).
 async fn server_cpu(servers: &[Conn]) -> Duration {
     let mut seconds = 0.0;
@@ -257,19 +239,6 @@ async fn server_cpu(servers: &[Conn]) -> Duration {
         }
     }
     Duration::from_secs_f64(seconds)
-}
-
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap()
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn per_lock_us(cpu: Duration, locks: u64) -> f64 {
@@ -294,15 +263,15 @@ async fn uncontended(kinds: &[Kind]) {
         let mut p50 = vec![0.0; kinds.len()];
         for (i, kind) in kinds.iter().enumerate() {
             let mut round = histogram();
-            let start_cpu = cpu();
+            let start_cpu = ProcessCpu::now();
             for n in 0..OPS {
                 let t = Instant::now();
                 kind.once("bench-u", n as u64, || {}).await;
-                round.record(micros(t.elapsed())).unwrap();
+                record(&mut round, t.elapsed());
             }
-            cpu_used[i] += cpu() - start_cpu;
+            cpu_used[i] += ProcessCpu::now().since(&start_cpu);
             p50[i] = round.value_at_quantile(0.5) as f64;
-            pooled[i].add(&round).unwrap();
+            fencelock_testkit::bench::merge(&mut pooled[i], &round);
         }
         for i in 0..kinds.len() {
             ratios[i].push(p50[i] / p50[floor]);
@@ -335,7 +304,7 @@ struct Run {
 async fn run(sides: Vec<Kind>, name: Option<&str>, servers: &[Conn]) -> Run {
     let last = Arc::new(AtomicU64::new(u64::MAX));
     let handoffs = Arc::new(AtomicU64::new(0));
-    let (cpu_before, server_before) = (cpu(), server_cpu(servers).await);
+    let (cpu_before, server_before) = (ProcessCpu::now(), server_cpu(servers).await);
     let deadline = Instant::now() + RUN;
     let tasks: Vec<_> = sides
         .into_iter()
@@ -366,7 +335,7 @@ async fn run(sides: Vec<Kind>, name: Option<&str>, servers: &[Conn]) -> Run {
         locks: per_worker.iter().sum(),
         handoffs: handoffs.load(Ordering::Relaxed),
         per_worker,
-        client_cpu: cpu() - cpu_before,
+        client_cpu: ProcessCpu::now().since(&cpu_before),
         server_cpu: server_cpu(servers).await - server_before,
     }
 }
