@@ -77,7 +77,15 @@ pub struct Capabilities {
     pub linearizable: bool,
     /// How far fencing tokens can be trusted.
     pub fencing: FencingStrength,
-    /// Waiters are granted the lock in the order they started waiting.
+    /// Waiters are granted the lock in the order they joined the server's queue, with
+    /// no barging. A client has at most one waiter per name in that queue: its other
+    /// tasks waiting for the name line up behind it inside the client (see
+    /// [`crate::line`]), so the server's work per hand-off is bounded by the waiting
+    /// clients, not tasks. Hence one client's waiters are granted in the order they
+    /// started waiting, and waiting clients take turns in queue order: a task of one
+    /// client may be granted before an earlier task of another client that has more
+    /// tasks waiting. With one waiting task per client it is the order they started
+    /// waiting.
     pub fifo: bool,
     /// How holders learn of loss.
     pub loss_detection: LossDetection,
