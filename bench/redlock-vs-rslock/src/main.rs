@@ -1,58 +1,51 @@
-//! Benchmark: fencelock's Redlock (`redlock://a,b,c`) against the `rslock` crate, side by
-//! side in one run, over the same 3 throwaway local `redis-server` instances.
+//! Benchmark: fencelock's Redis backend against the `rslock` crate, side by side in one
+//! run over the same throwaway local `redis-server` instances: one instance
+//! (`redis://` against rslock with one server) and three (`redlock://a,b,c` against
+//! rslock with three).
 //!
 //! ```text
 //! cd bench/redlock-vs-rslock && cargo run --release
 //! ```
 //!
-//! Workloads (the same three as `backend-redis/examples/bench.rs`):
+//! Workloads, the kinds interleaved in every repeat (`fencelock_testkit::bench`):
 //!
-//! 1. uncontended acquire + release on one name, one client: p50/p99 and ops/s;
-//! 2. 4 clients contending on one name for a fixed time: handoffs/s and the p50/p99 of
-//!    acquire + release as seen by a client (including its wait);
-//! 3. 32 workers on distinct names through one client: locks/s and p50/p99.
+//! 1. uncontended acquire + release on one name, one client: p50/p99 and the median over
+//!    repeats of fencelock's p50 over rslock's;
+//! 2. 4 clients contending on one name for [`RUN`]: hand-overs/s (grants to another
+//!    client than the previous grant) and fairness (most / fewest grants of a client);
+//! 3. 32 workers on distinct names through one client for [`RUN`]: locks/s, client CPU
+//!    per lock, and each instance's CPU time per lock (`INFO cpu`), with the commands
+//!    per lock and µs per call that make it up (`INFO commandstats`, reset before each
+//!    run; commands a script runs are listed too, and their time is inside the
+//!    script's).
 //!
-//! Runs alternate (rslock, fencelock, rslock, fencelock) so warm-up and CPU contention
-//! hit both. What each side does per lock:
+//! What each side does per lock:
 //!
-//! - fencelock: acquire = one script per instance (`SET NX PX` + fencing token; a second
-//!   round trip that records the token on a majority only when the instances' answers
-//!   disagree); release = one script per instance (compare, `DEL`, and `PUBLISH` only
-//!   when a waiter marked the lock). The lease (10 s) is renewing, so renewal is
-//!   armed and disarmed per lock (also measured with a fixed lease: no renewal). A waiter
-//!   sleeps until an unlock message (pub/sub).
+//! - fencelock: acquire = one script per instance (`SET NX PX` + fencing token; on
+//!   Redlock a second round trip that records the token on a majority only when the
+//!   instances' answers disagree); release = one script per instance (compare, `DEL`,
+//!   and `PUBLISH` only when a waiter marked the lock). The lease (10 s) is renewing, so
+//!   renewal is armed and disarmed per lock (also measured with a fixed lease: no
+//!   renewal). A waiter sleeps until an unlock message (pub/sub).
 //! - rslock: acquire = `SET NX PX` per instance; release = `EVAL(SHA)` compare-and-delete
 //!   per instance; no fencing token, no renewal (fixed 10 s TTL). A failed attempt unlocks
 //!   everywhere and sleeps a random `0..retry_delay` (default 200 ms, 3 tries per
 //!   `lock`, `acquire` loops forever). The contended workload is run with the default
 //!   delay and with 5 ms, its only knob; rslock has no way to wake on release.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fencelock_core::{AcquireOptions, DistributedLock};
 use fencelock_testkit::RedisServer;
+use fencelock_testkit::bench::{self, ProcessCpu, Rounds};
 use rslock::LockManager;
 
-const UNCONTENDED: usize = 3000;
 const RUN: Duration = Duration::from_secs(3);
+const REPEATS: usize = 3;
 const LEASE: Duration = Duration::from_secs(10);
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p) as usize]
-}
-
-fn report(what: &str, mut samples: Vec<Duration>, total: Duration) {
-    samples.sort();
-    println!(
-        "{what:<44} p50 {:>9.1?}  p99 {:>9.1?}  {:>8.0} ops/s  (n={})",
-        pct(&samples, 0.5),
-        pct(&samples, 0.99),
-        samples.len() as f64 / total.as_secs_f64(),
-        samples.len()
-    );
-}
 
 /// One side of the comparison.
 #[derive(Clone)]
@@ -63,10 +56,6 @@ enum Side {
 }
 
 impl Side {
-    async fn once(&self, name: &str) {
-        self.once_then(name, || {}).await;
-    }
-
     /// Acquire, run `held` while holding, release.
     async fn once_then(&self, name: &str, held: impl FnOnce()) {
         match self {
@@ -89,167 +78,319 @@ impl Side {
     }
 }
 
-async fn uncontended(what: &str, side: &Side, name: &str) {
-    let mut samples = Vec::with_capacity(UNCONTENDED);
-    let start = Instant::now();
-    for _ in 0..UNCONTENDED {
-        let t = Instant::now();
-        side.once(name).await;
-        samples.push(t.elapsed());
+/// The kinds compared: what [`Sides`] builds for each.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Rslock,
+    /// rslock with a 5 ms retry delay (contended only).
+    Rslock5,
+    Fencelock,
+    FencelockFixed,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Rslock => "rslock",
+            Kind::Rslock5 => "rslock 5ms",
+            Kind::Fencelock => "fencelock",
+            Kind::FencelockFixed => "fl fixed",
+        }
     }
-    report(what, samples, start.elapsed());
+}
+
+/// The servers of one deployment and how each side connects to them.
+struct Deployment {
+    urls: Vec<String>,
+    ports: Vec<u16>,
+    fencelock_url: String,
+}
+
+impl Deployment {
+    async fn side(&self, kind: Kind) -> Side {
+        match kind {
+            Kind::Rslock | Kind::Rslock5 => {
+                let mut manager = LockManager::new(self.urls.clone());
+                if kind == Kind::Rslock5 {
+                    manager.set_retry(3, Duration::from_millis(5));
+                }
+                Side::Rslock(manager)
+            }
+            Kind::Fencelock | Kind::FencelockFixed => Side::Fencelock(
+                fencelock_redis::connect(&self.fencelock_url).await.unwrap(),
+                kind == Kind::FencelockFixed,
+            ),
+        }
+    }
+
+    /// `redis-cli` on each instance.
+    fn cli(&self, args: &[&str]) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|port| {
+                let out = std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string()])
+                    .args(args)
+                    .output()
+                    .expect("redis-cli");
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            })
+            .collect()
+    }
+
+    /// Per instance: the server's CPU time so far (`used_cpu_user + used_cpu_sys` of
+    /// `INFO cpu`).
+    fn cpu(&self) -> Vec<Duration> {
+        self.cli(&["info", "cpu"])
+            .iter()
+            .map(|info| {
+                let seconds: f64 = info
+                    .lines()
+                    .filter_map(|line| line.trim().split_once(':'))
+                    .filter(|(field, _)| *field == "used_cpu_user" || *field == "used_cpu_sys")
+                    .filter_map(|(_, value)| value.parse::<f64>().ok())
+                    .sum();
+                Duration::from_secs_f64(seconds)
+            })
+            .collect()
+    }
+
+    /// Per instance: each command's calls and µs from `INFO commandstats`. Commands
+    /// that scripts run are counted too, and inside their script's time as well.
+    fn commandstats(&self) -> Vec<BTreeMap<String, (u64, u64)>> {
+        self.cli(&["info", "commandstats"])
+            .iter()
+            .map(|info| {
+                let mut stats = BTreeMap::new();
+                for line in info.lines() {
+                    let Some((name, fields)) = line.trim().split_once(':') else {
+                        continue;
+                    };
+                    let Some(command) = name.strip_prefix("cmdstat_") else {
+                        continue;
+                    };
+                    let field = |key: &str| {
+                        fields
+                            .split(',')
+                            .find_map(|f| f.strip_prefix(key))
+                            .and_then(|v| v.parse::<u64>().ok())
+                            .unwrap_or(0)
+                    };
+                    stats.insert(command.to_owned(), (field("calls="), field("usec=")));
+                }
+                stats
+            })
+            .collect()
+    }
+}
+
+/// What one timed run of workers measured.
+struct Run {
+    locks: u64,
+    handoffs: u64,
+    per_worker: Vec<u64>,
+    cpu: Duration,
+    /// Per instance, the server's CPU time over the run.
+    server: Vec<Duration>,
+    /// Per instance, `INFO commandstats` over the run (the counters were reset first).
+    stats: Vec<BTreeMap<String, (u64, u64)>>,
 }
 
 /// `sides.len()` workers for [`RUN`]; all on `name` if given, else each on its own name.
-/// On one name it also reports real handoffs (grants to a different worker than the
-/// previous grant) and the fewest and most grants of one worker.
-async fn workers(what: &str, sides: Vec<Side>, name: Option<&str>) {
-    let count = Arc::new(AtomicU64::new(0));
+async fn workers(sides: Vec<Side>, name: Option<&str>, deployment: &Deployment) -> Run {
     let last = Arc::new(AtomicU64::new(u64::MAX));
     let handoffs = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let deadline = start + RUN;
+    deployment.cli(&["config", "resetstat"]);
+    let server = deployment.cpu();
+    let cpu = ProcessCpu::now();
+    let deadline = Instant::now() + RUN;
     let tasks: Vec<_> = sides
         .into_iter()
         .enumerate()
         .map(|(i, side)| {
-            let (count, last, handoffs) = (count.clone(), last.clone(), handoffs.clone());
-            let name = name.map_or_else(|| format!("{what}-{i}"), str::to_owned);
+            let (last, handoffs) = (last.clone(), handoffs.clone());
+            let name = name.map_or_else(|| format!("d-{i}-{}", fastrand()), str::to_owned);
             tokio::spawn(async move {
-                let mut samples = Vec::new();
+                let mut n = 0u64;
                 while Instant::now() < deadline {
-                    let t = Instant::now();
                     side.once_then(&name, || {
                         if last.swap(i as u64, Ordering::Relaxed) != i as u64 {
                             handoffs.fetch_add(1, Ordering::Relaxed);
                         }
                     })
                     .await;
-                    samples.push(t.elapsed());
-                    count.fetch_add(1, Ordering::Relaxed);
+                    n += 1;
                 }
-                samples
+                n
             })
         })
         .collect();
-    let mut samples = Vec::new();
     let mut per_worker = Vec::new();
     for task in tasks {
-        let mine = task.await.unwrap();
-        per_worker.push(mine.len());
-        samples.extend(mine);
+        per_worker.push(task.await.unwrap());
     }
-    let total = start.elapsed();
-    report(what, samples, total);
-    if name.is_some() {
+    let cpu = ProcessCpu::now().since(&cpu);
+    let server = deployment
+        .cpu()
+        .iter()
+        .zip(&server)
+        .map(|(after, before)| after.saturating_sub(*before))
+        .collect();
+    Run {
+        locks: per_worker.iter().sum(),
+        handoffs: handoffs.load(Ordering::Relaxed),
+        per_worker,
+        cpu,
+        server,
+        stats: deployment.commandstats(),
+    }
+}
+
+/// A name no earlier run used (the counters of the token keys stay).
+fn fastrand() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
+}
+
+async fn compare(label: &str, deployment: &Deployment) {
+    println!(
+        "== {label} ({} CPUs)",
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
+
+    let kinds = [Kind::Rslock, Kind::Fencelock, Kind::FencelockFixed];
+    let mut sides = Vec::new();
+    for kind in kinds {
+        sides.push(deployment.side(kind).await);
+    }
+    let plan = Rounds::new(REPEATS, 5, 300, 50);
+    println!("-- uncontended, one client, one name ({plan})");
+    let measured = bench::interleave(&[0, 1, 2], plan, |i| {
+        let side = &sides[i];
+        async move { side.once_then("u", || {}).await }
+    })
+    .await;
+    println!(
+        "{}",
+        bench::latency_lines(&measured, Some(0), |i| kinds[i].label())
+    );
+
+    println!("-- 4 clients contending on one name ({RUN:?} x {REPEATS}, interleaved)");
+    let contenders = [Kind::Rslock, Kind::Rslock5, Kind::Fencelock];
+    let runs = bench::interleave_runs(&contenders, REPEATS, |kind, repeat| async move {
+        let mut four = Vec::new();
+        for _ in 0..4 {
+            four.push(deployment.side(kind).await);
+        }
+        let name = format!("c-{}-{repeat}", kind.label());
+        workers(four, Some(&name), deployment).await
+    })
+    .await;
+    let rate = |r: &Run| r.handoffs as f64 / RUN.as_secs_f64();
+    let rslock_rates: Vec<f64> = runs[0].iter().map(rate).collect();
+    for (kind, mine) in contenders.iter().zip(&runs) {
+        let rates: Vec<f64> = mine.iter().map(rate).collect();
+        let fairness: Vec<f64> = mine
+            .iter()
+            .map(|r| {
+                let min = r.per_worker.iter().copied().min().unwrap_or(0).max(1);
+                r.per_worker.iter().copied().max().unwrap_or(0) as f64 / min as f64
+            })
+            .collect();
+        let vs_rslock = bench::over(&rates, &rslock_rates);
         println!(
-            "{:<44} {:>8.0} handoffs/s  grants per worker: min {} max {}",
-            "",
-            handoffs.load(Ordering::Relaxed) as f64 / total.as_secs_f64(),
-            per_worker.iter().min().unwrap_or(&0),
-            per_worker.iter().max().unwrap_or(&0)
+            "  {:<11} hand-overs/s {:>7.0} (median of {REPEATS})  fairness max/min {}  /rslock {}",
+            kind.label(),
+            bench::median(rates.clone()),
+            bench::ratios(&fairness),
+            bench::ratios(&vs_rslock),
         );
     }
-}
 
-async fn fencelock_client(hosts: &str) -> Side {
-    Side::Fencelock(
-        fencelock_redis::connect(&format!("redlock://{hosts}?prefix=bench-fl:"))
-            .await
-            .unwrap(),
-        false,
-    )
-}
-
-fn fixed(side: &Side) -> Side {
-    match side {
-        Side::Fencelock(locks, _) => Side::Fencelock(locks.clone(), true),
-        Side::Rslock(_) => unreachable!(),
+    println!(
+        "-- 32 workers on distinct names, one shared client ({RUN:?} x {REPEATS}, interleaved)"
+    );
+    let runs = bench::interleave_runs(&[0, 1, 2], REPEATS, |i, _| {
+        let side = sides[i].clone();
+        async move { workers(vec![side; 32], None, deployment).await }
+    })
+    .await;
+    let per_lock =
+        |r: &Run, instance: usize| r.server[instance].as_secs_f64() * 1e6 / r.locks.max(1) as f64;
+    for (i, kind) in kinds.iter().enumerate() {
+        let rates: Vec<f64> = runs[i]
+            .iter()
+            .map(|r| r.locks as f64 / RUN.as_secs_f64())
+            .collect();
+        let floor: Vec<f64> = runs[0]
+            .iter()
+            .map(|r| r.locks as f64 / RUN.as_secs_f64())
+            .collect();
+        let cpu: Vec<f64> = runs[i]
+            .iter()
+            .map(|r| r.cpu.as_secs_f64() * 1e6 / r.locks.max(1) as f64)
+            .collect();
+        println!(
+            "  {:<11} locks/s {:>7.0} (median of {REPEATS})  /rslock {}  client CPU µs/lock {}",
+            kind.label(),
+            bench::median(rates.clone()),
+            bench::ratios(&bench::over(&rates, &floor)),
+            bench::ratios(&cpu),
+        );
+        for instance in 0..deployment.ports.len() {
+            let mine: Vec<f64> = runs[i].iter().map(|r| per_lock(r, instance)).collect();
+            let theirs: Vec<f64> = runs[0].iter().map(|r| per_lock(r, instance)).collect();
+            // The commands per lock of the last repeat, for what makes up the time.
+            let last = runs[i].last().unwrap();
+            let commands: Vec<String> = last.stats[instance]
+                .iter()
+                .filter(|(name, (calls, _))| *calls > 0 && !name.starts_with("config"))
+                .map(|(name, (calls, usec))| {
+                    format!(
+                        "{name} {:.2}x {:.1}µs",
+                        *calls as f64 / last.locks.max(1) as f64,
+                        *usec as f64 / (*calls).max(1) as f64
+                    )
+                })
+                .collect();
+            println!(
+                "      instance {instance}: server CPU µs/lock {:.1} ({})  /rslock {}   per lock: {}",
+                bench::median(mine.clone()),
+                mine.iter()
+                    .map(|v| format!("{v:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                bench::ratios(&bench::over(&mine, &theirs)),
+                commands.join(", "),
+            );
+        }
     }
-}
-
-fn rslock_client(urls: &[String], retry_delay: Option<Duration>) -> Side {
-    let mut manager = LockManager::new(urls.to_vec());
-    if let Some(delay) = retry_delay {
-        manager.set_retry(3, delay);
-    }
-    Side::Rslock(manager)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-    let hosts = servers
-        .iter()
-        .map(RedisServer::addr)
-        .collect::<Vec<_>>()
-        .join(",");
-    println!(
-        "== Redlock over 3 local redis-server instances ({} CPUs)",
-        std::thread::available_parallelism().map_or(0, usize::from)
-    );
-
-    // BENCH_ONLY=fencelock32|rslock32 runs just that 32-worker case (for profiling).
-    if let Ok(only) = std::env::var("BENCH_ONLY") {
-        let side = if only.starts_with("rslock") {
-            rslock_client(&urls, None)
-        } else {
-            fencelock_client(&hosts).await
+    let only = std::env::var("BENCH_ONLY").ok();
+    for (count, label) in [
+        (
+            1,
+            "one redis-server: redis:// against rslock with one server",
+        ),
+        (3, "Redlock over 3 local redis-server instances"),
+    ] {
+        if only.as_deref().is_some_and(|o| o != count.to_string()) {
+            continue;
+        }
+        let servers: Vec<RedisServer> = (0..count).map(|_| RedisServer::start()).collect();
+        let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+        let deployment = Deployment {
+            urls: servers.iter().map(RedisServer::url).collect(),
+            ports: servers.iter().map(RedisServer::port).collect(),
+            fencelock_url: if count == 1 {
+                format!("redis://{}?prefix=bench-fl:", hosts[0])
+            } else {
+                format!("redlock://{}?prefix=bench-fl:", hosts.join(","))
+            },
         };
-        workers(&only, vec![side; 32], None).await;
-        for server in &servers {
-            let stats = std::process::Command::new("redis-cli")
-                .args(["-p", &server.port().to_string(), "info", "commandstats"])
-                .output()
-                .expect("redis-cli");
-            println!("{}", String::from_utf8_lossy(&stats.stdout));
-        }
-        return;
-    }
-    let fl = fencelock_client(&hosts).await;
-    let rs = rslock_client(&urls, None);
-    // Warm both up (connections, script cache).
-    for _ in 0..50 {
-        fl.once("warm").await;
-        rs.once("warm").await;
-    }
-    println!("-- uncontended, one client, one name ({UNCONTENDED} acquire+release)");
-    for round in ["", " (again)"] {
-        uncontended(&format!("rslock{round}"), &rs, "u-rs").await;
-        uncontended(&format!("fencelock{round}"), &fl, "u-fl").await;
-        uncontended(
-            &format!("fencelock, fixed lease{round}"),
-            &fixed(&fl),
-            "u-flf",
-        )
-        .await;
-    }
-
-    println!("-- 4 clients contending on one name ({RUN:?}; ops/s = grants/s)");
-    for round in ["", " (again)"] {
-        let rs4 = (0..4).map(|_| rslock_client(&urls, None)).collect();
-        workers(&format!("rslock, retry 0..200ms{round}"), rs4, Some("c-rs")).await;
-        let rs4 = (0..4)
-            .map(|_| rslock_client(&urls, Some(Duration::from_millis(5))))
-            .collect();
-        workers(&format!("rslock, retry 0..5ms{round}"), rs4, Some("c-rs5")).await;
-        let mut fl4 = Vec::new();
-        for _ in 0..4 {
-            fl4.push(fencelock_client(&hosts).await);
-        }
-        workers(&format!("fencelock{round}"), fl4, Some("c-fl")).await;
-    }
-
-    println!("-- 32 workers on distinct names, one shared client ({RUN:?})");
-    for round in ["", " (again)"] {
-        workers(&format!("rslock{round}"), vec![rs.clone(); 32], None).await;
-        workers(&format!("fencelock{round}"), vec![fl.clone(); 32], None).await;
-        workers(
-            &format!("fencelock, fixed lease{round}"),
-            vec![fixed(&fl); 32],
-            None,
-        )
-        .await;
+        compare(label, &deployment).await;
     }
 }
