@@ -14,7 +14,7 @@
 //! its own network namespace ([`NetLab`]), so a member can be cut from its peers while
 //! its clients stay connected.
 //!
-//! [`bench`] is the shared harness of the backend benchmarks: hdrhistogram latencies,
+//! [`bench`](mod@bench) is the shared harness of the backend benchmarks: hdrhistogram latencies,
 //! kinds interleaved round by round, medians and ratios over repeats, and the process's
 //! own CPU time.
 //!
