@@ -326,10 +326,22 @@ impl ZkServer {
 
     /// Waits until `srvr` reports a mode accepted by `mode_ok`; kills the server on
     /// failure.
+    ///
+    /// With a TLS port, also until that port accepts connections: ZooKeeper starts the
+    /// secure listener after the plain one already serves, so `srvr` alone let a test
+    /// connect over TLS before anything listened there (refused: seen once on a fresh
+    /// machine, `mutual_tls_needs_the_client_certificate`).
     pub(crate) fn wait_up(&self, mode_ok: impl Fn(&str) -> bool) -> Result<(), String> {
         let what = format!("ZooKeeper on port {}", self.port);
         self.core.wait_ready(&what, READY_TIMEOUT, || {
             self.mode().is_some_and(|m| mode_ok(&m))
+                && self.tls_port.is_none_or(|port| {
+                    std::net::TcpStream::connect_timeout(
+                        &std::net::SocketAddr::from((self.ip, port)),
+                        Duration::from_secs(1),
+                    )
+                    .is_ok()
+                })
         })
     }
 
