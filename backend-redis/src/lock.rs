@@ -228,8 +228,7 @@ impl RedisLock {
             self.engine.renewals.insert(
                 &self.engine,
                 id,
-                keys.lock.clone(),
-                keys.slot,
+                keys.clone(),
                 owner.clone(),
                 duration,
                 liveness.clone(),

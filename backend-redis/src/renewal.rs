@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::engine::{Engine, drift};
+use crate::keys::LockKeys;
 use crate::scripts;
 
 /// Keys per renewal script call, at most.
@@ -54,8 +55,8 @@ struct State {
 const IDLE: Duration = Duration::from_secs(1);
 
 struct Entry {
-    lock_key: String,
-    slot: u16,
+    /// Shared with the guard: the lock key and its slot, not a copy of the key.
+    keys: LockKeys,
     owner: String,
     lease: Duration,
     liveness: Liveness,
@@ -65,7 +66,7 @@ struct Entry {
 /// One lock of a batch.
 struct Due {
     id: u64,
-    lock_key: String,
+    keys: LockKeys,
     owner: String,
     lease: Duration,
     liveness: Liveness,
@@ -82,8 +83,7 @@ impl Renewals {
         &self,
         engine: &Arc<Engine>,
         id: u64,
-        lock_key: String,
-        slot: u16,
+        keys: LockKeys,
         owner: String,
         lease: Duration,
         liveness: Liveness,
@@ -93,8 +93,7 @@ impl Renewals {
         state.entries.insert(
             id,
             Entry {
-                lock_key,
-                slot,
+                keys,
                 owner,
                 lease,
                 liveness,
@@ -155,7 +154,7 @@ impl Renewals {
                 entry.next_due = now + interval;
                 due.push(Due {
                     id: *id,
-                    lock_key: entry.lock_key.clone(),
+                    keys: entry.keys.clone(),
                     owner: entry.owner.clone(),
                     lease: entry.lease,
                     liveness: entry.liveness.clone(),
@@ -175,7 +174,7 @@ impl Renewals {
     }
 
     fn slot_of(&self, id: u64) -> u16 {
-        self.state().entries.get(&id).map_or(0, |e| e.slot)
+        self.state().entries.get(&id).map_or(0, |e| e.keys.slot)
     }
 }
 
@@ -264,7 +263,7 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
     let sent = Instant::now();
     let mut invocation = scripts::RENEW.prepare_invoke();
     for d in &chunk {
-        invocation.key(&d.lock_key);
+        invocation.key(&d.keys.lock);
         invocation
             .arg(&d.owner)
             .arg(u64::try_from(d.lease.as_millis()).unwrap_or(u64::MAX));
@@ -315,7 +314,7 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
             );
             engine.renewals.remove(d.id);
         } else {
-            tracing::debug!(key = %d.lock_key, "lock renewal failed; retrying");
+            tracing::debug!(key = %d.keys.lock, "lock renewal failed; retrying");
             engine.renewals.retry_soon(d.id);
         }
     }
