@@ -34,9 +34,6 @@ pub(crate) struct Engine {
     pub(crate) config: RedisConfig,
     pub(crate) nodes: Vec<Node>,
     pub(crate) subscribers: Vec<Subscriber>,
-    /// On a cluster, the slots of each master, in the order of `subscribers` (see
-    /// [`Engine::subscribers_for`]); empty otherwise.
-    shards: Vec<Vec<(u16, u16)>>,
     /// Nodes that must agree: 1, or a majority for Redlock.
     pub(crate) quorum: usize,
     /// Random per client; owner values are `client_id:attempt`.
@@ -110,7 +107,6 @@ impl Engine {
         // A cluster gets one subscriber per master (waiters subscribe where their lock's
         // slot is served, see `Node::for_shard`); other topologies one per node.
         let mut subscribers = Vec::new();
-        let mut shards = Vec::new();
         for node in &nodes {
             if node.shards().is_empty() {
                 subscribers.push(Subscriber::new(
@@ -120,7 +116,6 @@ impl Engine {
                 ));
             }
             for shard in node.shards() {
-                shards.push(shard.slots.clone());
                 subscribers.push(Subscriber::new(
                     node.for_shard(shard),
                     config.timeout,
@@ -140,7 +135,6 @@ impl Engine {
             config,
             nodes,
             subscribers,
-            shards,
         }
     }
 
@@ -148,13 +142,14 @@ impl Engine {
     /// one of the master serving the slot (the first if none was found); otherwise one
     /// per node.
     pub(crate) fn subscribers_for(&self, slot: u16) -> &[Subscriber] {
-        if self.shards.is_empty() {
+        // A cluster is one node, whose subscribers are its shards', in order.
+        let shards = self.nodes.first().map_or(&[][..], Node::shards);
+        if shards.is_empty() {
             return &self.subscribers;
         }
-        let index = self
-            .shards
+        let index = shards
             .iter()
-            .position(|slots| slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+            .position(|shard| shard.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
             .unwrap_or(0);
         &self.subscribers[index..=index]
     }
