@@ -1,4 +1,5 @@
-//! A held lock: its node, the watch on it, and release.
+//! A held lock: its nodes, release and extension. Its watch is the session's
+//! ([`crate::watcher`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,28 +7,21 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock_core::{Error, HeldLock, Liveness, LossCause};
-use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::error::{RETRY_PAUSE, connection_broke, map, session_ended};
 use crate::session::ZkSession;
-
-/// How long after the grant the watch on the own node is armed.
-const WATCH_DELAY: Duration = Duration::from_millis(10);
+use crate::watcher::Tracked;
 
 /// The backend side of a ZooKeeper guard.
 #[derive(Debug)]
 pub(crate) struct ZkHeld {
     name: String,
-    node: Arc<Node>,
-    /// A semaphore grant's further lease nodes (one per permit past the first).
-    extra: Vec<Arc<Node>>,
-    liveness: Liveness,
+    /// The grant's nodes and liveness, shared with the session's watcher.
+    tracked: Arc<Tracked>,
     registration: u64,
     /// Whether the grant has a fixed lease (and so may be extended).
     fixed: bool,
-    /// Stops the watch task.
-    stop: CancellationToken,
     /// Serializes releases so repeated calls see each other's outcome.
     releasing: tokio::sync::Mutex<()>,
     /// A release returned `Ok`: later ones do too.
@@ -130,9 +124,10 @@ impl Node {
 }
 
 impl ZkHeld {
-    /// Takes over a granted node: registers it with the session monitor and starts the
-    /// watch task that reports deletion and deletes the node once the lock is lost (at
-    /// the end of a fixed lease, or when the session deadline passed).
+    /// Takes over a granted node: registers it with the session monitor (renewal) and
+    /// its watcher, which reports the node's deletion by anyone else and deletes it once
+    /// the lock is lost (at the end of a fixed lease, or when the session deadline
+    /// passed).
     pub(crate) fn start(
         name: &str,
         node: Node,
@@ -151,103 +146,28 @@ impl ZkHeld {
         liveness: Liveness,
         cap: Option<tokio::time::Instant>,
     ) -> Self {
-        let node = Arc::new(node);
         let extra: Vec<Arc<Node>> = extra.into_iter().map(Arc::new).collect();
-        let registration = node.session.register(liveness.clone(), cap, &node.path);
-        let stop = CancellationToken::new();
-        node.session
-            .runtime()
-            .spawn(watch_node(node.clone(), liveness.clone(), stop.clone()));
-        for other in &extra {
-            node.session
-                .runtime()
-                .spawn(watch_node(other.clone(), liveness.clone(), stop.clone()));
-        }
+        let tracked = Arc::new(Tracked::new(Arc::new(node), extra, liveness));
+        let session = &tracked.node.session;
+        let registration = session.register(&tracked, cap);
+        session.watcher().watch(&tracked);
         ZkHeld {
             name: name.to_owned(),
-            node,
-            extra,
-            liveness,
+            tracked,
             registration,
             fixed: cap.is_some(),
-            stop,
             releasing: tokio::sync::Mutex::new(()),
             released: AtomicBool::new(false),
         }
     }
 
-    fn stop_tracking(&self) {
-        self.stop.cancel();
-        self.node.session.unregister(self.registration);
+    fn node(&self) -> &Arc<Node> {
+        &self.tracked.node
     }
-}
 
-/// Watches the own node until the lock is released; reports its deletion by anyone else
-/// and deletes it when the lock is lost by deadline.
-async fn watch_node(node: Arc<Node>, liveness: Liveness, stop: CancellationToken) {
-    let client = node.session.client.clone();
-    // Short holds release before the watch would be armed, saving a request and a
-    // notification per grant. A deletion in this window is still seen: arming then
-    // finds no node.
-    tokio::select! {
-        biased;
-        _ = stop.cancelled() => return,
-        _ = tokio::time::sleep(WATCH_DELAY) => {}
-    }
-    loop {
-        let armed = tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            _ = liveness.lost() => break,
-            armed = client.get_and_watch_data(&node.path) => armed,
-        };
-        let watcher = match armed {
-            Ok((_, _, watcher)) => watcher,
-            Err(zk::Error::NoNode) => {
-                liveness.mark_lost(LossCause::KeyGone, "the lock node was deleted");
-                return;
-            }
-            Err(err) if session_ended(&err) => {
-                liveness.mark_lost(
-                    LossCause::SessionEnded,
-                    format!("the ZooKeeper session ended: {err}"),
-                );
-                return;
-            }
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            _ = liveness.lost() => break,
-            event = watcher.changed() => match event.event_type {
-                zk::EventType::NodeDeleted => {
-                    if !stop.is_cancelled() {
-                        liveness.mark_lost(
-                            LossCause::KeyGone,
-                            "the lock node was deleted by another client",
-                        );
-                    }
-                    return;
-                }
-                zk::EventType::Session if event.session_state.is_terminated() => {
-                    liveness.mark_lost(
-                        LossCause::SessionEnded,
-                        format!("the ZooKeeper session ended: {}", event.session_state),
-                    );
-                    return;
-                }
-                _ => {}
-            },
-        }
-    }
-    // Lost by deadline (fixed lease over, or the session could not be confirmed in
-    // time): free the lock for others.
-    if !stop.is_cancelled() {
-        node.delete_in_background();
+    fn stop_tracking(&self) {
+        self.tracked.stop();
+        self.node().session.unregister(self.registration);
     }
 }
 
@@ -260,26 +180,27 @@ impl HeldLock for ZkHeld {
         if self.released.load(Ordering::Acquire) {
             return Ok(());
         }
-        let lost_before = self.liveness.is_lost();
+        let lost_before = self.tracked.liveness.is_lost();
         let mut extra_gone = false;
-        for other in &self.extra {
+        for other in &self.tracked.extra {
             match other.delete(Some(other.session.timeout())).await {
                 Ok(Deleted::Now) => {}
                 Ok(Deleted::AlreadyGone) => extra_gone = true,
                 Err(error) => {
-                    for node in self.extra.iter().chain([&self.node]) {
+                    for node in self.tracked.nodes() {
                         node.delete_in_background();
                     }
                     return Err(error);
                 }
             }
         }
-        let deleted = match self.node.delete(Some(self.node.session.timeout())).await {
+        let node = self.node();
+        let deleted = match node.delete(Some(node.session.timeout())).await {
             Ok(deleted) => deleted,
             Err(error) => {
                 // The caller learns that the release is unconfirmed, but the node must
                 // not outlive it: the session (the lease) is shared and lives on.
-                self.node.delete_in_background();
+                node.delete_in_background();
                 return Err(error);
             }
         };
@@ -290,7 +211,8 @@ impl HeldLock for ZkHeld {
             }
             _ => Err(Error::lost(
                 &self.name,
-                self.liveness
+                self.tracked
+                    .liveness
                     .lost_reason()
                     .unwrap_or("the lock node was already gone at release"),
             )),
@@ -299,14 +221,13 @@ impl HeldLock for ZkHeld {
 
     fn release_in_background(&self) {
         self.stop_tracking();
-        for other in &self.extra {
-            other.delete_in_background();
+        for node in self.tracked.nodes() {
+            node.delete_in_background();
         }
-        self.node.delete_in_background();
     }
 
     fn backend_key(&self) -> Option<&str> {
-        Some(&self.node.path)
+        Some(&self.node().path)
     }
 
     fn can_extend(&self) -> Result<(), Error> {
@@ -324,11 +245,11 @@ impl HeldLock for ZkHeld {
     async fn extend(&self, lease: Duration) -> Result<tokio::time::Instant, Error> {
         self.can_extend()?;
         fencelock_core::validate_lease(lease, Duration::ZERO)?;
-        let session = &self.node.session;
+        let session = &self.node().session;
         let sent = tokio::time::Instant::now();
         let checked = tokio::time::timeout(
             session.timeout(),
-            session.client.check_stat(&self.node.path),
+            session.client.check_stat(&self.node().path),
         )
         .await
         .map_err(|_| {
@@ -340,7 +261,7 @@ impl HeldLock for ZkHeld {
         match checked {
             Ok(Some(_)) => {}
             Ok(None) => {
-                self.liveness.mark_lost(
+                self.tracked.liveness.mark_lost(
                     LossCause::KeyGone,
                     "the lock node was gone when extending its lease",
                 );
@@ -350,7 +271,7 @@ impl HeldLock for ZkHeld {
                 ));
             }
             Err(err) if session_ended(&err) => {
-                self.liveness.mark_lost(
+                self.tracked.liveness.mark_lost(
                     LossCause::SessionEnded,
                     format!("the ZooKeeper session ended: {err}"),
                 );

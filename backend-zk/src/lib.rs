@@ -48,6 +48,7 @@ mod names;
 mod semaphore;
 mod session;
 mod transport;
+mod watcher;
 
 use std::sync::Arc;
 

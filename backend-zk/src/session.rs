@@ -32,6 +32,7 @@ use zookeeper_client as zk;
 use crate::config::{AclPolicy, AuthMethod, ZkConfig};
 use crate::error::{BACKEND, map, session_ended};
 use crate::transport::Transport;
+use crate::watcher::{Tracked, Watcher};
 
 /// One ZooKeeper session and the locks held in it.
 pub(crate) struct ZkSession {
@@ -49,14 +50,17 @@ pub(crate) struct ZkSession {
     /// The waiting lines of this session's tasks, by directory: one node per waiting
     /// (session, name), the other tasks wait locally (see [`fencelock_core::line`]).
     pub(crate) lines: Arc<fencelock_core::line::Lines>,
+    /// Watches the nodes of the locks held on this session.
+    watcher: Arc<Watcher>,
 }
 
 /// A held lock as the monitor sees it.
 struct Registered {
     liveness: Liveness,
     cap: Option<Instant>,
-    /// The lock node of the grant, deleted by [`ZkSession::close`].
-    node: String,
+    /// The grant's nodes, deleted by [`ZkSession::close`]. Weak: the guard owns them, and
+    /// they hold the session.
+    tracked: Weak<Tracked>,
 }
 
 impl ZkSession {
@@ -121,6 +125,7 @@ impl ZkSession {
             held: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             lines: Arc::default(),
+            watcher: Arc::new(Watcher::new(Handle::current())),
             // Creating a session is a write the leader commits: it heard from us then.
             confirmed: Mutex::new((connecting, connecting)),
         });
@@ -189,10 +194,16 @@ impl ZkSession {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Lets the monitor renew and report on `liveness`. Returns the id for
-    /// [`unregister`](Self::unregister).
-    pub(crate) fn register(&self, liveness: Liveness, cap: Option<Instant>, node: &str) -> u64 {
+    /// The watcher of this session's held locks.
+    pub(crate) fn watcher(&self) -> &Arc<Watcher> {
+        &self.watcher
+    }
+
+    /// Lets the monitor renew and report on `tracked` (capped at `cap` for a fixed
+    /// lease). Returns the id for [`unregister`](Self::unregister).
+    pub(crate) fn register(&self, tracked: &Arc<Tracked>, cap: Option<Instant>) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let liveness = tracked.liveness.clone();
         if self.ended.is_cancelled() {
             liveness.mark_lost(LossCause::SessionEnded, "the ZooKeeper session ended");
         }
@@ -201,7 +212,7 @@ impl ZkSession {
             Registered {
                 liveness,
                 cap,
-                node: node.to_owned(),
+                tracked: Arc::downgrade(tracked),
             },
         );
         id
@@ -231,11 +242,15 @@ impl ZkSession {
         let nodes: Vec<String> = self
             .held()
             .drain()
-            .map(|(_, entry)| {
+            .flat_map(|(_, entry)| {
                 entry
                     .liveness
                     .mark_lost(LossCause::ClientClosed, "the client was closed");
-                entry.node
+                let tracked = entry.tracked.upgrade();
+                tracked
+                    .iter()
+                    .flat_map(|t| t.nodes().map(|node| node.path.clone()))
+                    .collect::<Vec<_>>()
             })
             .collect();
         let mut outcome = Ok(());
