@@ -110,7 +110,8 @@ pub trait HeldLock: Send + Sync + fmt::Debug + 'static {
 /// backend is unreachable. The in-memory backend releases on drop synchronously.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    name: String,
+    /// Shared with the liveness record, which names the guard when it logs a loss.
+    name: Arc<str>,
     token: FencingToken,
     backend: &'static str,
     liveness: Liveness,
@@ -127,8 +128,8 @@ impl LockGuard {
         liveness: Liveness,
         held: Arc<dyn HeldLock>,
     ) -> Self {
-        let name = name.into();
-        liveness.set_identity(&name, token.get(), backend);
+        let name: Arc<str> = Arc::from(name.into());
+        liveness.set_shared_identity(name.clone(), token.get(), backend);
         LockGuard {
             name,
             token,
@@ -283,11 +284,11 @@ impl LockGuard {
     ///   reached: the lease then ends as it would have, and the guard reports it.
     pub async fn extend(&self, lease: Duration) -> Result<(), Error> {
         if self.finished {
-            return Err(Error::lost(&self.name, "the guard was released"));
+            return Err(Error::lost(&*self.name, "the guard was released"));
         }
         if self.liveness.is_lost() {
             return Err(Error::lost(
-                &self.name,
+                &*self.name,
                 self.liveness.lost_reason().unwrap_or("lost before extend"),
             ));
         }
@@ -309,7 +310,7 @@ impl LockGuard {
                 self.liveness.extend(valid_until);
                 if self.liveness.is_lost() {
                     return Err(Error::lost(
-                        &self.name,
+                        &*self.name,
                         self.liveness.lost_reason().unwrap_or("lost during extend"),
                     ));
                 }
@@ -363,7 +364,7 @@ impl LockGuard {
         self.liveness.end();
         match result {
             Ok(()) if was_lost => Err(Error::lost(
-                &self.name,
+                &*self.name,
                 self.liveness.lost_reason().unwrap_or("lost before release"),
             )),
             other => other,

@@ -1,11 +1,17 @@
 //! The shared record of whether a held lock is still safe to use.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// [`Inner::state`] bit: the lock was marked lost.
+const LOST: u8 = 1;
+/// [`Inner::state`] bit: the guard was released or dropped.
+const ENDED: u8 = 2;
 
 /// Why a lock was lost: the kind, for code and metrics; the guard's
 /// [`lost_reason`](crate::LockGuard::lost_reason) adds the backend's own words.
@@ -110,15 +116,22 @@ pub struct Liveness {
 }
 
 struct Inner {
-    lost: CancellationToken,
-    ended: CancellationToken,
+    /// [`LOST`] and [`ENDED`]; each is set once and never cleared. Two flags and one
+    /// [`Notify`] instead of two cancellation tokens: a token is an allocation of its
+    /// own (about 100 bytes each), and a held lock has one `Liveness`.
+    state: AtomicU8,
+    /// Wakes everything waiting for a change of `state`.
+    changed: Notify,
+    /// The parent of the tokens [`Liveness::lost_token`] hands out, made on first use
+    /// and cancelled when the lock is marked lost.
+    lost_token: OnceLock<CancellationToken>,
     /// The deadline; with a shared deadline, this lock's own cap on it until the lock is
     /// lost, and the deadline frozen at the loss afterwards.
     valid_until: Mutex<Instant>,
     shared: Option<SharedDeadline>,
     reason: OnceLock<(LossCause, String)>,
     /// The guard's lock, token and backend, for the loss log line.
-    identity: OnceLock<(String, u64, &'static str)>,
+    identity: OnceLock<(Arc<str>, u64, &'static str)>,
     at_risk: AtomicBool,
     driver_started: AtomicBool,
     runtime: Option<Handle>,
@@ -136,8 +149,9 @@ impl Liveness {
     fn build(valid_until: Instant, shared: Option<SharedDeadline>) -> Self {
         Liveness {
             inner: Arc::new(Inner {
-                lost: CancellationToken::new(),
-                ended: CancellationToken::new(),
+                state: AtomicU8::new(0),
+                changed: Notify::new(),
+                lost_token: OnceLock::new(),
                 valid_until: Mutex::new(valid_until),
                 shared,
                 reason: OnceLock::new(),
@@ -168,7 +182,7 @@ impl Liveness {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match &self.inner.shared {
-            Some(shared) if !self.inner.lost.is_cancelled() => shared.get().min(own),
+            Some(shared) if !self.has(LOST) => shared.get().min(own),
             _ => own,
         }
     }
@@ -196,7 +210,12 @@ impl Liveness {
     /// Names the guard this record belongs to (its lock, token and backend), for the
     /// `warn!` that reports its loss. Set once, by [`LockGuard::new`](crate::LockGuard::new).
     pub fn set_identity(&self, name: &str, token: u64, backend: &'static str) {
-        let _ = self.inner.identity.set((name.to_owned(), token, backend));
+        self.set_shared_identity(Arc::from(name), token, backend);
+    }
+
+    /// [`set_identity`](Self::set_identity) with the guard's own copy of the name.
+    pub(crate) fn set_shared_identity(&self, name: Arc<str>, token: u64, backend: &'static str) {
+        let _ = self.inner.identity.set((name, token, backend));
     }
 
     /// Declares the lock lost. The first cause and reason given are kept. Idempotent.
@@ -211,7 +230,7 @@ impl Liveness {
                 .valid_until
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if !self.inner.lost.is_cancelled() {
+            if !self.has(LOST) {
                 *own = shared.get().min(*own);
             }
         }
@@ -229,12 +248,41 @@ impl Liveness {
                 None => tracing::warn!(%cause, reason = %reason, "lock lost while held"),
             }
         }
-        self.inner.lost.cancel();
+        self.set(LOST);
+        // Pairs with the fence in `lost_token`: either it sees LOST or this sees its parent.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(token) = self.inner.lost_token.get() {
+            token.cancel();
+        }
+    }
+
+    fn has(&self, bit: u8) -> bool {
+        self.inner.state.load(Ordering::SeqCst) & bit != 0
+    }
+
+    fn set(&self, bit: u8) {
+        if self.inner.state.fetch_or(bit, Ordering::SeqCst) & bit == 0 {
+            self.inner.changed.notify_waiters();
+        }
+    }
+
+    /// Completes once `bit` is set.
+    async fn wait_for(&self, bit: u8) {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check: a `set` after it wakes this waiter.
+            changed.as_mut().enable();
+            if self.has(bit) {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Whether the lock is lost: marked lost, or the deadline has passed.
     pub fn is_lost(&self) -> bool {
-        if self.inner.lost.is_cancelled() {
+        if self.has(LOST) {
             return true;
         }
         if Instant::now() >= self.valid_until() {
@@ -273,8 +321,8 @@ impl Liveness {
             }
             let deadline = self.valid_until();
             tokio::select! {
-                _ = self.inner.lost.cancelled() => return,
-                _ = tokio::time::sleep_until(deadline) => {}
+                () = self.wait_for(LOST) => return,
+                () = tokio::time::sleep_until(deadline) => {}
             }
         }
     }
@@ -292,7 +340,7 @@ impl Liveness {
     ///
     /// None: it only waits.
     pub async fn marked_lost(&self) {
-        self.inner.lost.cancelled().await
+        self.wait_for(LOST).await
     }
 
     /// A token cancelled when the lock is lost, including by deadline.
@@ -301,7 +349,13 @@ impl Liveness {
     /// lost or the guard ends; outside a Tokio runtime the token fires only when the
     /// backend marks the lock lost.
     pub fn lost_token(&self) -> CancellationToken {
-        let token = self.inner.lost.child_token();
+        let parent = self.inner.lost_token.get_or_init(CancellationToken::new);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        // Marked lost before the parent existed: `mark_lost` found none to cancel.
+        if self.has(LOST) {
+            parent.cancel();
+        }
+        let token = parent.child_token();
         if !self.inner.driver_started.swap(true, Ordering::AcqRel) {
             let runtime = Handle::try_current()
                 .ok()
@@ -310,8 +364,8 @@ impl Liveness {
                 let this = self.clone();
                 runtime.spawn(async move {
                     tokio::select! {
-                        _ = this.lost() => {}
-                        _ = this.inner.ended.cancelled() => {}
+                        () = this.lost() => {}
+                        () = this.wait_for(ENDED) => {}
                     }
                 });
             }
@@ -333,12 +387,12 @@ impl Liveness {
 
     /// Records that the guard was released or dropped; stops the deadline watcher.
     pub fn end(&self) {
-        self.inner.ended.cancel();
+        self.set(ENDED);
     }
 
     /// Whether the guard was released or dropped.
     pub fn is_ended(&self) -> bool {
-        self.inner.ended.is_cancelled()
+        self.has(ENDED)
     }
 
     /// Completes when the guard was released or dropped. Backends use it to stop their
@@ -352,7 +406,7 @@ impl Liveness {
     ///
     /// None: it only waits.
     pub async fn ended(&self) {
-        self.inner.ended.cancelled().await
+        self.wait_for(ENDED).await
     }
 }
 
@@ -360,7 +414,7 @@ impl std::fmt::Debug for Liveness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Liveness")
             .field("valid_until", &self.valid_until())
-            .field("lost", &self.inner.lost.is_cancelled())
+            .field("lost", &self.has(LOST))
             .field("ended", &self.is_ended())
             .finish()
     }
@@ -370,6 +424,36 @@ impl std::fmt::Debug for Liveness {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Waiting for the loss or the end wakes on a mark made by another task, and a token
+    /// taken after the loss is cancelled already.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_and_tokens_see_marks_made_elsewhere() {
+        for _ in 0..200 {
+            let live = Liveness::new(Instant::now() + std::time::Duration::from_secs(60));
+            let before = live.lost_token();
+            let (lost, marked, ended) = (live.clone(), live.clone(), live.clone());
+            let waiters = tokio::spawn(async move {
+                tokio::join!(lost.lost(), marked.marked_lost(), ended.ended());
+            });
+            let other = live.clone();
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                other.mark_lost(LossCause::KeyGone, "deleted");
+                other.end();
+            });
+            tokio::time::timeout(std::time::Duration::from_secs(5), waiters)
+                .await
+                .expect("every waiter woke")
+                .unwrap();
+            assert!(before.is_cancelled());
+            assert!(
+                live.lost_token().is_cancelled(),
+                "a token taken after the loss"
+            );
+            assert!(live.is_ended());
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn deadline_alone_declares_loss() {
