@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use fencelock_core::{Liveness, LossCause};
 use futures_util::StreamExt;
+use futures_util::future::Either;
 use futures_util::stream::FuturesUnordered;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
@@ -119,7 +120,14 @@ enum Step {
     Fired(Arc<Tracked>, usize, zk::WatchedEvent),
 }
 
+/// Arming: boxed, as its request future is large and it lives only for a round trip.
 type StepFuture = Pin<Box<dyn Future<Output = Step> + Send>>;
+
+/// What a watch does next.
+enum Next {
+    Arm(StepFuture),
+    Fire(Arc<Tracked>, usize, zk::OneshotWatcher),
+}
 
 fn arm(tracked: Arc<Tracked>, index: usize, pause: Option<Duration>) -> StepFuture {
     Box::pin(async move {
@@ -137,8 +145,10 @@ fn arm(tracked: Arc<Tracked>, index: usize, pause: Option<Duration>) -> StepFutu
     })
 }
 
-fn fire(tracked: Arc<Tracked>, index: usize, watcher: zk::OneshotWatcher) -> StepFuture {
-    Box::pin(async move { Step::Fired(tracked, index, watcher.changed().await) })
+/// An armed watch, for as long as the lock is held: kept inline in the watcher's set,
+/// not boxed, as every held lock has one.
+async fn fire(tracked: Arc<Tracked>, index: usize, watcher: zk::OneshotWatcher) -> Step {
+    Step::Fired(tracked, index, watcher.changed().await)
 }
 
 /// A lock's deadline in the heap, held weakly: a released guard's record goes with it.
@@ -221,7 +231,13 @@ impl Watcher {
     }
 
     async fn run(self: Arc<Self>) {
-        let mut watches: FuturesUnordered<StepFuture> = FuturesUnordered::new();
+        let mut watches = FuturesUnordered::new();
+        let push = |watches: &mut FuturesUnordered<_>, next| match next {
+            Next::Arm(arm) => watches.push(Either::Left(arm)),
+            Next::Fire(tracked, index, watcher) => {
+                watches.push(Either::Right(fire(tracked, index, watcher)));
+            }
+        };
         let mut deadlines: BinaryHeap<Reverse<Due>> = BinaryHeap::new();
         let mut next_look = Instant::now();
         loop {
@@ -268,7 +284,7 @@ impl Watcher {
                         continue;
                     }
                     for index in 0..=tracked.extra.len() {
-                        watches.push(arm(tracked.clone(), index, None));
+                        push(&mut watches, Next::Arm(arm(tracked.clone(), index, None)));
                     }
                     deadlines.push(Reverse(Due {
                         at: tracked.liveness.valid_until(),
@@ -289,7 +305,7 @@ impl Watcher {
             tokio::select! {
                 Some(step) = watches.next(), if !watches.is_empty() => {
                     if let Some(next) = handle(step) {
-                        watches.push(next);
+                        push(&mut watches, next);
                     }
                 }
                 () = sleep_until(wake_at) => {}
@@ -307,14 +323,14 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Acts on one step of a watch; returns the watch's next step, if it goes on.
-fn handle(step: Step) -> Option<StepFuture> {
+fn handle(step: Step) -> Option<Next> {
     match step {
         Step::Armed(tracked, index, armed) => {
             if tracked.is_stopped() {
                 return None;
             }
             match armed {
-                Ok(watcher) => Some(fire(tracked, index, watcher)),
+                Ok(watcher) => Some(Next::Fire(tracked, index, watcher)),
                 Err(zk::Error::NoNode) => {
                     tracked.lost(LossCause::KeyGone, "the lock node was deleted");
                     None
@@ -332,7 +348,7 @@ fn handle(step: Step) -> Option<StepFuture> {
                     tracked.give_up();
                     None
                 }
-                Err(_) => Some(arm(tracked, index, Some(REARM_PAUSE))),
+                Err(_) => Some(Next::Arm(arm(tracked, index, Some(REARM_PAUSE)))),
             }
         }
         Step::Fired(tracked, index, event) => {
@@ -360,7 +376,7 @@ fn handle(step: Step) -> Option<StepFuture> {
                     tracked.give_up();
                     None
                 }
-                _ => Some(arm(tracked, index, None)),
+                _ => Some(Next::Arm(arm(tracked, index, None))),
             }
         }
     }
