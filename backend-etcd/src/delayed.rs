@@ -7,6 +7,9 @@
 //! per client, waking at most every [`TICK`], starts the real work for guards still alive
 //! after [`DELAY`] and forgets the others. A deletion of the key in the meantime is not
 //! missed: the watch replays history from the grant's revision.
+//!
+//! The work of the guards still alive runs in that same task, as futures it polls, not
+//! as a task each: a held lock then costs its future, not a task around it too.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -15,6 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use fencelock_core::Liveness;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
@@ -42,6 +47,8 @@ struct Queue {
 /// The queue of one client and its task.
 pub(crate) struct Delayed {
     queue: Mutex<Queue>,
+    /// Wakes the running task when a grant arrives while none waited.
+    wake: tokio::sync::Notify,
     runtime: Handle,
 }
 
@@ -55,6 +62,7 @@ impl Delayed {
     pub(crate) fn new(runtime: Handle) -> Self {
         Delayed {
             queue: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
             runtime,
         }
     }
@@ -70,44 +78,69 @@ impl Delayed {
         liveness: Liveness,
         work: impl FnOnce() -> Work + Send + 'static,
     ) {
-        let start = {
+        let (start, wake) = {
             let mut queue = self.lock();
+            let was_empty = queue.entries.is_empty();
             queue.entries.push_back(Entry {
                 due: Instant::now() + DELAY,
                 liveness,
                 work: Box::new(work),
             });
-            !std::mem::replace(&mut queue.running, true)
+            let start = !std::mem::replace(&mut queue.running, true);
+            (start, was_empty && !start)
         };
         if start {
             let this = self.clone();
             self.runtime.spawn(async move { this.run().await });
+        } else if wake {
+            self.wake.notify_one();
         }
     }
 
     async fn run(self: Arc<Self>) {
+        let mut running: FuturesUnordered<Work> = FuturesUnordered::new();
+        let mut next_look = Some(Instant::now() + TICK);
         loop {
-            tokio::time::sleep(TICK).await;
+            tokio::select! {
+                () = sleep_until(next_look) => {}
+                () = self.wake.notified(), if next_look.is_none() => {}
+                Some(()) = running.next(), if !running.is_empty() => {}
+            }
+            let now = Instant::now();
             let due = {
                 let mut queue = self.lock();
-                let now = Instant::now();
                 let mut due = Vec::new();
-                while queue.entries.front().is_some_and(|e| e.due <= now) {
-                    due.extend(queue.entries.pop_front());
+                if next_look.is_some_and(|at| at <= now) || next_look.is_none() {
+                    while queue.entries.front().is_some_and(|e| e.due <= now) {
+                        due.extend(queue.entries.pop_front());
+                    }
+                    // Guards that ended meanwhile need nothing; drop them early.
+                    queue.entries.retain(|e| !e.liveness.is_ended());
+                    next_look = None;
                 }
-                // Guards that ended meanwhile need nothing; drop them early.
-                queue.entries.retain(|e| !e.liveness.is_ended());
-                if due.is_empty() && queue.entries.is_empty() {
+                if due.is_empty() && queue.entries.is_empty() && running.is_empty() {
                     queue.running = false;
                     return;
+                }
+                // Looked at once per tick while grants wait; otherwise woken by the
+                // next grant.
+                if !queue.entries.is_empty() && next_look.is_none() {
+                    next_look = Some(now + TICK);
                 }
                 due
             };
             for entry in due {
                 if !entry.liveness.is_ended() {
-                    self.runtime.spawn((entry.work)());
+                    running.push((entry.work)());
                 }
             }
         }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

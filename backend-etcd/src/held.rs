@@ -573,7 +573,7 @@ async fn watch_key(
                 tracing::warn!(%key, %reason, "etcd refused to watch a held lock's key; its loss is found by its deadline only");
                 return std::future::pending().await;
             }
-            // Boxed: the read's future is large, and every held lock's watch task would
+            // Boxed: the read's future is large, and every held lock's watch future would
             // carry its room otherwise.
             Ended::Compacted(_) => {
                 match Box::pin(read_incarnation(&client, &key, revision)).await {

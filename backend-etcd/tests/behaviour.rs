@@ -515,3 +515,58 @@ async fn lease_durations_are_bounded_sessions() {
     let guard = lock.acquire("again", lease(60)).await.unwrap();
     guard.release().await.unwrap();
 }
+
+/// Held guards' loss watches are futures of the client's one task for them, not a task
+/// each: 300 guards held past the watch delay cost a handful of tasks (that one, the watch
+/// stream's, the batcher's; the old design spawned 300 more), a key deleted then is still
+/// reported, and those tasks end once nothing is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_guards_are_watched_by_one_task_per_client() {
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let settle = |target: usize| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while alive() > target && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let lock = client("one-task").await;
+    // The session (and its keepalive task) exists once a first lock was taken.
+    lock.lock("warm-up").await.unwrap().release().await.unwrap();
+    // The watch stream and the batcher's tasks linger about 1 s after their last use.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = alive();
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        guards.push(lock.lock(&format!("held-{i}")).await.unwrap());
+    }
+    // Past the 50 ms watch delay: every watch is running.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        alive() <= before + 5,
+        "{} tasks for 300 held locks (before: {before})",
+        alive()
+    );
+    let key = guards[150].backend_key().unwrap().to_owned();
+    lock.client().kv_client().delete(key, None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), guards[150].lost())
+        .await
+        .expect("the deletion is reported");
+    assert!(guards[150].lost_reason().unwrap().contains("deleted"));
+    for (i, guard) in guards.into_iter().enumerate() {
+        if i != 150 {
+            assert!(!guard.is_lost(), "lock {i} was not touched");
+            guard.release().await.unwrap();
+        }
+    }
+    // The watch stream lingers 1 s after its last watch.
+    settle(before).await;
+    assert!(
+        alive() <= before,
+        "the watch tasks end when nothing is held: {} tasks, {before} before",
+        alive()
+    );
+}

@@ -71,8 +71,14 @@ async fn a_node_deleted_by_someone_else_is_a_loss_before_and_after_the_watch_is_
         assert!(!next.is_lost());
         next.release().await.unwrap();
     }
-    assert!(armed.release().await.is_err(), "a lost lock's release says so");
-    assert!(fresh.release().await.is_err(), "a lost lock's release says so");
+    assert!(
+        armed.release().await.is_err(),
+        "a lost lock's release says so"
+    );
+    assert!(
+        fresh.release().await.is_err(),
+        "a lost lock's release says so"
+    );
     locks.close().await.unwrap();
 }
 
@@ -143,7 +149,12 @@ async fn held_locks_are_watched_by_one_task_per_session() {
     let before = alive();
     let mut guards = Vec::new();
     for i in 0..500 {
-        guards.push(locks.acquire(&format!("held-{i}"), no_wait()).await.unwrap());
+        guards.push(
+            locks
+                .acquire(&format!("held-{i}"), no_wait())
+                .await
+                .unwrap(),
+        );
     }
     // Past the watch delay: every watch is armed.
     tokio::time::sleep(Duration::from_millis(300)).await;
