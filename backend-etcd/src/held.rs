@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::error::{map, timed_out};
 use crate::gate::GatePermit;
 use crate::session::{FixedLeases, Session, drift_margin};
-use crate::watches::{Ended, KeyWatches};
+use crate::watches::{Ended, KeyWatch, KeyWatches};
 
 /// Deletes `key` if it is still the incarnation created at `revision` (etcd #22082: a
 /// late delete must never remove a newer key). Returns whether it deleted it.
@@ -235,20 +235,41 @@ impl Drop for Armed {
 #[derive(Debug)]
 pub(crate) struct EtcdHeld {
     name: String,
-    key: String,
-    revision: i64,
-    liveness: Liveness,
+    /// What the guard shares with its key watch.
+    shared: Arc<Shared>,
     session: Arc<Session>,
     registration: Option<u64>,
     /// The client's registry of fixed leases, when this grant is on one (and so may be
     /// extended).
     fixed: Option<Arc<FixedLeases>>,
-    releasing: Arc<AtomicBool>,
     released: AtomicBool,
     /// An earlier `release()` could not confirm the delete and left it to the
     /// background: a retried release must not call that a loss.
     handed_off: AtomicBool,
-    cleanup: Arc<Mutex<Option<Cleanup>>>,
+}
+
+/// A held guard's state that its key watch shares: one allocation per held lock.
+#[derive(Debug)]
+struct Shared {
+    key: String,
+    /// The create revision of our key (the token).
+    revision: i64,
+    liveness: Liveness,
+    /// Set before our own release deletes the key: that deletion is not a loss.
+    releasing: AtomicBool,
+    /// Taken by whoever gives the key up first: the release, or the watch after a loss.
+    cleanup: Mutex<Option<Cleanup>>,
+    /// The guard has a deadline of its own (a fixed lease), watched with a timer.
+    timed: bool,
+}
+
+impl Shared {
+    fn take_cleanup(&self) -> Option<Cleanup> {
+        self.cleanup
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
 }
 
 impl EtcdHeld {
@@ -268,59 +289,39 @@ impl EtcdHeld {
             KeyState::Created(revision) => revision,
             _ => 0,
         };
-        let releasing = Arc::new(AtomicBool::new(false));
-        let key = cleanup.key.clone();
-        let cleanup = Arc::new(Mutex::new(Some(cleanup)));
-        let timed = fixed.is_some();
-        // Short critical sections (most of them) end before this would start, and then
-        // cost no task and no watch at all.
-        let work = {
-            let (key, liveness, releasing, cleanup, watches) = (
-                key.clone(),
-                liveness.clone(),
-                releasing.clone(),
-                cleanup.clone(),
-                client.watches.clone(),
-            );
-            move || -> crate::delayed::Work {
-                let client = cleanup
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-                    .map(|c| c.client.clone());
-                Box::pin(async move {
-                    let Some(client) = client else { return };
-                    let watch =
-                        watch_key(watches, client, key, revision, liveness.clone(), releasing);
-                    give_up_when_lost(watch, liveness, cleanup, timed).await;
-                })
-            }
-        };
-        client.delayed.schedule(liveness.clone(), work);
-        EtcdHeld {
-            name: name.to_owned(),
-            key,
+        let etcd = cleanup.client.clone();
+        let shared = Arc::new(Shared {
+            key: cleanup.key.clone(),
             revision,
             liveness,
+            releasing: AtomicBool::new(false),
+            cleanup: Mutex::new(Some(cleanup)),
+            timed: fixed.is_some(),
+        });
+        // Short critical sections (most of them) end before this would start, and then
+        // cost no watch at all.
+        let work = {
+            let (shared, watches) = (shared.clone(), client.watches.clone());
+            move || -> crate::delayed::Work { Box::pin(watch_held(shared, watches, etcd)) }
+        };
+        client.delayed.schedule(shared.liveness.clone(), work);
+        EtcdHeld {
+            name: name.to_owned(),
+            shared,
             session,
             registration,
             fixed,
-            releasing,
             released: AtomicBool::new(false),
             handed_off: AtomicBool::new(false),
-            cleanup,
         }
     }
 
     fn stop(&self) -> Option<Cleanup> {
-        self.releasing.store(true, Ordering::SeqCst);
+        self.shared.releasing.store(true, Ordering::SeqCst);
         if let Some(id) = self.registration {
             self.session.unregister(id);
         }
-        self.cleanup
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        self.shared.take_cleanup()
     }
 }
 
@@ -331,7 +332,6 @@ impl HeldLock for EtcdHeld {
         if self.released.load(Ordering::SeqCst) {
             return Ok(());
         }
-        self.releasing.store(true, Ordering::SeqCst);
         let Some(cleanup) = self.stop() else {
             if self.handed_off.load(Ordering::SeqCst) {
                 return Err(Error::unavailable(
@@ -350,7 +350,7 @@ impl HeldLock for EtcdHeld {
                 cleanup.timeout,
                 cleanup
                     .batcher
-                    .delete_incarnation(&cleanup.key, self.revision),
+                    .delete_incarnation(&cleanup.key, self.shared.revision),
             )
             .await
         };
@@ -367,7 +367,8 @@ impl HeldLock for EtcdHeld {
                 Ok(())
             }
             Ok(Ok(false)) => {
-                self.liveness
+                self.shared
+                    .liveness
                     .mark_lost(LossCause::KeyGone, "the key was gone at release");
                 Err(Error::lost(
                     &self.name,
@@ -398,7 +399,7 @@ impl HeldLock for EtcdHeld {
     }
 
     fn backend_key(&self) -> Option<&str> {
-        Some(&self.key)
+        Some(&self.shared.key)
     }
 
     fn can_extend(&self) -> Result<(), Error> {
@@ -422,13 +423,18 @@ impl HeldLock for EtcdHeld {
         fencelock_core::validate_lease(lease, crate::config::MIN_LEASE)?;
         let seconds = crate::config::lease_seconds(lease)?;
         let (client, runtime, timeout, old) = {
-            let cleanup = self.cleanup.lock().unwrap_or_else(PoisonError::into_inner);
+            let cleanup = self
+                .shared
+                .cleanup
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             match cleanup.as_ref().and_then(|c| c.fixed_lease.map(|l| (c, l))) {
                 Some((c, old)) => (c.client.clone(), c.runtime.clone(), c.timeout, old),
                 None => return Err(Error::lost(&self.name, "the lock was already given up")),
             }
         };
-        let (key, revision, cleanup) = (self.key.clone(), self.revision, self.cleanup.clone());
+        let shared = self.shared.clone();
+        let (key, revision) = (shared.key.clone(), shared.revision);
         let work = async move {
             let sent = Instant::now();
             let granted = tokio::time::timeout(timeout, client.lease_client().grant(seconds, None))
@@ -477,7 +483,10 @@ impl HeldLock for EtcdHeld {
             // The key lives on `new` now. A release that took the clean-up meanwhile
             // revokes `old` only, and a closed client registers nothing: revoke `new` too.
             let kept = {
-                let mut cleanup = cleanup.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut cleanup = shared
+                    .cleanup
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 match cleanup.as_mut() {
                     Some(c) if c.fixed_lease == Some(old) && fixed.replace(old, new) => {
                         c.fixed_lease = Some(new);
@@ -498,7 +507,9 @@ impl HeldLock for EtcdHeld {
         };
         match runtime.spawn(work).await {
             Ok(Err(Error::Lost { reason, .. })) => {
-                self.liveness.mark_lost(LossCause::KeyGone, reason.clone());
+                self.shared
+                    .liveness
+                    .mark_lost(LossCause::KeyGone, reason.clone());
                 Err(Error::lost(&self.name, reason))
             }
             Ok(outcome) => outcome,
@@ -510,86 +521,88 @@ impl HeldLock for EtcdHeld {
     }
 }
 
-/// Runs the key watch until the guard ends. If the guard is lost first (key deleted,
-/// session lost, deadline passed), its key is deleted in the background right away, so the
-/// lock does not stay blocked by a key nobody uses, and the client's turn for the name is
-/// passed on.
+/// Watches a held guard's key until the guard ends, and gives the key up if the guard
+/// is lost first.
 ///
-/// `timed`: the guard has a deadline of its own (a fixed lease) and is watched with a
-/// timer. A guard on the session lease is marked lost by the session at their shared
-/// deadline, so it needs no timer: with 100,000 held locks, that saves as many timers.
-async fn give_up_when_lost(
-    watch: impl std::future::Future<Output = std::convert::Infallible>,
-    liveness: Liveness,
-    cleanup: Arc<Mutex<Option<Cleanup>>>,
-    timed: bool,
-) {
-    let lost = async {
-        if timed {
-            // Boxed: a timer is large, and only fixed-lease guards carry one.
-            Box::pin(liveness.lost()).await;
-        } else {
-            liveness.marked_lost().await;
+/// - A deletion by anyone but our own release (an operator, lease expiry) marks the
+///   guard lost. The watch runs on the client's shared stream from the grant's revision,
+///   so nothing since the grant is missed; if etcd compacted that history, the key is
+///   read instead and watched again from the read's revision.
+/// - Once the guard is lost (key deleted, session lost, deadline passed), its key is
+///   deleted in the background right away, so the lock does not stay blocked by a key
+///   nobody uses, and the client's turn for the name is passed on.
+///
+/// A guard with a fixed lease is watched with a timer. A guard on the session lease is
+/// marked lost by the session at their shared deadline, so it needs no timer: with
+/// 100,000 held locks, that saves as many timers.
+///
+/// One flat future (every held lock keeps one): the futures it waits on are made in
+/// place each round, not nested and moved, which kept several copies of their state.
+async fn watch_held(shared: Arc<Shared>, watches: Arc<KeyWatches>, client: Arc<Client>) {
+    let mut watch = Some(watches.watch(&shared.key, shared.revision + 1));
+    loop {
+        let ended = tokio::select! {
+            biased;
+            () = shared.liveness.ended() => return,
+            () = lost(&shared) => break,
+            ended = ended_of(&mut watch) => ended,
+        };
+        watch = None;
+        let reason = "the lock's key was deleted (lease expired or removed by someone else)";
+        match ended {
+            Ended::Deleted => {
+                if !shared.releasing.load(Ordering::SeqCst) {
+                    shared.liveness.mark_lost(LossCause::KeyGone, reason);
+                }
+            }
+            Ended::Refused(refusal) => {
+                tracing::warn!(key = %shared.key, reason = %refusal, "etcd refused to watch a held lock's key; its loss is found by its deadline only");
+            }
+            Ended::Compacted(_) => {
+                // Boxed: the read's future is large, and every held lock's watch would
+                // carry its room otherwise.
+                let read = tokio::select! {
+                    biased;
+                    () = shared.liveness.ended() => return,
+                    () = lost(&shared) => break,
+                    read = Box::pin(read_incarnation(&client, &shared.key, shared.revision)) => read,
+                };
+                match read {
+                    Some(now) => watch = Some(watches.watch(&shared.key, now + 1)),
+                    None if !shared.releasing.load(Ordering::SeqCst) => {
+                        shared.liveness.mark_lost(LossCause::KeyGone, reason);
+                    }
+                    None => {}
+                }
+            }
         }
-    };
-    tokio::select! {
-        _ = liveness.ended() => return,
-        () = lost => {}
-        never = watch => match never {},
     }
-    if liveness.is_ended() {
+    if shared.liveness.is_ended() {
         return;
     }
-    if let Some(cleanup) = cleanup
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take()
-    {
+    if let Some(cleanup) = shared.take_cleanup() {
         cleanup.spawn();
     }
 }
 
-/// Marks the guard lost when its key is deleted by anyone but its own release (an
-/// operator, lease expiry). Started [`DELAY`](crate::delayed::DELAY) after the grant on
-/// the client's shared watch stream; it replays history from the grant's revision, so
-/// nothing in between is missed. If etcd compacted that history, the key is read instead
-/// and watched again from the read's revision.
-async fn watch_key(
-    watches: Arc<KeyWatches>,
-    client: Arc<Client>,
-    key: String,
-    revision: i64,
-    liveness: Liveness,
-    releasing: Arc<AtomicBool>,
-) -> std::convert::Infallible {
-    let mut from = revision + 1;
-    let reason = loop {
-        let ended = watches.watch(&key, from).ended().await;
-        match ended {
-            Ended::Deleted => {
-                break "the lock's key was deleted (lease expired or removed by someone else)";
-            }
-            Ended::Refused(reason) => {
-                tracing::warn!(%key, %reason, "etcd refused to watch a held lock's key; its loss is found by its deadline only");
-                return std::future::pending().await;
-            }
-            // Boxed: the read's future is large, and every held lock's watch future would
-            // carry its room otherwise.
-            Ended::Compacted(_) => {
-                match Box::pin(read_incarnation(&client, &key, revision)).await {
-                    Some(now) => from = now + 1,
-                    None => {
-                        break "the lock's key was deleted (lease expired or removed by someone else)";
-                    }
-                }
-            }
-        }
-    };
-    if !releasing.load(Ordering::SeqCst) {
-        liveness.mark_lost(LossCause::KeyGone, reason);
+/// Completes when the guard is lost: at its own deadline for a fixed lease, when marked
+/// lost otherwise.
+async fn lost(shared: &Shared) {
+    if shared.timed {
+        // Boxed: a timer is large, and only fixed-lease guards carry one.
+        Box::pin(shared.liveness.lost()).await;
+    } else {
+        shared.liveness.marked_lost().await;
     }
-    // Done: the caller goes on waiting for the loss or the end of the guard.
-    std::future::pending().await
+}
+
+/// How the key watch ended; pending once there is none (the loss or the end of the
+/// guard is awaited then).
+async fn ended_of(watch: &mut Option<KeyWatch>) -> Ended {
+    match watch {
+        Some(watch) => watch.ended().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Reads `key` until etcd answers: the revision of the answer if the key is still the
