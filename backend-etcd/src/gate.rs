@@ -14,12 +14,14 @@ use tokio::sync::{Mutex as FifoMutex, OwnedMutexGuard};
 
 #[derive(Debug, Default)]
 pub(crate) struct Gates {
-    gates: Mutex<HashMap<String, Arc<Gate>>>,
+    /// By key, which is shared with the permits and the guard: one copy per held lock.
+    gates: Mutex<HashMap<Arc<str>, Arc<Gate>>>,
 }
 
 #[derive(Debug, Default)]
 struct Gate {
-    name_prefix: String,
+    /// The key is `{name prefix}{lease id}`: the name prefix is its first this many bytes.
+    prefix_len: usize,
     turn: Arc<FifoMutex<()>>,
     queued: AtomicUsize,
 }
@@ -28,19 +30,20 @@ struct Gate {
 #[derive(Debug)]
 pub(crate) struct GatePermit {
     gates: Arc<Gates>,
-    key: String,
+    key: Arc<str>,
     turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl Gates {
-    fn gate(self: &Arc<Self>, key: &str, name_prefix: &str) -> Arc<Gate> {
+    fn gate(self: &Arc<Self>, key: &Arc<str>, name_prefix: &str) -> Arc<Gate> {
+        debug_assert!(key.starts_with(name_prefix));
         self.gates
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .entry(key.to_owned())
+            .entry(key.clone())
             .or_insert_with(|| {
                 Arc::new(Gate {
-                    name_prefix: name_prefix.to_owned(),
+                    prefix_len: name_prefix.len(),
                     ..Gate::default()
                 })
             })
@@ -50,12 +53,12 @@ impl Gates {
     /// Waits for the turn to contend with `key`.
     ///
     /// Cancel safe: a dropped wait leaves the queue.
-    pub(crate) async fn enter(self: &Arc<Self>, key: &str, name_prefix: &str) -> GatePermit {
+    pub(crate) async fn enter(self: &Arc<Self>, key: &Arc<str>, name_prefix: &str) -> GatePermit {
         let gate = self.gate(key, name_prefix);
         gate.queued.fetch_add(1, Ordering::SeqCst);
         let mut permit = GatePermit {
             gates: self.clone(),
-            key: key.to_owned(),
+            key: key.clone(),
             turn: None,
         };
         let queued = Queued(&gate);
@@ -65,11 +68,15 @@ impl Gates {
     }
 
     /// Takes the turn if nobody in this client has it.
-    pub(crate) fn try_enter(self: &Arc<Self>, key: &str, name_prefix: &str) -> Option<GatePermit> {
+    pub(crate) fn try_enter(
+        self: &Arc<Self>,
+        key: &Arc<str>,
+        name_prefix: &str,
+    ) -> Option<GatePermit> {
         let gate = self.gate(key, name_prefix);
         let mut permit = GatePermit {
             gates: self.clone(),
-            key: key.to_owned(),
+            key: key.clone(),
             turn: None,
         };
         permit.turn = Some(gate.turn.clone().try_lock_owned().ok()?);
@@ -81,8 +88,9 @@ impl Gates {
         self.gates
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .filter(|g| g.name_prefix == name_prefix)
+            .iter()
+            .filter(|(key, g)| key.get(..g.prefix_len) == Some(name_prefix))
+            .map(|(_, g)| g)
             .map(|g| g.queued.load(Ordering::SeqCst))
             .sum()
     }
@@ -121,11 +129,12 @@ mod tests {
     #[tokio::test]
     async fn fifo_and_forgets_idle_keys() {
         let gates = Arc::new(Gates::default());
-        let first = gates.enter("k", "p/").await;
-        assert!(gates.try_enter("k", "p/").is_none());
+        let key: Arc<str> = "p/k".into();
+        let first = gates.enter(&key, "p/").await;
+        assert!(gates.try_enter(&key, "p/").is_none());
         let second = tokio::spawn({
-            let gates = gates.clone();
-            async move { gates.enter("k", "p/").await }
+            let (gates, key) = (gates.clone(), key.clone());
+            async move { gates.enter(&key, "p/").await }
         });
         tokio::task::yield_now().await;
         assert_eq!(gates.queued("p/"), 1);

@@ -46,7 +46,8 @@ pub(crate) struct Cleanup {
     pub(crate) batcher: Arc<crate::batch::Batcher>,
     pub(crate) runtime: Handle,
     pub(crate) timeout: Duration,
-    pub(crate) key: String,
+    /// Shared with the guard, its key watch and its gate turn: one copy per held lock.
+    pub(crate) key: Arc<str>,
     /// What is known of our key.
     pub(crate) state: KeyState,
     /// The session lease the key is attached to, or `None` for a dedicated fixed lease.
@@ -172,7 +173,7 @@ impl Cleanup {
             KeyState::Unknown => self
                 .client
                 .kv_client()
-                .delete(self.key.as_str(), None)
+                .delete(&*self.key, None)
                 .await
                 .map(drop)
                 .map_err(map),
@@ -251,7 +252,7 @@ pub(crate) struct EtcdHeld {
 /// A held guard's state that its key watch shares: one allocation per held lock.
 #[derive(Debug)]
 struct Shared {
-    key: String,
+    key: Arc<str>,
     /// The create revision of our key (the token).
     revision: i64,
     liveness: Liveness,
@@ -455,11 +456,11 @@ impl HeldLock for EtcdHeld {
             }
             let txn = Txn::new()
                 .when([
-                    Compare::create_revision(key.as_str(), CompareOp::Equal, revision),
-                    Compare::lease(key.as_str(), CompareOp::Equal, old),
+                    Compare::create_revision(&*key, CompareOp::Equal, revision),
+                    Compare::lease(&*key, CompareOp::Equal, old),
                 ])
                 .and_then([TxnOp::put(
-                    key.as_str(),
+                    &*key,
                     "",
                     Some(PutOptions::new().with_lease(new).with_ignore_value()),
                 )]);
@@ -476,7 +477,7 @@ impl HeldLock for EtcdHeld {
             if !moved {
                 revoke(new);
                 return Err(Error::lost(
-                    &key,
+                    &*key,
                     "the key was gone (or no longer ours) when extending its lease",
                 ));
             }
@@ -498,7 +499,7 @@ impl HeldLock for EtcdHeld {
             if !kept {
                 revoke(new);
                 return Err(Error::lost(
-                    &key,
+                    &*key,
                     "the lock was released or closed while extending",
                 ));
             }
@@ -539,7 +540,7 @@ impl HeldLock for EtcdHeld {
 /// One flat future (every held lock keeps one): the futures it waits on are made in
 /// place each round, not nested and moved, which kept several copies of their state.
 async fn watch_held(shared: Arc<Shared>, watches: Arc<KeyWatches>, client: Arc<Client>) {
-    let mut watch = Some(watches.watch(&shared.key, shared.revision + 1));
+    let mut watch = Some(watches.watch(shared.key.clone(), shared.revision + 1));
     loop {
         let ended = tokio::select! {
             biased;
@@ -568,7 +569,7 @@ async fn watch_held(shared: Arc<Shared>, watches: Arc<KeyWatches>, client: Arc<C
                     read = Box::pin(read_incarnation(&client, &shared.key, shared.revision)) => read,
                 };
                 match read {
-                    Some(now) => watch = Some(watches.watch(&shared.key, now + 1)),
+                    Some(now) => watch = Some(watches.watch(shared.key.clone(), now + 1)),
                     None if !shared.releasing.load(Ordering::SeqCst) => {
                         shared.liveness.mark_lost(LossCause::KeyGone, reason);
                     }

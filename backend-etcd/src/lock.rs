@@ -251,7 +251,7 @@ impl EtcdLock {
                 false,
             ),
         };
-        let key = own_key(&names, session.lease_id());
+        let key: Arc<str> = own_key(&names, session.lease_id()).into();
         let cleanup = Cleanup {
             client: inner.client.clone(),
             batcher: inner.batcher.clone(),

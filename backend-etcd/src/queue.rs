@@ -95,7 +95,7 @@ impl EtcdLock {
         // The lease is this client's, and the sequence is this process's: unique.
         static SEQUENCE: AtomicU64 = AtomicU64::new(0);
         let sequence = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-        let key = format!("{own}{:x}-{sequence:x}", session.lease_id());
+        let key: std::sync::Arc<str> = format!("{own}{:x}-{sequence:x}", session.lease_id()).into();
         let mut pending = Armed::new(Cleanup {
             client: inner.client.clone(),
             batcher: inner.batcher.clone(),
@@ -109,9 +109,9 @@ impl EtcdLock {
             create: None,
         });
         let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .when([Compare::create_revision(&*key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
-                key.as_str(),
+                &*key,
                 value.as_str(),
                 Some(PutOptions::new().with_lease(session.lease_id())),
             )]);

@@ -65,7 +65,8 @@ struct State {
 }
 
 struct Entry {
-    key: Vec<u8>,
+    /// Shared with the guard that watches it.
+    key: Arc<str>,
     /// The first revision the watch must see.
     from: i64,
     ended: oneshot::Sender<Ended>,
@@ -123,7 +124,7 @@ impl KeyWatches {
     }
 
     /// Watches `key` for deletion from revision `from` on (puts are not reported).
-    pub(crate) fn watch(self: &Arc<Self>, key: &str, from: i64) -> KeyWatch {
+    pub(crate) fn watch(self: &Arc<Self>, key: Arc<str>, from: i64) -> KeyWatch {
         let (tx, rx) = oneshot::channel();
         let mut state = self.lock();
         state.last_id += 1;
@@ -131,7 +132,7 @@ impl KeyWatches {
         state.entries.insert(
             id,
             Entry {
-                key: key.as_bytes().to_vec(),
+                key,
                 from,
                 ended: tx,
             },
@@ -290,7 +291,7 @@ impl KeyWatches {
         self.lock()
             .entries
             .get(&id)
-            .map(|entry| (entry.key.clone(), entry.from))
+            .map(|entry| (entry.key.as_bytes().to_vec(), entry.from))
     }
 
     /// Ends the stream task if nothing is watched: returns whether it must end. New
@@ -372,7 +373,10 @@ mod tests {
         for i in 0..300 {
             let key = format!("w/{i}");
             let revision = put(&client, &key).await;
-            watched.push((key.clone(), watches.watch(&key, revision + 1)));
+            watched.push((
+                key.clone(),
+                watches.watch(key.as_str().into(), revision + 1),
+            ));
         }
         assert_eq!(metric_until(&server, WATCHERS, |v| v == 300.0).await, 300.0);
         assert_eq!(
@@ -418,7 +422,7 @@ mod tests {
         assert!(is_idle(&watches));
         // A new watch opens a new stream.
         let revision = put(&client, "again").await;
-        let mut again = watches.watch("again", revision + 1);
+        let mut again = watches.watch("again".into(), revision + 1);
         client.kv_client().delete("again", None).await.unwrap();
         let ended = tokio::time::timeout(Duration::from_secs(5), again.ended()).await;
         assert_eq!(ended.unwrap(), Ended::Deleted);
@@ -444,7 +448,7 @@ mod tests {
             .unwrap();
         let ended = tokio::time::timeout(
             Duration::from_secs(5),
-            watches.watch(&key, created + 1).ended(),
+            watches.watch(key.as_str().into(), created + 1).ended(),
         )
         .await
         .unwrap();
@@ -467,8 +471,8 @@ mod tests {
         let kept = format!("{key}-kept");
         let revision = put(&direct, &key).await;
         put(&direct, &kept).await;
-        let mut watch = watches.watch(&key, revision + 1);
-        let mut other = watches.watch(&kept, revision + 1);
+        let mut watch = watches.watch(key.as_str().into(), revision + 1);
+        let mut other = watches.watch(kept.as_str().into(), revision + 1);
         tokio::time::sleep(Duration::from_millis(300)).await;
         proxy.set(fencelock_testkit::Fault::Blackhole);
         proxy.reset_connections();
