@@ -138,7 +138,8 @@ impl Delayed {
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
+/// Sleeps until `at`, or forever without one.
+pub(crate) async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,

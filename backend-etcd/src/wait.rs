@@ -5,9 +5,9 @@ use etcd_client::{
     WatchFilterType, WatchOptions,
 };
 use fencelock_core::Error;
-use std::time::Duration;
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 
+use crate::delayed::sleep_until;
 use crate::error::map;
 use crate::session::Session;
 
@@ -30,13 +30,6 @@ const LATE_EVENT_CHECKS: [Duration; 6] = [
     Duration::from_millis(80),
     Duration::from_millis(200),
 ];
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
 
 /// Waits until no key under `name_prefix` has a create revision below `my_rev`, and
 /// confirms that our own key (`own_key`) is still the one created at `my_rev`.
