@@ -293,7 +293,13 @@ impl Watcher {
                 }
                 next_look = now + TICK;
             } else {
-                next_pending = self.queue().pending.front().map(|(at, _)| *at);
+                let mut queue = self.queue();
+                // The last watch ended between two looks at the queue: nothing is left.
+                if queue.pending.is_empty() && watches.is_empty() {
+                    queue.running = false;
+                    return;
+                }
+                next_pending = queue.pending.front().map(|(at, _)| *at);
             }
             let wake_at = [
                 next_pending.map(|at| at.max(next_look)),
