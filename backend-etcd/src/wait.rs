@@ -1,7 +1,7 @@
 //! Waiting for the turn: watch only the immediate predecessor.
 
 use etcd_client::{
-    Client, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Client, EventType, GetOptions, KvClient, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     WatchFilterType, WatchOptions,
 };
 use fencelock_core::Error;
@@ -109,11 +109,7 @@ pub(crate) async fn for_turn(
                 Some(created) if created.created() && created.events().is_empty() => {}
                 _ => continue,
             }
-            let now = kv
-                .get(key.clone(), Some(GetOptions::new().with_keys_only()))
-                .await
-                .map_err(map)?;
-            if now.kvs().first().map(|kv| kv.create_revision()) != Some(created) {
+            if !still_there(&mut kv, &key, created).await? {
                 continue;
             }
             // Waits for the deletion. etcd may deliver it late if it happens soon after
@@ -135,11 +131,7 @@ pub(crate) async fn for_turn(
                     }
                     () = sleep_until(next_check) => {
                         next_check = checks.next().map(|after| watched + *after);
-                        let now = kv
-                            .get(key.clone(), Some(GetOptions::new().with_keys_only()))
-                            .await
-                            .map_err(map)?;
-                        if now.kvs().first().map(|kv| kv.create_revision()) != Some(created) {
+                        if !still_there(&mut kv, &key, created).await? {
                             break;
                         }
                     }
@@ -151,4 +143,13 @@ pub(crate) async fn for_turn(
         result = waiting => result,
         _ = session.lost() => Err(Error::lost(name, "the etcd session was lost while waiting")),
     }
+}
+
+/// Whether `key` is still the incarnation created at `created` (a linearizable read).
+async fn still_there(kv: &mut KvClient, key: &[u8], created: i64) -> Result<bool, Error> {
+    let now = kv
+        .get(key, Some(GetOptions::new().with_keys_only()))
+        .await
+        .map_err(map)?;
+    Ok(now.kvs().first().map(|kv| kv.create_revision()) == Some(created))
 }
