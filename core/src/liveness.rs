@@ -176,11 +176,21 @@ impl Liveness {
 
     /// The instant until which the lock is guaranteed, on the monotonic clock.
     pub fn valid_until(&self) -> Instant {
-        let own = *self
-            .inner
+        let own = self.own();
+        self.effective(*own)
+    }
+
+    fn own(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.inner
             .valid_until
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The deadline given this lock's own, read under its lock: the LOST bit is set
+    /// under that lock too (after the freeze), so a reader sees either the live lock or
+    /// the frozen deadline, never the unfrozen cap of a lost one.
+    fn effective(&self, own: Instant) -> Instant {
         match &self.inner.shared {
             Some(shared) if !self.has(LOST) => shared.get().min(own),
             _ => own,
@@ -194,11 +204,12 @@ impl Liveness {
         if self.is_lost() {
             return false;
         }
-        let mut current = self
-            .inner
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut current = self.own();
+        // Checked again under the lock that marking the loss takes: a loss marked, or a
+        // deadline passed, since the check above is never undone.
+        if self.has(LOST) || Instant::now() >= self.effective(*current) {
+            return false;
+        }
         if valid_until > *current {
             *current = valid_until;
             true
@@ -223,17 +234,6 @@ impl Liveness {
     /// The first time, unless the guard already ended, it logs a `tracing` `warn!` with
     /// the lock, token, backend and cause: a lost lock is always visible.
     pub fn mark_lost(&self, cause: LossCause, reason: impl Into<String>) {
-        if let Some(shared) = &self.inner.shared {
-            // Freeze the deadline: a lost lock no longer follows the shared one.
-            let mut own = self
-                .inner
-                .valid_until
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if !self.has(LOST) {
-                *own = shared.get().min(*own);
-            }
-        }
         let reason = reason.into();
         if self.inner.reason.set((cause, reason.clone())).is_ok() && !self.is_ended() {
             match self.inner.identity.get() {
@@ -248,7 +248,15 @@ impl Liveness {
                 None => tracing::warn!(%cause, reason = %reason, "lock lost while held"),
             }
         }
-        self.set(LOST);
+        {
+            // Under the deadline's lock: a reader or an extension sees the lock live, or
+            // lost with its deadline frozen (a lost lock no longer follows a shared one).
+            let mut own = self.own();
+            if !self.has(LOST) {
+                *own = self.effective(*own);
+            }
+            self.set(LOST);
+        }
         // Pairs with the fence in `lost_token`: either it sees LOST or this sees its parent.
         std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(token) = self.inner.lost_token.get() {
@@ -423,6 +431,66 @@ impl std::fmt::Debug for Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock whose shared deadline passed must read as lost however its loss is being
+    /// marked meanwhile: a reader between the freeze of the deadline and the LOST bit
+    /// used to return the unfrozen cap, a century away, so `is_lost()` said no.
+    #[test]
+    fn a_passed_shared_deadline_reads_as_lost_while_another_thread_marks_it() {
+        let past = Instant::now();
+        let shared = SharedDeadline::new(past);
+        for _ in 0..20_000 {
+            let live = Liveness::with_shared_deadline(shared.clone());
+            let marker = live.clone();
+            let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let go = start.clone();
+            let t = std::thread::spawn(move || {
+                go.wait();
+                marker.mark_lost(LossCause::SessionEnded, "test");
+            });
+            start.wait();
+            let until = live.valid_until();
+            let lost = live.is_lost();
+            t.join().unwrap();
+            assert!(
+                until <= past,
+                "valid_until {until:?} after the deadline {past:?}"
+            );
+            assert!(lost);
+        }
+    }
+
+    /// A deadline that passed, or a lock marked lost, is never moved by a renewal that
+    /// answers late.
+    #[test]
+    fn extend_never_moves_a_lost_or_passed_deadline() {
+        let now = Instant::now();
+        let passed = Liveness::new(now);
+        assert!(!passed.extend(now + std::time::Duration::from_secs(60)));
+        assert!(passed.is_lost());
+        assert_eq!(passed.valid_until(), now);
+        for _ in 0..20_000 {
+            let live = Liveness::new(Instant::now() + std::time::Duration::from_secs(60));
+            let marker = live.clone();
+            let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let go = start.clone();
+            let t = std::thread::spawn(move || {
+                go.wait();
+                marker.mark_lost(LossCause::KeyGone, "test");
+            });
+            start.wait();
+            let before = live.valid_until();
+            let moved = live.extend(before + std::time::Duration::from_secs(60));
+            t.join().unwrap();
+            if moved {
+                // The extension came first; the loss after it froze nothing further.
+                assert!(live.is_lost());
+            } else {
+                assert_eq!(live.valid_until(), before);
+            }
+        }
+    }
+
     use std::time::Duration;
 
     /// Waiting for the loss or the end wakes on a mark made by another task, and a token
