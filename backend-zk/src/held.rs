@@ -261,7 +261,8 @@ impl HeldLock for ZkHeld {
         match checked {
             Ok(Some(_)) => {}
             Ok(None) => {
-                self.tracked.liveness.mark_lost(
+                // Through the watch's own path: a semaphore grant frees its other permits.
+                self.tracked.lost(
                     LossCause::KeyGone,
                     "the lock node was gone when extending its lease",
                 );
@@ -271,7 +272,7 @@ impl HeldLock for ZkHeld {
                 ));
             }
             Err(err) if session_ended(&err) => {
-                self.tracked.liveness.mark_lost(
+                self.tracked.lost(
                     LossCause::SessionEnded,
                     format!("the ZooKeeper session ended: {err}"),
                 );

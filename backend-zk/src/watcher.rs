@@ -100,14 +100,16 @@ impl Tracked {
         }
     }
 
-    /// Marks the lock lost unless the guard already stopped watching it. A node of a
-    /// semaphore's grant gone loses the whole grant: its other nodes are deleted.
-    fn lost(&self, cause: LossCause, reason: impl Into<String>) {
-        // Already lost (closed, ended, deadline): that loss's own clean-up applies.
-        if self.is_stopped() || self.liveness.is_lost() {
+    /// Marks the lock lost unless the guard already stopped watching it (the first cause
+    /// marked stays). A node of a semaphore's grant gone loses the whole grant: its other
+    /// nodes are deleted, whichever path marked the loss first.
+    pub(crate) fn lost(&self, cause: LossCause, reason: impl Into<String>) {
+        if self.is_stopped() {
             return;
         }
-        self.liveness.mark_lost(cause, reason);
+        if !self.liveness.is_lost() {
+            self.liveness.mark_lost(cause, reason);
+        }
         if cause == LossCause::KeyGone && !self.extra.is_empty() {
             self.give_up();
         }
@@ -231,6 +233,12 @@ impl Watcher {
     }
 
     async fn run(self: Arc<Self>) {
+        // However the task ends (a panic, or the runtime shutting down drops it), the
+        // next grant starts a new one: `running` never stays set without a task.
+        let mut running = NotRunning {
+            watcher: &self,
+            ended: false,
+        };
         let mut watches = FuturesUnordered::new();
         let push = |watches: &mut FuturesUnordered<_>, next| match next {
             Next::Arm(arm) => watches.push(Either::Left(arm)),
@@ -274,6 +282,7 @@ impl Watcher {
                     }
                     if due.is_empty() && queue.pending.is_empty() && watches.is_empty() {
                         queue.running = false;
+                        running.ended = true;
                         return;
                     }
                     next_pending = queue.pending.front().map(|(at, _)| *at);
@@ -292,11 +301,18 @@ impl Watcher {
                     }));
                 }
                 next_look = now + TICK;
+                if watches.is_empty() {
+                    // Every lock due was released before its watch: nothing may be left
+                    // to wake this task, so look again (the next pass ends it if the
+                    // queue is empty too).
+                    continue;
+                }
             } else {
                 let mut queue = self.queue();
                 // The last watch ended between two looks at the queue: nothing is left.
                 if queue.pending.is_empty() && watches.is_empty() {
                     queue.running = false;
+                    running.ended = true;
                     return;
                 }
                 next_pending = queue.pending.front().map(|(at, _)| *at);
@@ -317,6 +333,21 @@ impl Watcher {
                 () = sleep_until(wake_at) => {}
                 () = self.wake.notified() => {}
             }
+        }
+    }
+}
+
+/// Clears `running` when the watcher's task ends other than by deciding to (which
+/// clears it under the same lock that saw nothing left).
+struct NotRunning<'a> {
+    watcher: &'a Watcher,
+    ended: bool,
+}
+
+impl Drop for NotRunning<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.watcher.queue().running = false;
         }
     }
 }

@@ -184,3 +184,77 @@ async fn held_locks_are_watched_by_one_task_per_session() {
     );
     locks.close().await.unwrap();
 }
+
+/// Locks all released before their watch is armed leave no watcher task behind: the
+/// task used to find nothing to arm and then sleep, with nothing to wake it, until the
+/// session's next grant (and for ever once the session was gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_released_before_their_watch_is_armed_leave_no_task() {
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let root = root("short");
+    let locks = client(&root).await;
+    // Held past the watch delay, then released: the session exists and its watcher
+    // task has ended after its one watch.
+    let warm = locks.acquire("warm-up", no_wait()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    warm.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = alive();
+    for i in 0..10 {
+        locks
+            .acquire(&format!("short-{i}"), no_wait())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while alive() > before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        alive() <= before,
+        "{} tasks after 10 short locks, {before} before",
+        alive()
+    );
+    locks.close().await.unwrap();
+}
+
+/// A semaphore grant found lost by `extend` (its main node deleted by someone else)
+/// frees its other permits at once, as a loss seen by the watch does; they used to stay
+/// until the grant's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_grant_found_lost_by_extend_frees_its_other_permits() {
+    let root = root("extend");
+    let locks = client(&root).await;
+    let raw = raw().await;
+    let grant = locks
+        .acquire_permits(
+            "pool",
+            Permits::new(2, 3).unwrap(),
+            no_wait().fixed_lease(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let main = full_path(&root, &grant);
+    let leases = main.rsplit_once('/').unwrap().0.to_owned();
+    raw.delete(&main, None).await.unwrap();
+    assert!(grant.extend(Duration::from_secs(60)).await.is_err());
+    assert_eq!(grant.lost_cause(), Some(LossCause::KeyGone));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = raw.list_children(&leases).await.unwrap();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nodes left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(grant);
+    locks.close().await.unwrap();
+}
