@@ -71,8 +71,8 @@ impl Delayed {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs `work()` as a task after [`DELAY`] unless the guard behind `liveness` has
-    /// ended by then.
+    /// Starts `work()` (polled by this queue's one task) after [`DELAY`] unless the
+    /// guard behind `liveness` has ended by then.
     pub(crate) fn schedule(
         self: &Arc<Self>,
         liveness: Liveness,
@@ -98,6 +98,12 @@ impl Delayed {
     }
 
     async fn run(self: Arc<Self>) {
+        // However the task ends (a panic, or the runtime shutting down drops it), the
+        // next grant starts a new one: `running` never stays set without a task.
+        let mut task = NotRunning {
+            delayed: &self,
+            ended: false,
+        };
         let mut running: FuturesUnordered<Work> = FuturesUnordered::new();
         let mut next_look = Some(Instant::now() + TICK);
         loop {
@@ -120,6 +126,7 @@ impl Delayed {
                 }
                 if due.is_empty() && queue.entries.is_empty() && running.is_empty() {
                     queue.running = false;
+                    task.ended = true;
                     return;
                 }
                 // Looked at once per tick while grants wait; otherwise woken by the
@@ -134,6 +141,21 @@ impl Delayed {
                     running.push((entry.work)());
                 }
             }
+        }
+    }
+}
+
+/// Clears `running` when the queue's task ends other than by deciding to (which clears
+/// it under the same lock that saw nothing left).
+struct NotRunning<'a> {
+    delayed: &'a Delayed,
+    ended: bool,
+}
+
+impl Drop for NotRunning<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.delayed.lock().running = false;
         }
     }
 }
