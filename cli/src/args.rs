@@ -171,8 +171,8 @@ Scale workloads (one client, the library only, checked as they run): waiters
 (--count waiters queued on one name in batches, then served: each exactly once,
 in batch order where the backend claims FIFO; memory per waiter; hand-off latency
 with the whole queue, 1,000 and 10 left); held (--count locks held at once,
-renewing, for 5 lease periods: none lost; memory per held lock; one more acquire
-with all held against the first); cycles (--count acquire+release on distinct
+renewing, for 5 lease periods: none lost; memory per held lock; acquires with all
+held against acquires before the fill, paced alike); cycles (--count acquire+release on distinct
 names: memory after against a warm-up, nothing left on the server). Memory is
 this process's resident set. --processes N (waiters only) queues the waiters
 from N child processes of this binary instead, count/N each, started one after
