@@ -4,6 +4,9 @@ use etcd_client::{
     Client, EventType, GetOptions, KvClient, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     WatchFilterType, WatchOptions,
 };
+use std::future::Future;
+use std::pin::Pin;
+
 use fencelock_core::Error;
 use tokio::time::{Duration, Instant};
 
@@ -114,9 +117,14 @@ pub(crate) async fn for_turn(
             }
             // Waits for the deletion. etcd may deliver it late if it happens soon after
             // the watch was created: see [`LATE_EVENT_CHECKS`].
+            // These reads only hasten what the watch reports anyway: one runs beside the
+            // watch (a slow read never holds up its event), and one that fails is no
+            // news (an election's failed read must not fail the acquire and cost it its
+            // place in the queue).
             let watched = Instant::now();
             let mut checks = LATE_EVENT_CHECKS.iter();
             let mut next_check = checks.next().map(|after| watched + *after);
+            let mut reading: Option<Read> = None;
             loop {
                 tokio::select! {
                     message = events.message() => {
@@ -129,9 +137,21 @@ pub(crate) async fn for_turn(
                             break;
                         }
                     }
-                    () = sleep_until(next_check) => {
+                    () = sleep_until(next_check), if reading.is_none() => {
                         next_check = checks.next().map(|after| watched + *after);
-                        if !still_there(&mut kv, &key, created).await? {
+                        let (mut kv, key) = (kv.clone(), key.clone());
+                        reading = Some(Box::pin(async move {
+                            still_there(&mut kv, &key, created).await
+                        }));
+                    }
+                    read = async {
+                        match reading.as_mut() {
+                            Some(read) => read.await,
+                            None => std::future::pending().await,
+                        }
+                    }, if reading.is_some() => {
+                        reading = None;
+                        if let Ok(false) = read {
                             break;
                         }
                     }
@@ -144,6 +164,9 @@ pub(crate) async fn for_turn(
         _ = session.lost() => Err(Error::lost(name, "the etcd session was lost while waiting")),
     }
 }
+
+/// A [`still_there`] read in flight beside the watch.
+type Read = Pin<Box<dyn Future<Output = Result<bool, Error>> + Send>>;
 
 /// Whether `key` is still the incarnation created at `created` (a linearizable read).
 async fn still_there(kv: &mut KvClient, key: &[u8], created: i64) -> Result<bool, Error> {
