@@ -662,30 +662,40 @@ impl Node {
         }
     }
 
-    /// Opens a new pub/sub connection that receives this deployment's unlock messages.
-    pub(crate) async fn pubsub(&self) -> Result<PubSub, Error> {
+    /// Opens a new pub/sub connection that receives this deployment's unlock messages,
+    /// each attempt bounded by `timeout`.
+    ///
+    /// On a cluster every seed is tried in turn, each within `timeout`: the address of a
+    /// shard's master comes first (see [`Node::for_shard`]), and after a failover it may
+    /// be a host that no longer answers at all, where connecting would hang for minutes.
+    pub(crate) async fn pubsub(&self, timeout: Duration) -> Result<PubSub, Error> {
+        let timed_out = || Error::unavailable(BACKEND, "the pub/sub connection timed out");
         match self {
-            Node::Single { client, .. } => client.get_async_pubsub().await.map_err(map_err),
+            Node::Single { client, .. } => tokio::time::timeout(timeout, client.get_async_pubsub())
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(map_err),
             Node::Cluster { seeds, .. } => {
                 // Classic PUBLISH reaches every node of a cluster, so any seed will do.
                 let mut last = None;
                 for seed in seeds.iter() {
-                    match seed.get_async_pubsub().await {
-                        Ok(pubsub) => return Ok(pubsub),
-                        Err(e) => last = Some(e),
+                    match tokio::time::timeout(timeout, seed.get_async_pubsub()).await {
+                        Ok(Ok(pubsub)) => return Ok(pubsub),
+                        Ok(Err(e)) => last = Some(map_err(e)),
+                        Err(_) => last = Some(timed_out()),
                     }
                 }
-                Err(last.map_or_else(
-                    || Error::unavailable(BACKEND, "no cluster seed node"),
-                    map_err,
-                ))
+                Err(last.unwrap_or_else(|| Error::unavailable(BACKEND, "no cluster seed node")))
             }
-            Node::Sentinel(node) => node
-                .client()
-                .await?
-                .get_async_pubsub()
-                .await
-                .map_err(map_err),
+            Node::Sentinel(node) => tokio::time::timeout(timeout, async {
+                node.client()
+                    .await?
+                    .get_async_pubsub()
+                    .await
+                    .map_err(map_err)
+            })
+            .await
+            .map_err(|_| timed_out())?,
         }
     }
 }

@@ -35,6 +35,13 @@ const RETRY_MIN: Duration = Duration::from_millis(100);
 /// The longest delay between two reconnection attempts (the backoff doubles up to it).
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// How often a connection with live channels is checked with a `PING`. A server that
+/// vanished without closing the connection (a crashed host, a partition, a failed-over
+/// master's address) would otherwise leave it open and silent for ever: waiters would
+/// sleep out every lock's TTL, and election observers with no leader to time out on
+/// would never hear of a new one.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
 /// The pub/sub side of one node.
 pub(crate) struct Subscriber {
     shared: Arc<Shared>,
@@ -202,6 +209,8 @@ struct Task {
     /// sent when the reconnection subscribes their channels, dropped (the waiters then
     /// go on at once) when it fails.
     pending: Vec<oneshot::Sender<()>>,
+    /// When to check the connection next ([`PING_EVERY`]), while there is one.
+    ping_at: Option<Instant>,
 }
 
 impl Task {
@@ -217,6 +226,26 @@ impl Task {
             reconnect_at: None,
             backoff: RETRY_MIN,
             pending: Vec::new(),
+            ping_at: None,
+        }
+    }
+
+    /// Checks that the connection still answers, while any channel is subscribed on it
+    /// (with none, nobody waits on it); drops it if it does not answer in time.
+    async fn ping(&mut self) {
+        self.ping_at = self.sink.as_ref().map(|_| Instant::now() + PING_EVERY);
+        if self.subscribed.is_empty() {
+            return;
+        }
+        let Some(sink) = self.sink.as_mut() else {
+            return;
+        };
+        if !matches!(
+            tokio::time::timeout(self.timeout, sink.ping::<redis::Value>()).await,
+            Ok(Ok(_))
+        ) {
+            tracing::debug!("redis pub/sub connection did not answer a PING; reconnecting");
+            self.disconnected();
         }
     }
 
@@ -270,6 +299,7 @@ impl Task {
     fn disconnected(&mut self) {
         self.sink = None;
         self.stream = None;
+        self.ping_at = None;
         self.subscribed.clear();
         if self.reconnect_at.is_none() {
             self.reconnect_at = Some(Instant::now() + jittered(self.backoff));
@@ -289,12 +319,13 @@ impl Task {
                 self.acknowledge();
                 return;
             }
-            match tokio::time::timeout(self.timeout, self.node.pubsub()).await {
-                Ok(Ok(pubsub)) => {
+            match self.node.pubsub(self.timeout).await {
+                Ok(pubsub) => {
                     let (sink, stream) = pubsub.split();
                     self.sink = Some(sink);
                     self.stream = Some(stream);
                     self.subscribed.clear();
+                    self.ping_at = Some(Instant::now() + PING_EVERY);
                 }
                 _ => {
                     tracing::debug!("redis pub/sub connection failed");
@@ -373,6 +404,67 @@ async fn run(
                 }
             },
             () = sleep_until(task.reconnect_at) => task.reconnect().await,
+            () = sleep_until(task.ping_at) => task.ping().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use fencelock_testkit::{Fault, FaultProxy, RedisServer};
+    use tokio::sync::Notify;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{PING_EVERY, Subscriber};
+    use crate::RedisConfig;
+
+    /// A pub/sub connection whose server stopped answering without closing it (a
+    /// partition; a crashed host) is found by its PING and replaced: the old code kept
+    /// it for ever, subscribed to nothing that arrives.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_connection_is_found_by_ping_and_replaced() {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(&server.addr());
+        let config = RedisConfig::from_url(&format!("redis://{}", proxy.addr())).unwrap();
+        let node = crate::node::open(&config).await.unwrap().remove(0);
+        let subscriber = Subscriber::new(node, Duration::from_secs(1), CancellationToken::new());
+        let wake = Arc::new(Notify::new());
+        let _subscription = subscriber.subscribe("unlocks", wake.clone()).await;
+        let before = proxy.accepted();
+        proxy.set(Fault::Blackhole);
+        tokio::time::sleep(PING_EVERY + Duration::from_secs(2)).await;
+        proxy.set(Fault::Pass);
+        // The reconnection (held in the listen backlog until now) gets through and
+        // subscribes again; a message published then reaches the waiter.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while proxy.accepted() <= before && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            proxy.accepted() > before,
+            "no new connection: the silent one was kept"
+        );
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        loop {
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg("unlocks")
+                .arg("0")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if tokio::time::timeout(Duration::from_millis(200), notified.as_mut())
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never woken");
         }
     }
 }
