@@ -172,10 +172,6 @@ impl Renewals {
             entry.next_due = Instant::now() + (entry.lease / 10).max(Duration::from_millis(10));
         }
     }
-
-    fn slot_of(&self, id: u64) -> u16 {
-        self.state().entries.get(&id).map_or(0, |e| e.keys.slot)
-    }
 }
 
 async fn run(engine: Weak<Engine>) {
@@ -206,11 +202,10 @@ async fn renew(engine: &Arc<Engine>, due: Vec<Due>) {
     let mut groups: BTreeMap<u16, Vec<Due>> = BTreeMap::new();
     let cluster = engine.nodes.iter().any(|n| n.is_cluster());
     for d in due {
-        let slot = if cluster {
-            engine.renewals.slot_of(d.id)
-        } else {
-            0
-        };
+        // The lock's own slot, carried with it: an entry released meanwhile is no
+        // longer in the registry, and slot 0 would put its key in a CROSSSLOT call
+        // that fails the whole chunk.
+        let slot = if cluster { d.keys.slot } else { 0 };
         groups.entry(slot).or_default().push(d);
     }
     let chunks: Vec<Vec<Due>> = groups.into_values().flat_map(chunked).collect();
