@@ -33,7 +33,7 @@
 //!
 //! Ratios are medians over the repeats of fencelock ÷ floor measured in the same repeat.
 //! `BENCH_ONLY=single|sentinel|cluster|redlock` runs one suite; `BENCH_PROFILE=1` runs
-//! only fencelock's 32 workers (for `perf record`).
+//! only fencelock's 32 workers (for `perf record`), `BENCH_PROFILE=floor` the floor's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -452,9 +452,10 @@ async fn suite(label: &str, hand_urls: &[String], cluster: bool, url: &str, mast
         Kind::Floor(hand.clone()),
         Kind::Fencelock(locks.clone()),
     ];
-    if std::env::var_os("BENCH_PROFILE").is_some() {
-        // Only fencelock's 32 workers, for a profiler.
-        distinct(&kinds[2..], &servers).await;
+    if let Some(profile) = std::env::var_os("BENCH_PROFILE") {
+        // Only one kind's 32 workers, for a profiler: fencelock's, or the floor's.
+        let kind = if profile == "floor" { 1 } else { 2 };
+        distinct(&kinds[kind..=kind], &servers).await;
         return;
     }
     uncontended(&kinds).await;
