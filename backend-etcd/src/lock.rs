@@ -205,10 +205,10 @@ impl EtcdLock {
 
     /// Takes the lock, giving up at `deadline` (if any) with [`Error::Timeout`].
     ///
-    /// A waiter that gives up deletes its key before returning (bounded by the clean-up
-    /// timeout), so a process that exits right after a timeout leaves nothing that would
-    /// block the name until its lease expires. Only a dropped future leaves the clean-up
-    /// to the background.
+    /// A waiter that gives up (a timeout, or an error while waiting) deletes its key
+    /// before returning (bounded by the clean-up timeout), so a process that exits right
+    /// after leaves nothing that would block the name until its lease expires. Only a
+    /// dropped future leaves the clean-up to the background.
     async fn take(
         &self,
         name: &str,
@@ -295,10 +295,12 @@ impl EtcdLock {
                 let waiting = wait::for_turn(&inner.client, (&names, &key), mine, &session, name)
                     .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name));
                 match within(deadline, waiting, timed_out).await {
-                    Ok(waited) => waited?,
-                    Err(timeout) => {
+                    Ok(Ok(())) => {}
+                    // Lost or failed while waiting: the key goes now too, as in the
+                    // read-write and semaphore queues.
+                    Ok(Err(error)) | Err(error) => {
                         pending.finish_now().await;
-                        return Err(timeout);
+                        return Err(error);
                     }
                 }
             }
