@@ -102,7 +102,19 @@ impl Renewals {
         );
         if !state.running {
             state.running = true;
-            tokio::spawn(run(Arc::downgrade(engine)));
+            drop(state);
+            // However the task ends (the client closed, a panic, its runtime shutting
+            // down, even before it first ran), the next renewing acquire starts a new
+            // one: `running` never stays set without a task.
+            let weak = Arc::downgrade(engine);
+            let running = NotRunning(weak.clone());
+            // On the client's own runtime, not the caller's: a lock taken inside a
+            // short-lived runtime (a `block_on`, a test's) must not end the renewal of
+            // every lock of the client when that runtime shuts down.
+            engine.runtime.spawn(async move {
+                let _running = running;
+                run(weak).await;
+            });
             return;
         }
         // Wake the task only if it would sleep past this lock's first renewal.
@@ -113,9 +125,9 @@ impl Renewals {
         }
     }
 
-    /// Stops renewing lock `id`. Idempotent.
-    pub(crate) fn remove(&self, id: u64) {
-        self.state().entries.remove(&id);
+    /// Stops renewing lock `id`. Idempotent; returns whether it was still renewed.
+    pub(crate) fn remove(&self, id: u64) -> bool {
+        self.state().entries.remove(&id).is_some()
     }
 
     /// Whether lock `id` is being renewed (a renewing lease not yet released or lost).
@@ -180,7 +192,6 @@ async fn run(engine: Weak<Engine>) {
             return;
         };
         if strong.closed.is_cancelled() {
-            strong.renewals.state().running = false;
             return;
         }
         let (due, next) = strong.renewals.take_due();
@@ -193,6 +204,17 @@ async fn run(engine: Weak<Engine>) {
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
             () = wake.notified() => {}
+        }
+    }
+}
+
+/// Clears `running` when the renewal task ends.
+struct NotRunning(Weak<Engine>);
+
+impl Drop for NotRunning {
+    fn drop(&mut self) {
+        if let Some(engine) = self.0.upgrade() {
+            engine.renewals.state().running = false;
         }
     }
 }
@@ -303,11 +325,14 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) {
         if renewed >= engine.quorum {
             d.liveness.extend(sent + d.lease - drift(d.lease));
         } else if gone > nodes - engine.quorum {
-            d.liveness.mark_lost(
-                LossCause::KeyGone,
-                "the lock key was gone or held by another owner at renewal",
-            );
-            engine.renewals.remove(d.id);
+            // Only if still registered: a lock released while this call was in flight
+            // is gone because of its release (which removed it first), not lost.
+            if engine.renewals.remove(d.id) {
+                d.liveness.mark_lost(
+                    LossCause::KeyGone,
+                    "the lock key was gone or held by another owner at renewal",
+                );
+            }
         } else {
             tracing::debug!(key = %d.keys.lock, "lock renewal failed; retrying");
             engine.renewals.retry_soon(d.id);

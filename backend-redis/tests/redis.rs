@@ -407,3 +407,81 @@ async fn a_waiter_polls_a_hand_written_lock_and_gets_it_soon_after_its_release()
         (Duration::from_millis(10), Duration::from_millis(250))
     );
 }
+
+/// A lock released while a renewal of it is in flight is not reported lost: the
+/// renewal finds its key gone because of the release, not because someone took it.
+/// (It used to mark such locks lost: a loss warning and a cancelled `lost_token()` for
+/// a lock that was released normally.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_during_renewal_rounds_reports_no_loss() {
+    let server = RedisServer::shared();
+    let locks = locks(&server.url()).await;
+    let options = AcquireOptions::new()
+        .no_wait()
+        .lease(Duration::from_millis(300));
+    let prefix = format!("release-renew-{:x}", std::process::id());
+    let mut false_losses = 0;
+    for round in 0..5 {
+        let mut guards = Vec::new();
+        for i in 0..2_000 {
+            guards.push(
+                locks
+                    .acquire(&format!("{prefix}-{round}-{i}"), options)
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Renewed every 100 ms: release them while rounds are running.
+        tokio::time::sleep(Duration::from_millis(95)).await;
+        let tokens: Vec<_> = guards.iter().map(|g| g.lost_token()).collect();
+        let releases = guards
+            .into_iter()
+            .map(|guard| tokio::spawn(async move { guard.release().await }));
+        for release in futures_util::future::join_all(releases).await {
+            release.unwrap().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        false_losses += tokens.iter().filter(|t| t.is_cancelled()).count();
+    }
+    assert_eq!(
+        false_losses, 0,
+        "locks released normally were reported lost"
+    );
+}
+
+/// The client's renewal task runs on the client's runtime, not on the one of the first
+/// renewing acquire: that runtime ending (a `block_on`, another test's runtime) used to
+/// end the task and leave `running` set, so no lock of the client was renewed again.
+#[test]
+fn renewal_outlives_the_runtime_of_the_first_renewing_acquire() {
+    let runtime = |threads| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let main = runtime(2);
+    let server = RedisServer::shared();
+    let locks = main.block_on(locks(&server.url()));
+    let options = AcquireOptions::new()
+        .no_wait()
+        .lease(Duration::from_millis(300));
+    let prefix = format!("renew-runtime-{:x}", std::process::id());
+    let short = runtime(1);
+    let first = short
+        .block_on(locks.acquire(&format!("{prefix}-first"), options))
+        .unwrap();
+    short.block_on(first.release()).unwrap();
+    drop(short);
+    main.block_on(async {
+        let guard = locks
+            .acquire(&format!("{prefix}-second"), options)
+            .await
+            .unwrap();
+        // Five leases: renewed all along.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+        guard.release().await.unwrap();
+    });
+}
