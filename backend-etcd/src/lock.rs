@@ -132,7 +132,7 @@ impl EtcdLock {
             let client = Client::connect(endpoints, Some(options))
                 .await
                 .map_err(map)?;
-            let sessions = Sessions::default();
+            let sessions = Sessions::new(Handle::current());
             sessions.get(&client, config.lease).await?;
             Ok::<_, Error>((client, sessions))
         };
@@ -234,9 +234,7 @@ impl EtcdLock {
         // Every step is bounded by the caller's wait, also when etcd hangs (a request
         // caught in an election waits for etcd's own request timeout).
         let (session, fixed_now) = match lease {
-            Lease::Fixed(ttl) if no_wait => {
-                (Session::grant(&inner.client, ttl, false).await?, true)
-            }
+            Lease::Fixed(ttl) if no_wait => (Session::grant(&inner.client, ttl, None).await?, true),
             Lease::Fixed(_) => (
                 within(
                     deadline,
@@ -384,7 +382,7 @@ impl EtcdLock {
         value: &str,
         pending: &mut Armed,
     ) -> Result<Arc<Session>, Error> {
-        let fixed = Session::grant(&self.inner.client, ttl, false).await?;
+        let fixed = Session::grant(&self.inner.client, ttl, None).await?;
         // From here the clean-up revokes the fixed lease as well as deleting our key.
         pending.get().fixed_lease = Some(fixed.lease_id());
         let txn = Txn::new()

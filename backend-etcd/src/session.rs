@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+use tokio::runtime::Handle;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, SharedDeadline, record_renewal};
@@ -50,7 +51,7 @@ impl Session {
     pub(crate) async fn grant(
         client: &Client,
         ttl: Duration,
-        keep_alive: bool,
+        keep_alive: Option<&Handle>,
     ) -> Result<Arc<Self>, Error> {
         let mut lease = client.lease_client();
         let sent = Instant::now();
@@ -74,9 +75,9 @@ impl Session {
             next_guard: AtomicU64::new(0),
             keepalive: Mutex::new(None),
         });
-        if keep_alive {
+        if let Some(runtime) = keep_alive {
             let (keeper, stream) = lease.keep_alive(granted.id()).await.map_err(map)?;
-            let task = tokio::spawn(keep_alive_loop(
+            let task = runtime.spawn(keep_alive_loop(
                 client.clone(),
                 Arc::downgrade(&session),
                 keeper,
@@ -295,8 +296,12 @@ pub(crate) const MAX_SESSIONS: usize = 8;
 
 /// The client's sessions, one per lease duration, created on first use, at most
 /// [`MAX_SESSIONS`] at once.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Sessions {
+    /// The client's runtime, where the sessions' keepalive tasks run (not the runtime of
+    /// whichever acquire granted a session: when that one ended, so would the keepalive,
+    /// and every lock on the session would be lost at its TTL).
+    runtime: Handle,
     /// The live sessions, read without waiting on every acquire.
     live: std::sync::RwLock<HashMap<Duration, Arc<Session>>>,
     /// Serializes granting, so concurrent first acquisitions share one new session.
@@ -305,6 +310,15 @@ pub(crate) struct Sessions {
 }
 
 impl Sessions {
+    /// No sessions yet; their keepalive tasks will run on `runtime`.
+    pub(crate) fn new(runtime: Handle) -> Self {
+        Sessions {
+            runtime,
+            live: std::sync::RwLock::default(),
+            granting: tokio::sync::Mutex::default(),
+        }
+    }
+
     /// The live session for `ttl`, granting a new one if there is none or the last one was
     /// lost.
     pub(crate) async fn get(&self, client: &Client, ttl: Duration) -> Result<Arc<Session>, Error> {
@@ -321,7 +335,7 @@ impl Sessions {
             return Ok(session);
         }
         self.make_room(client, ttl)?;
-        let session = Session::grant(client, ttl, true).await?;
+        let session = Session::grant(client, ttl, Some(&self.runtime)).await?;
         self.live
             .write()
             .unwrap_or_else(PoisonError::into_inner)

@@ -570,3 +570,34 @@ async fn held_guards_are_watched_by_one_task_per_client() {
         alive()
     );
 }
+
+/// A session's keepalive runs on the client's runtime, not on that of the acquire that
+/// granted the session: when that runtime ended (a `block_on`, another test's), the
+/// keepalive ended with it and every later lock on the session was lost at its TTL.
+#[test]
+fn a_session_outlives_the_runtime_of_the_acquire_that_granted_it() {
+    let runtime = |threads| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let main = runtime(2);
+    let locks = main.block_on(client("session-runtime"));
+    // Not the configured lease: this acquire grants a session of its own.
+    let options = AcquireOptions::new()
+        .no_wait()
+        .lease(Duration::from_secs(3));
+    let short = runtime(1);
+    let first = short.block_on(locks.acquire("first", options)).unwrap();
+    short.block_on(first.release()).unwrap();
+    drop(short);
+    main.block_on(async {
+        let guard = locks.acquire("second", options).await.unwrap();
+        // Past the session's TTL: kept alive all along.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+        guard.release().await.unwrap();
+    });
+}
