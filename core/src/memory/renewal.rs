@@ -116,7 +116,15 @@ impl Renewals {
         let wake = on.wake_at.is_some_and(|w| w > at).then(|| on.wake.clone());
         drop(state);
         if let Some(task) = start {
-            handle.spawn(run(shared.clone(), client.clone(), runtime, task));
+            // Made before the spawn, so that a task dropped before it first runs (its
+            // runtime shutting down) still forgets its record.
+            let ending = Ending {
+                client: client.clone(),
+                runtime,
+                task,
+                done: false,
+            };
+            handle.spawn(run(shared.clone(), ending));
         } else if let Some(wake) = wake {
             wake.notify_one();
         }
@@ -164,15 +172,10 @@ impl Drop for Ending {
     }
 }
 
-/// The renewal task of `client` on `runtime`: ends when the client was closed or has had
-/// nothing to renew there for [`IDLE`].
-async fn run(shared: Arc<Shared>, client: Arc<Client>, runtime: tokio::runtime::Id, task: u64) {
-    let mut ending = Ending {
-        client: client.clone(),
-        runtime,
-        task,
-        done: false,
-    };
+/// The renewal task of `ending`'s client on its runtime: ends when the client was closed
+/// or has had nothing to renew there for [`IDLE`].
+async fn run(shared: Arc<Shared>, mut ending: Ending) {
+    let (client, runtime, task) = (ending.client.clone(), ending.runtime, ending.task);
     let renewals = &client.renewals;
     loop {
         if client.closed.is_cancelled() {
