@@ -39,6 +39,21 @@ fn full_path(root: &str, guard: &LockGuard) -> String {
     key.to_owned()
 }
 
+/// The tasks alive on the test's runtime.
+fn alive() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// Waits up to `within` for the tasks alive to fall to `target`.
+async fn settle(target: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    while alive() > target && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits up to 5 s for the guard to report its loss; returns how long that took.
 async fn loss_of(guard: &LockGuard) -> Duration {
     let start = Instant::now();
@@ -124,11 +139,6 @@ async fn a_semaphore_grant_losing_one_node_is_lost_and_frees_its_other_permits()
 /// armed (a deletion is seen), and the task ends when nothing is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_locks_are_watched_by_one_task_per_session() {
-    let alive = || {
-        tokio::runtime::Handle::current()
-            .metrics()
-            .num_alive_tasks()
-    };
     let root = root("tasks");
     let locks = client(&root).await;
     let raw = raw().await;
@@ -140,12 +150,6 @@ async fn held_locks_are_watched_by_one_task_per_session() {
         .release()
         .await
         .unwrap();
-    let settle = |target: usize| async move {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while alive() > target && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
     let before = alive();
     let mut guards = Vec::new();
     for i in 0..500 {
@@ -158,7 +162,7 @@ async fn held_locks_are_watched_by_one_task_per_session() {
     }
     // Past the watch delay: every watch is armed.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    settle(before + 1).await;
+    settle(before + 1, Duration::from_secs(5)).await;
     assert!(
         alive() <= before + 1,
         "{} tasks for 500 held locks (before: {before})",
@@ -176,7 +180,7 @@ async fn held_locks_are_watched_by_one_task_per_session() {
         assert!(!guard.is_lost(), "lock {i} was not touched");
         guard.release().await.unwrap();
     }
-    settle(before).await;
+    settle(before, Duration::from_secs(5)).await;
     assert!(
         alive() <= before,
         "the watcher task ends when nothing is held: {} tasks, {before} before",
@@ -190,11 +194,6 @@ async fn held_locks_are_watched_by_one_task_per_session() {
 /// session's next grant (and for ever once the session was gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_released_before_their_watch_is_armed_leave_no_task() {
-    let alive = || {
-        tokio::runtime::Handle::current()
-            .metrics()
-            .num_alive_tasks()
-    };
     let root = root("short");
     let locks = client(&root).await;
     // Held past the watch delay, then released: the session exists and its watcher
@@ -213,10 +212,7 @@ async fn locks_released_before_their_watch_is_armed_leave_no_task() {
             .await
             .unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while alive() > before && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    settle(before, Duration::from_secs(2)).await;
     assert!(
         alive() <= before,
         "{} tasks after 10 short locks, {before} before",
