@@ -25,7 +25,10 @@ const BATCH: usize = 100;
 /// instead of 0.2 ms. So a round starts with one call in flight, and a round that took
 /// more than half of its renew interval makes the next one wider (doubling, up to this),
 /// one that took less than an eighth narrower: an acquire waits behind few calls, and
-/// renewals still keep up with a distant server. (A lease is three renew intervals, so
+/// renewals still keep up with a distant server. Within a round, each finished call also
+/// widens the round at once to what the calls left need to end within a quarter interval
+/// at its pace (see [`needed_in_flight`]), so the first round of many locks over a slow
+/// link does not run past their deadlines before the width adapts. (A lease is three renew intervals, so
 /// a round that takes half of one leaves plenty before any deadline. On a nearby
 /// server the rounds are bound by the server's script time, which more calls in flight
 /// do not shorten: 100,000 locks took 200-480 ms a round with one in flight or 32.)
