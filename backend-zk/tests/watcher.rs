@@ -54,6 +54,19 @@ async fn settle(target: usize, within: Duration) {
     }
 }
 
+/// Waits up to 5 s for every node under `dir` to be deleted; fails naming those left.
+async fn all_deleted(raw: &zk::Client, dir: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = raw.list_children(dir).await.unwrap();
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nodes left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits up to 5 s for the guard to report its loss; returns how long that took.
 async fn loss_of(guard: &LockGuard) -> Duration {
     let start = Instant::now();
@@ -116,15 +129,7 @@ async fn a_semaphore_grant_losing_one_node_is_lost_and_frees_its_other_permits()
     loss_of(&grant).await;
     assert_eq!(grant.lost_cause(), Some(LossCause::KeyGone));
     // The grant's other node is deleted too: all 3 permits are free again.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = raw.list_children(&leases).await.unwrap();
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "nodes left: {left:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    all_deleted(&raw, &leases).await;
     let all = locks
         .acquire_permits("pool", Permits::new(3, 3).unwrap(), no_wait())
         .await
@@ -242,15 +247,7 @@ async fn a_semaphore_grant_found_lost_by_extend_frees_its_other_permits() {
     raw.delete(&main, None).await.unwrap();
     assert!(grant.extend(Duration::from_secs(60)).await.is_err());
     assert_eq!(grant.lost_cause(), Some(LossCause::KeyGone));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = raw.list_children(&leases).await.unwrap();
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "nodes left: {left:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    all_deleted(&raw, &leases).await;
     drop(grant);
     locks.close().await.unwrap();
 }
