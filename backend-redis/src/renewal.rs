@@ -233,28 +233,22 @@ async fn renew(engine: &Arc<Engine>, due: Vec<Due>) {
         let slot = if cluster { d.keys.slot } else { 0 };
         groups.entry(slot).or_default().push(d);
     }
-    let mut chunks: Vec<(Instant, Vec<Due>)> = groups
+    let mut chunks: Vec<Vec<Due>> = groups
         .into_values()
         .flat_map(|mut group| {
             // The earliest deadlines first, within a slot and across chunks.
             group.sort_by_cached_key(|d| d.liveness.valid_until());
             chunked(group)
         })
-        .filter_map(|chunk| Some((chunk.first()?.liveness.valid_until(), chunk)))
         .collect();
-    chunks.sort_by_key(|(deadline, _)| *deadline);
-    let Some(interval) = chunks
-        .iter()
-        .flat_map(|(_, chunk)| chunk)
-        .map(|d| d.lease / 3)
-        .min()
-    else {
+    chunks.sort_by_cached_key(|chunk| chunk.first().map(|d| d.liveness.valid_until()));
+    let Some(interval) = chunks.iter().flatten().map(|d| d.lease / 3).min() else {
         return;
     };
     let widen = &engine.renewals.widen;
     let mut in_flight = widen.load(Ordering::Relaxed) + 1;
     let begun = Instant::now();
-    let mut left = chunks.into_iter().map(|(_, chunk)| chunk);
+    let mut left = chunks.into_iter();
     let mut running = futures_util::stream::FuturesUnordered::new();
     loop {
         while running.len() < in_flight {
