@@ -316,6 +316,12 @@ impl LockGuard {
                 }
                 Ok(())
             }
+            // The server says the grant is gone: the guard reports it now, on every
+            // backend, not at the end of the lease it had (as its docs promise).
+            Err(Error::Lost { reason, .. }) => {
+                self.liveness.mark_lost(LossCause::KeyGone, reason.clone());
+                Err(Error::lost(&*self.name, reason))
+            }
             Err(error) => Err(self.own_unsupported(error)),
         }
     }
@@ -389,5 +395,54 @@ impl fmt::Debug for LockGuard {
             .field("backend", &self.backend)
             .field("lost", &self.liveness.is_lost())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grant whose server-side key is gone: extend answers `Lost`.
+    #[derive(Debug)]
+    struct Gone;
+
+    #[async_trait]
+    impl HeldLock for Gone {
+        async fn release(&self) -> Result<(), Error> {
+            Err(Error::lost("gone", "the key was deleted"))
+        }
+
+        fn release_in_background(&self) {}
+
+        fn can_extend(&self) -> Result<(), Error> {
+            Ok(())
+        }
+
+        async fn extend(&self, _lease: Duration) -> Result<Instant, Error> {
+            Err(Error::lost("gone", "the key was deleted when extending"))
+        }
+    }
+
+    /// An extension the server refuses because the grant is gone marks the guard lost at
+    /// once, whatever the backend did with its own state: `lost()` fires and `is_lost()`
+    /// holds, long before the lease it had ends.
+    #[tokio::test]
+    async fn an_extend_that_finds_the_grant_gone_reports_the_loss() {
+        let liveness = Liveness::new(Instant::now() + Duration::from_secs(60));
+        let guard = LockGuard::new(
+            "gone",
+            FencingToken::new(7),
+            "test",
+            liveness,
+            Arc::new(Gone),
+        );
+        let outcome = guard.extend(Duration::from_secs(120)).await;
+        assert!(matches!(outcome, Err(Error::Lost { .. })), "{outcome:?}");
+        assert!(guard.is_lost());
+        assert_eq!(guard.lost_cause(), Some(LossCause::KeyGone));
+        assert!(guard.lost_reason().unwrap().contains("extending"));
+        tokio::time::timeout(Duration::from_secs(1), guard.lost())
+            .await
+            .expect("lost() fires");
     }
 }
