@@ -359,10 +359,16 @@ return 1
 /// A semaphore's or read-write lock's holder key (`owner \r index`: see
 /// [`MEMBER_ACQUIRE`]) is deleted with its entry in the index, and the index with its
 /// last holder.
+///
+/// A lock key someone overwrote with another type is not held (0), like another
+/// owner's; the `GET` is a `pcall` so that this is the lock's loss, not a script error.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then
+  return 0
+end
 if v == ARGV[1] or (ARGV[4] and v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\n') then
   if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
     redis.call('PUBLISH', ARGV[2], '0')
@@ -396,19 +402,24 @@ return 0
 /// A semaphore's or read-write lock's holder key (`owner \r index`: see
 /// [`MEMBER_ACQUIRE`]) is renewed with its index hash, whose expiry is kept at least as
 /// late as every holder's.
-/// Returns one integer per key: 1 renewed, 0 missing or another owner. A campaign's
-/// lock key (owner line, then the term: see [`campaign_grant`]) is compared by its owner
-/// line, which costs a plain lock's renewal nothing (its value equals the owner).
+/// Returns one integer per key: 1 renewed, 0 missing, another owner's or not a string
+/// (someone overwrote it with another type). The `GET` is a `pcall`: a wrong-typed key
+/// is its own lock's loss, not an error that fails every lock renewed in the same call.
+/// A campaign's lock key (owner line, then the term: see [`campaign_grant`]) is compared
+/// by its owner line, which costs a plain lock's renewal nothing (its value equals the
+/// owner).
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local r = {}
 for i, k in ipairs(KEYS) do
-  local v, o = redis.call('GET', k), ARGV[2 * i - 1]
-  if v == o or (v and string.sub(v, 1, #o + 1) == o .. '\n') then
+  local v, o = redis.pcall('GET', k), ARGV[2 * i - 1]
+  if type(v) ~= 'string' then
+    r[i] = 0
+  elseif v == o or string.sub(v, 1, #o + 1) == o .. '\n' then
     redis.call('PEXPIRE', k, ARGV[2 * i])
     r[i] = 1
-  elseif v and string.sub(v, 1, #o + 1) == o .. '\r' then
+  elseif string.sub(v, 1, #o + 1) == o .. '\r' then
     local idx, ms = string.sub(v, #o + 2), tonumber(ARGV[2 * i])
     redis.call('PEXPIRE', k, ms)
     if redis.call('PTTL', idx) < ms then

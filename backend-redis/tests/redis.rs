@@ -1,6 +1,7 @@
 //! Redis-specific behaviour on real servers: the raw key layout against a hand-written
-//! `SET NX PX` lock, authentication, the replica check, loss on a deleted key, nothing
-//! left behind by dropped guards, and unlock messages only for awaited locks.
+//! `SET NX PX` lock, authentication, the replica check, loss on a deleted or overwritten
+//! key (that lock's alone), nothing left behind by dropped guards, and unlock messages
+//! only for awaited locks.
 
 use std::time::Duration;
 
@@ -484,4 +485,90 @@ fn renewal_outlives_the_runtime_of_the_first_renewing_acquire() {
         assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
         guard.release().await.unwrap();
     });
+}
+
+/// A lock key overwritten with another type (a hash, by someone else's code) is that
+/// lock's loss, and only that lock's: the other locks renewed in the same call stay held.
+/// (The `GET` of the renewal script failed on the wrong type and took the whole call
+/// with it, so every lock renewed beside it was retried until its deadline and reported
+/// lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clobbered_key_loses_only_its_own_lock_at_renewal() {
+    let server = RedisServer::shared();
+    let locks = locks(&format!("{}?prefix=clobber:", server.url())).await;
+    let lease = Duration::from_millis(900);
+    let options = AcquireOptions::new().no_wait().lease(lease);
+    let mut bystanders = Vec::new();
+    for i in 0..5 {
+        bystanders.push(
+            locks
+                .acquire(&format!("bystander-{i}"), options)
+                .await
+                .unwrap(),
+        );
+    }
+    let victim = locks.acquire("victim", options).await.unwrap();
+    let mut conn = raw(server).await;
+    let _: () = redis::pipe()
+        .atomic()
+        .del("clobber:{victim}")
+        .hset("clobber:{victim}", "field", "value")
+        .pexpire("clobber:{victim}", 10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::timeout(lease / 3 + Duration::from_millis(500), victim.lost())
+        .await
+        .expect("the clobbered lock's loss reported at its next renewal");
+    assert!(victim.lost_reason().unwrap().contains("renewal"));
+    // Several leases on, every other lock is still held.
+    tokio::time::sleep(lease * 3).await;
+    for guard in &bystanders {
+        assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    }
+    for guard in bystanders {
+        guard.release().await.unwrap();
+    }
+    let _: i64 = conn.del("clobber:{victim}").await.unwrap();
+}
+
+/// Release and extend of a lock whose key someone overwrote with another type report
+/// the loss (`Lost`), as for a deleted key, not a script error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clobbered_key_is_lost_at_release_and_extend() {
+    let server = RedisServer::shared();
+    let locks = locks(&format!("{}?prefix=clobber2:", server.url())).await;
+    let mut conn = raw(server).await;
+    let clobber = |key: &'static str| {
+        redis::pipe()
+            .atomic()
+            .del(key)
+            .hset(key, "field", "value")
+            .pexpire(key, 10_000)
+            .to_owned()
+    };
+    let options = AcquireOptions::new()
+        .no_wait()
+        .fixed_lease(Duration::from_secs(30));
+
+    let released = locks.acquire("released", options).await.unwrap();
+    let _: () = clobber("clobber2:{released}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let outcome = released.release().await;
+    assert!(matches!(outcome, Err(Error::Lost { .. })), "{outcome:?}");
+
+    let extended = locks.acquire("extended", options).await.unwrap();
+    let _: () = clobber("clobber2:{extended}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let outcome = extended.extend(Duration::from_secs(30)).await;
+    assert!(matches!(outcome, Err(Error::Lost { .. })), "{outcome:?}");
+    assert!(extended.is_lost());
+    let _: i64 = conn
+        .del(&["clobber2:{released}", "clobber2:{extended}"])
+        .await
+        .unwrap();
 }
