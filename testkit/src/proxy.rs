@@ -36,6 +36,9 @@ pub enum Fault {
     /// [`reset_connections`](FaultProxy::reset_connections), since the streams are
     /// then out of step.
     DropReplies,
+    /// Requests reach the server at once; its answers are held this long each (order
+    /// is kept): a request applied on time whose reply arrives late.
+    DelayReplies(Duration),
 }
 
 /// A running proxy from a free loopback port to one upstream address.
@@ -298,6 +301,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, exempt: &Atomic
                 shared.dropped_down.fetch_add(n as u64, Ordering::SeqCst);
                 continue;
             }
+            Fault::DelayReplies(delay) if reply => thread::sleep(delay),
             Fault::Delay { min, max } => {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
