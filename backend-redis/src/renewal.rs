@@ -151,10 +151,18 @@ impl Renewals {
     /// Takes the locks due now (or within a quarter interval, to batch them) and the
     /// instant the task must wake next (in [`IDLE`] when nothing is held), which it
     /// records as the task's wake-up time.
-    fn take_due(&self) -> (Vec<Due>, Instant) {
+    ///
+    /// Also takes the locks counted lost (their deadline passed), which are never renewed
+    /// again (no zombie renewals), into `lost`.
+    fn take_due(&self, lost: &mut Vec<(u64, LockKeys, String)>) -> (Vec<Due>, Instant) {
         let mut state = self.state();
-        // A lock already reported lost is never renewed again (no zombie renewals).
-        state.entries.retain(|_, e| !e.liveness.is_lost());
+        state.entries.retain(|id, e| {
+            let live = !e.liveness.is_lost();
+            if !live {
+                lost.push((*id, e.keys.clone(), std::mem::take(&mut e.owner)));
+            }
+            live
+        });
         let now = Instant::now();
         let mut due = Vec::new();
         let mut next = now
@@ -197,7 +205,11 @@ async fn run(engine: Weak<Engine>) {
         if strong.closed.is_cancelled() {
             return;
         }
-        let (due, next) = strong.renewals.take_due();
+        let mut lost = Vec::new();
+        let (due, next) = strong.renewals.take_due(&mut lost);
+        for (id, keys, owner) in lost {
+            release_lost(&strong, id, keys, owner);
+        }
         if !due.is_empty() {
             renew(&strong, due).await;
             continue;
@@ -208,6 +220,20 @@ async fn run(engine: Weak<Engine>) {
             () = tokio::time::sleep_until(next) => {}
             () = wake.notified() => {}
         }
+    }
+}
+
+/// Releases a lock counted lost at its deadline, as a dropped guard's is (compare the
+/// owner, delete, wake the waiters): a renewal the server applied but whose answer came
+/// late, or never within the timeout, may have moved the key's expiry up to a lease past
+/// the loss, and others must not wait that out for a key nobody holds. A key that
+/// expired meanwhile (or another owner's) is left as it is.
+fn release_lost(engine: &Arc<Engine>, id: u64, keys: LockKeys, owner: String) {
+    // Only while the guard lives: a released or dropped guard released the key itself.
+    let granted = engine.held().get(&id).map(|g| (g.token, g.election));
+    if let Some((token, election)) = granted {
+        tracing::debug!(key = %keys.lock, "a renewed lock passed its deadline; releasing its key");
+        engine.release_in_background(keys, owner, Some(token), election);
     }
 }
 

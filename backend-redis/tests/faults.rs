@@ -1,5 +1,6 @@
 //! Fault tests on real Redis servers: a holder process frozen past its lease (SIGSTOP),
-//! a Redis restart without persistence, and Redlock with instances killed.
+//! a Redis restart without persistence, Redlock with instances killed, and renewals
+//! answered after the holder's deadline.
 //!
 //! The frozen holder is this test binary re-run as a child process (the `holder_child`
 //! test, which does nothing unless `FENCELOCK_HOLDER_URL` is set).
@@ -9,7 +10,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fencelock_core::{AcquireOptions, DistributedLock, FencedRegister, FencingToken};
+use fencelock_core::{
+    AcquireOptions, DistributedLock, DistributedLockExt, FencedRegister, FencingToken,
+};
 use fencelock_testkit::RedisServer;
 use redis::AsyncCommands;
 
@@ -327,4 +330,69 @@ async fn redlock_tokens_survive_disagreeing_and_lost_counters() {
         }
     }
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+/// A holder's renewals reach the server at once but their answers come 4.3 s late (a
+/// link slow one way). The holder counts the lock lost at its deadline (8 s less the
+/// drift margin: it last heard a renewal sent at 2 s), while the server applied renewals
+/// that keep the key for up to a lease past that. The key is released once the holder
+/// counts the loss, so the next holder need not wait for that key to expire.
+///
+/// Two holders on a 6 s lease, renewed every 2 s, replies delayed from 2.3 s on:
+/// - `timeout=10s`: the renewal sent at 4 s is applied (the key now expires at 10 s) and
+///   answered at 8.3 s, after the deadline; released then.
+/// - `timeout=1s`: it times out at 5 s and is retried every 0.6 s, each retry applied (the
+///   last at about 7.2 s: the key would expire at 13.2 s); released when the round ends
+///   after the deadline, at about 8.2 s.
+///
+/// Both keys must be gone by 9.2 s, before either would have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_lost_while_its_renewals_were_answered_late_is_released() {
+    let server = RedisServer::shared();
+    let proxy = fencelock_testkit::FaultProxy::start(&server.addr());
+    let prefix = format!("late-renewal-{:x}:", std::process::id());
+    let lease = Duration::from_secs(6);
+    let scenarios = [("1s", "times-out"), ("10s", "answered-late")];
+    let start = Instant::now();
+    let mut holders = Vec::new();
+    for (timeout, name) in scenarios {
+        let url = format!("redis://{}?prefix={prefix}&timeout={timeout}", proxy.addr());
+        let holder = fencelock_redis::connect(&url).await.unwrap();
+        // Loads the release script on the server, which a late answer would hold up.
+        let warm_up = holder.try_lock("warm-up").await.unwrap().unwrap();
+        warm_up.release().await.unwrap();
+        let guard = holder
+            .acquire(name, AcquireOptions::new().lease(lease))
+            .await
+            .unwrap();
+        holders.push((holder, guard));
+    }
+    // After the first renewal (which also loads the renewal script), answered on time.
+    tokio::time::sleep_until((start + Duration::from_millis(2_300)).into()).await;
+    proxy.set(fencelock_testkit::Fault::DelayReplies(
+        Duration::from_millis(4_300),
+    ));
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let check_by = start + Duration::from_millis(9_200);
+    for ((_, name), (_, guard)) in scenarios.iter().zip(&holders) {
+        let key = format!("{prefix}{{{name}}}");
+        while conn.exists::<_, bool>(&key).await.unwrap() && Instant::now() < check_by {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let pttl: i64 = conn.pttl(&key).await.unwrap();
+        assert!(
+            pttl == -2,
+            "{name}: the key of the lost lock is still there {:?} after the acquire, for {pttl} ms more",
+            start.elapsed()
+        );
+        assert!(
+            guard.is_lost(),
+            "{name}: the key was deleted under a live guard"
+        );
+    }
+    proxy.set(fencelock_testkit::Fault::Pass);
 }
