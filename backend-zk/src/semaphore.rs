@@ -31,7 +31,7 @@
 
 use std::sync::Arc;
 
-use fencelock_core::{Error, FencingToken, Liveness, LockGuard};
+use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -77,6 +77,7 @@ pub(crate) async fn acquire(
 ) -> Result<LockGuard, Error> {
     let base = names::semaphore_dir(session.root(), name);
     let leases = format!("{base}/leases");
+    check_request_size(name, &leases, count)?;
     // Fail fast on another limit, before queueing on the mutex.
     if let Some((stored, held)) = read_limit(&session, &leases).await?
         && stored != limit
@@ -84,6 +85,8 @@ pub(crate) async fn acquire(
     {
         return Err(other_limit(name, stored, limit));
     }
+    // The mutex lives as long as the session, whatever lease the permits will have: a
+    // fixed lease starts at the grant, and must not run out on the mutex while waiting.
     let mutex = acquire::acquire_in(
         session.clone(),
         name,
@@ -91,14 +94,42 @@ pub(crate) async fn acquire(
         Ask {
             recipe: Recipe::Lock,
             data: b"",
+            lease: Lease::Renewing(session.timeout()),
             ..ask
         },
     )
     .await?;
-    let granted = take_leases(&session, name, &leases, count, limit, ask).await;
+    let Some(mutex_path) = mutex.backend_key().map(str::to_owned) else {
+        return Err(Error::backend(
+            BACKEND,
+            false,
+            "the semaphore's mutex has no node",
+        ));
+    };
+    let granted = take_leases(&session, name, &leases, &mutex_path, count, limit, ask).await;
     // Whatever happened, the mutex goes (deleted in the background if this fails).
     let _ = mutex.release().await;
     granted
+}
+
+/// The most bytes the permits of one request may take in its multi-op: half the
+/// server's default `jute.maxbuffer` (1 MiB). A larger request is refused by the server,
+/// which closes the connection; sent again after each reconnect, it would never end.
+const MAX_REQUEST_BYTES: usize = 512 * 1024;
+
+/// Refuses, before any I/O, a request for more permits than one multi-op can create
+/// (one node per permit; see [`MAX_REQUEST_BYTES`]).
+fn check_request_size(name: &str, leases: &str, count: u32) -> Result<(), Error> {
+    // The path of each node (`leases/_c_<uuid>-lease-`), its data, ACL and framing.
+    let per_node = leases.len() + LEASE_NAME.len() + 48 + 64;
+    let most = MAX_REQUEST_BYTES / per_node;
+    if count as usize > most {
+        return Err(Error::InvalidConfig(format!(
+            "{count} permits of semaphore {name:?} in one request: ZooKeeper creates one \
+             node per permit in one request, which fits at most {most} for this name"
+        )));
+    }
+    Ok(())
 }
 
 /// The stored limit of `leases` and how many leases are held, if it stores one.
@@ -111,11 +142,13 @@ async fn read_limit(session: &ZkSession, leases: &str) -> Result<Option<(u32, us
     Ok(stored_limit(&data).map(|limit| (limit, stat.num_children.max(0) as usize)))
 }
 
-/// Holding the internal mutex: waits until `count` more leases fit, then creates them.
+/// Holding the internal mutex (its node `mutex`): waits until `count` more leases fit,
+/// then creates them.
 async fn take_leases(
     session: &Arc<ZkSession>,
     name: &str,
     leases: &str,
+    mutex: &str,
     count: u32,
     limit: u32,
     ask: Ask<'_>,
@@ -167,8 +200,8 @@ async fn take_leases(
         }
         if children.len() as u64 + u64::from(count) <= u64::from(limit) {
             let sent = Instant::now();
-            match create_leases(session, &mut pending, stat.version, count).await {
-                Ok(Some(nodes)) => {
+            match create_leases(session, &mut pending, stat.version, mutex, count).await {
+                Ok(Created::Nodes(nodes)) => {
                     if acquire::grant_deadline(session, ask.lease, sent) <= Instant::now() {
                         return Err(Error::unavailable(
                             BACKEND,
@@ -180,7 +213,14 @@ async fn take_leases(
                     return granted;
                 }
                 // The limit changed under us (or the directory went): read again.
-                Ok(None) => continue,
+                Ok(Created::Changed) => continue,
+                Ok(Created::MutexLost) => {
+                    return Err(Error::unavailable(
+                        BACKEND,
+                        "the semaphore's internal lock was lost while waiting (the session's \
+                         deadline passed); nothing was granted",
+                    ));
+                }
                 Err(err) => return Err(acquire::waiting_error(name, err)),
             }
         }
@@ -209,19 +249,35 @@ fn timed_out(name: &str) -> Error {
     }
 }
 
+/// What [`create_leases`] did.
+enum Created {
+    /// The lease nodes, created.
+    Nodes(Vec<(String, zk::Stat)>),
+    /// The leases directory changed (or went): nothing created.
+    Changed,
+    /// Our node of the internal mutex is gone (the session's deadline passed and the
+    /// watcher deleted it): someone else may hold the mutex and count the leases, so
+    /// nothing was created.
+    MutexLost,
+}
+
 /// Creates `count` lease nodes in one multi-op that checks the leases directory is still
-/// at `version`. `Ok(None)` when the check failed (nothing created).
+/// at `version` and that our node of the internal mutex (`mutex`) is still there: only
+/// the mutex's holder may add leases, or two waiters could both see room for one.
 async fn create_leases(
     session: &ZkSession,
     pending: &mut PendingLeases,
     version: i32,
+    mutex: &str,
     count: u32,
-) -> Result<Option<Vec<(String, zk::Stat)>>, zk::Error> {
+) -> Result<Created, zk::Error> {
     let prefix = format!("{}/{}", pending.dir, pending.prefix_name);
     let options = zk::CreateMode::EphemeralSequential.with_acls(session.acls());
     loop {
         let mut multi = session.client.new_multi_writer();
         multi.add_check_version(&pending.dir, version)?;
+        // Version -1: any version, the node must exist.
+        multi.add_check_version(mutex, -1)?;
         for _ in 0..count {
             multi.add_create(&prefix, b"", &options)?;
         }
@@ -240,11 +296,15 @@ async fn create_leases(
                         *stat = retry(|| session.client.get_data(path)).await?.1;
                     }
                 }
-                return Ok(Some(nodes));
+                return Ok(Created::Nodes(nodes));
             }
-            Err(zk::MultiWriteError::OperationFailed { .. }) => {
+            Err(zk::MultiWriteError::OperationFailed { index, .. }) => {
                 pending.armed = false;
-                return Ok(None);
+                return Ok(if index == 1 {
+                    Created::MutexLost
+                } else {
+                    Created::Changed
+                });
             }
             Err(zk::MultiWriteError::RequestFailed { source }) if connection_broke(&source) => {
                 // Applied or not: a multi-op is all or nothing, so look for our nodes.
@@ -264,7 +324,7 @@ async fn create_leases(
                     let stat = retry(|| session.client.get_data(&path)).await?.1;
                     nodes.push((path, stat));
                 }
-                return Ok(Some(nodes));
+                return Ok(Created::Nodes(nodes));
             }
             Err(zk::MultiWriteError::RequestFailed { source }) => return Err(source),
         }

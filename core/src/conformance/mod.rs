@@ -54,8 +54,9 @@ pub use rwlock::{
     rw_requests_are_checked_and_cancellable,
 };
 pub use semaphore::{
-    never_more_permits_than_the_limit, permits_come_back_when_a_lease_ends,
-    semaphore_requests_are_checked_and_cancellable, tokens_grow_after_a_name_was_idle,
+    contended_fixed_lease_permits_start_at_grant, never_more_permits_than_the_limit,
+    permits_come_back_when_a_lease_ends, semaphore_requests_are_checked_and_cancellable,
+    tokens_grow_after_a_name_was_idle,
 };
 pub use support::unique_name;
 
@@ -102,6 +103,7 @@ macro_rules! conformance_suite {
             leadership_passes_when_the_leader_is_lost,
             never_more_permits_than_the_limit,
             permits_come_back_when_a_lease_ends,
+            contended_fixed_lease_permits_start_at_grant,
             fixed_leases_can_be_extended,
             semaphore_requests_are_checked_and_cancellable,
             tokens_grow_after_a_name_was_idle,

@@ -162,10 +162,104 @@ pub async fn permits_come_back_when_a_lease_ends(a: &dyn DistributedLock, b: &dy
     next.release().await.expect("release");
 }
 
+/// A fixed lease on permits starts when they are granted, not while waiting, and the
+/// wait never lets the limit be passed: on a semaphore of 1 held by one request, a
+/// request with a fixed lease waits longer than its lease, a renewing request joins
+/// after that, and when the holder lets go the two are granted one after the other,
+/// never both at once (the first waiter's wait must not have used up anything that
+/// keeps the second out), and the fixed-lease grant then holds for its lease.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending requests, which the backend cleans up
+/// as its own cancellation safety promises.
+pub async fn contended_fixed_lease_permits_start_at_grant(
+    a: &dyn DistributedLock,
+    b: &dyn DistributedLock,
+) {
+    if !has_semaphores(a).await {
+        return;
+    }
+    let name = unique_name("semaphore-fixed-wait");
+    let lease = short_lease(a).max(short_lease(b));
+    let wait = lease * 6 + Duration::from_secs(10);
+    let holder = a
+        .acquire_permits(
+            &name,
+            Permits::one_of(1).expect("valid"),
+            AcquireOptions::new(),
+        )
+        .await
+        .expect("permits");
+    let holding = AtomicU32::new(0);
+    let most = AtomicU32::new(0);
+    let counts = (&holding, &most);
+    let fixed = hold_one(
+        b,
+        &name,
+        AcquireOptions::new().fixed_lease(lease).wait_timeout(wait),
+        counts,
+    );
+    let renewing = async {
+        // Joins once the fixed-lease request has waited longer than its lease.
+        tokio::time::sleep(lease + lease / 2).await;
+        hold_one(a, &name, AcquireOptions::new().wait_timeout(wait), counts).await;
+    };
+    let release = async {
+        tokio::time::sleep(lease * 2 + lease / 2).await;
+        holder.release().await.expect("release");
+    };
+    tokio::join!(fixed, renewing, release);
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "a semaphore of 1 was held by two requests at once"
+    );
+}
+
+/// Takes one permit of `name` (a semaphore of 1), counts the requests holding at once
+/// in `holding` and the most ever in `most`, holds a moment, and releases. A fixed lease
+/// must start at the grant.
+async fn hold_one(
+    client: &dyn DistributedLock,
+    name: &str,
+    options: AcquireOptions,
+    (holding, most): (&AtomicU32, &AtomicU32),
+) {
+    let what = if options.lease_kind().is_renewing() {
+        "renewing"
+    } else {
+        "fixed-lease"
+    };
+    let guard = client
+        .acquire_permits(name, Permits::one_of(1).expect("valid"), options)
+        .await
+        .unwrap_or_else(|e| panic!("the {what} request: {e}"));
+    let granted_at = tokio::time::Instant::now();
+    let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+    most.fetch_max(now, Ordering::SeqCst);
+    if let crate::Lease::Fixed(lease) = options.lease_kind() {
+        assert!(
+            guard.valid_until() + SLACK >= granted_at + lease,
+            "the fixed lease was partly spent waiting: valid {:?} after its grant",
+            guard.valid_until().saturating_duration_since(granted_at)
+        );
+    }
+    tokio::time::sleep(SLACK).await;
+    assert!(!guard.is_lost(), "the {what} grant was lost at once");
+    holding.fetch_sub(1, Ordering::SeqCst);
+    guard.release().await.expect("release");
+}
+
 /// Bad requests are refused before any I/O (`Permits` checks them); a request with
 /// another limit than the semaphore's is `InvalidConfig`; a request that cannot wait is
 /// `Contended` when not enough permits are free; a cancelled request leaves nothing
-/// behind; once everything is released the limit may change.
+/// behind; once everything is released the limit may change; a request for 10,000
+/// permits is answered at once (granted, or `InvalidConfig`), never left hanging.
 ///
 /// # Errors
 ///
@@ -233,6 +327,24 @@ pub async fn semaphore_requests_are_checked_and_cancellable(
         .await
         .expect("an idle semaphore takes a new limit");
     all_of_five.release().await.expect("release");
+    // A request for very many permits is granted, or refused with `InvalidConfig` where
+    // the backend cannot take that many in one request: answered at once, never a hang.
+    let many = Permits::new(10_000, 10_000).expect("valid");
+    let asked = tokio::time::timeout(
+        Duration::from_secs(20),
+        a.acquire_permits(
+            &unique_name("semaphore-many"),
+            many,
+            AcquireOptions::new().no_wait(),
+        ),
+    )
+    .await
+    .expect("a request for 10,000 permits hung");
+    match asked {
+        Ok(guard) => guard.release().await.expect("release"),
+        Err(Error::InvalidConfig(_)) => {}
+        Err(other) => panic!("a request for 10,000 permits: {other}"),
+    }
 }
 
 /// A name's tokens keep growing after it was idle: a grant of a lock, a semaphore's
