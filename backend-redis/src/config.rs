@@ -226,6 +226,54 @@ impl RedisConfig {
         }
     }
 
+    /// Checks the durations of a configuration built by hand, as
+    /// [`from_url`](Self::from_url) does for a URL's (and [`RedisLock::connect`]
+    /// (crate::RedisLock::connect) for every configuration): `timeout` and
+    /// `connect_timeout` positive, `token_ttl` at least 1 s, `poll_min` positive and at
+    /// most `poll_max`, none longer than 100 years; with `wait_replicas`, a `wait_timeout`
+    /// that is positive and shorter than `timeout` (the replica check's `WAIT` holds the
+    /// client's connection that long, and `WAIT n 0` would hold it for ever).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the offending setting.
+    pub fn check_durations(&self) -> Result<(), Error> {
+        let bad = |reason: String| Err(Error::InvalidConfig(format!("redis: {reason}")));
+        for (setting, value) in [
+            ("timeout", self.timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("wait_timeout", self.wait_timeout),
+            ("token_ttl", self.token_ttl),
+            ("poll_min", self.poll_min),
+            ("poll_max", self.poll_max),
+        ] {
+            if value > fencelock_core::FOREVER {
+                return bad(format!("{setting} of {value:?} is longer than 100 years"));
+            }
+        }
+        if self.timeout.is_zero()
+            || self.connect_timeout.is_zero()
+            || self.token_ttl < Duration::from_secs(1)
+        {
+            return bad(
+                "timeout and connect_timeout must be positive and token_ttl at least 1s".into(),
+            );
+        }
+        if self.poll_min.is_zero() || self.poll_min > self.poll_max {
+            return bad("poll_min must be positive and at most poll_max".into());
+        }
+        if self.wait_replicas > 0
+            && (self.wait_timeout.is_zero() || self.wait_timeout >= self.timeout)
+        {
+            return bad(format!(
+                "wait_timeout ({:?}) must be positive and shorter than timeout ({:?}): the \
+                 replica check's WAIT holds the connection that long (WAIT with 0 for ever)",
+                self.wait_timeout, self.timeout
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks the TLS settings against the topology: none without TLS (`rediss://`,
     /// `rediss+sentinel://`, `rediss+cluster://`, `redlocks://`), and `cert` and `key`
     /// both or neither. Does not touch the files.
@@ -347,16 +395,8 @@ impl RedisConfig {
                 other => return Err(bad(format!("unknown option `{other}`"))),
             }
         }
-        if config.timeout.is_zero()
-            || config.connect_timeout.is_zero()
-            || config.token_ttl < Duration::from_secs(1)
-        {
-            return Err(bad(
-                "timeout and connect_timeout must be positive and token_ttl at least 1s".into(),
-            ));
-        }
-        if config.poll_min.is_zero() || config.poll_min > config.poll_max {
-            return Err(bad("poll_min must be positive and at most poll_max".into()));
+        if let Err(Error::InvalidConfig(reason)) = config.check_durations() {
+            return Err(bad(reason.trim_start_matches("redis: ").to_owned()));
         }
         config.layout = if raw {
             KeyLayout::raw(prefix.unwrap_or_default())
@@ -837,6 +877,44 @@ mod tests {
             let err = RedisConfig::from_url(url).unwrap_err();
             assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
             assert!(err.to_string().contains("redis+sentinel"), "{err}");
+        }
+    }
+
+    /// A replica check whose `WAIT` could hold the connection for ever (`wait_timeout=0`)
+    /// or past the response timeout, and durations that overflow the arithmetic on them,
+    /// are refused: from a URL as `InvalidUrl`, built by hand as `InvalidConfig`.
+    #[test]
+    fn durations_out_of_range_are_refused() {
+        for url in [
+            "redis://a:1?wait_replicas=1&wait_timeout=0",
+            "redis://a:1?wait_replicas=1&wait_timeout=2s",
+            "redis://a:1?wait_replicas=1&wait_timeout=3s&timeout=2s",
+            "redis+sentinel://a:1/m?timeout=10000000000000000000s",
+            "redis://a:1?layout=raw&poll_min=1s&poll_max=10000000000000000000s",
+            "redis://a:1?poll_min=2s&poll_max=1s",
+        ] {
+            let err = RedisConfig::from_url(url).unwrap_err();
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+        }
+        // No replica check: the wait timeout does not matter.
+        assert!(RedisConfig::from_url("redis://a:1?wait_timeout=0").is_ok());
+        assert!(RedisConfig::from_url("redis://a:1?wait_replicas=1&wait_timeout=500ms").is_ok());
+        let by_hand = |change: fn(&mut RedisConfig)| {
+            let mut config = RedisConfig::from_url("redis://a:1").unwrap();
+            change(&mut config);
+            config.check_durations()
+        };
+        assert!(by_hand(|_| {}).is_ok());
+        for change in [
+            (|c: &mut RedisConfig| c.timeout = Duration::MAX) as fn(&mut RedisConfig),
+            |c| c.connect_timeout = Duration::ZERO,
+            |c| c.poll_max = Duration::MAX,
+            |c| {
+                c.wait_replicas = 1;
+                c.wait_timeout = Duration::ZERO;
+            },
+        ] {
+            assert!(matches!(by_hand(change), Err(Error::InvalidConfig(_))));
         }
     }
 }

@@ -49,10 +49,12 @@ impl RedisLock {
     /// # Errors
     ///
     /// - [`Error::InvalidConfig`] for a replica check on Cluster or Redlock (not
-    ///   supported), or TLS without the `tls` feature;
+    ///   supported), TLS without the `tls` feature, or durations out of range (see
+    ///   [`RedisConfig::check_durations`]);
     /// - [`Error::Unavailable`] when a server cannot be reached;
     /// - [`Error::Backend`] (not retryable) when authentication fails.
     pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
+        config.check_durations()?;
         if config.wait_replicas > 0
             && matches!(
                 config.topology,

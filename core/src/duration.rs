@@ -7,7 +7,7 @@ use std::time::Duration;
 /// `1s 500ms`; `0` alone is zero).
 ///
 /// A bare number is refused rather than guessed at (milliseconds? seconds?): write the
-/// unit.
+/// unit. Longer than 100 years ([`FOREVER`](crate::FOREVER)) is refused too.
 ///
 /// # Errors
 ///
@@ -34,8 +34,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "`{text}` has no unit: write {trimmed}ms or {trimmed}s, for example"
         ));
     }
-    humantime::parse_duration(trimmed)
-        .map_err(|e| format!("`{text}` is not a duration such as 250ms, 30s or 2m ({e})"))
+    let duration = humantime::parse_duration(trimmed)
+        .map_err(|e| format!("`{text}` is not a duration such as 250ms, 30s or 2m ({e})"))?;
+    // Nothing configured is meant to be longer, and a longer one overflows the arithmetic
+    // on it (a doubled timeout, a deadline) instead of meaning anything.
+    if duration > crate::FOREVER {
+        return Err(format!("`{text}` is longer than 100 years"));
+    }
+    Ok(duration)
 }
 
 #[cfg(test)]
@@ -50,6 +56,10 @@ mod tests {
         assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(
+            parse_duration("99y"),
+            Ok(Duration::from_secs(99 * 31_557_600))
+        );
         for bad in [
             "",
             "s",
@@ -57,6 +67,8 @@ mod tests {
             "1500",
             "10 parsecs",
             "99999999999999999999h",
+            "10000000000000000000s",
+            "101y",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
