@@ -369,6 +369,31 @@ impl Engine {
         let token = token
             .filter(|_| !self.config.layout.is_raw())
             .map_or_else(String::new, |t| t.to_string());
+        self.compare_and_delete(keys, owner, token, election).await
+    }
+
+    /// Takes the grant of `owner` from it (see [`release`](Self::release)): also moves the
+    /// name's counter on, so that the holder's own release finds the grant gone *and*
+    /// the counter moved, and answers `Lost` rather than "released already".
+    pub(crate) async fn revoke(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        election: bool,
+    ) -> Result<bool, Error> {
+        self.compare_and_delete(keys, owner, "!".to_owned(), election)
+            .await
+    }
+
+    /// The release script on every node; `token` is its third argument (see
+    /// [`RELEASE`](scripts::RELEASE)).
+    async fn compare_and_delete(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: String,
+        election: bool,
+    ) -> Result<bool, Error> {
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation
             .key(&keys.lock)

@@ -424,7 +424,7 @@ impl DistributedLock for RedisLock {
         // keeps it. Waiters (and a term's observers) are told, as by a release.
         let deleted = self
             .engine
-            .release(&keys, &holder.owner, None, holder.value.is_some())
+            .revoke(&keys, &holder.owner, holder.value.is_some())
             .await?;
         if deleted {
             tracing::warn!(lock = name, key = %keys.lock, "redis: lock revoked");

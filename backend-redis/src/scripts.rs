@@ -356,6 +356,10 @@ return 1
 /// re-sends after a dropped connection), or an expiry no other holder followed. Nothing
 /// can have overlapped, so it is not a loss.
 ///
+/// `revoke` passes `!` as the token: it deletes someone else's grant, so it moves the
+/// counter on (when there is one), and that holder's own release then answers 0 (lost),
+/// not 1 by the rule above. Tokens only grow: the next grant's is larger still.
+///
 /// A semaphore's or read-write lock's holder key (`owner \r index`: see
 /// [`MEMBER_ACQUIRE`]) is deleted with its entry in the index, and the index with its
 /// last holder.
@@ -375,6 +379,9 @@ if v == ARGV[1] or (ARGV[4] and v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] 
   end
   if ARGV[4] then
     redis.call('PUBLISH', ARGV[4], '0')
+  end
+  if ARGV[3] == '!' and redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('INCR', KEYS[3])
   end
   return 1
 end

@@ -99,7 +99,8 @@ pub async fn list_finds_held_and_waited_names(a: &dyn DistributedLock, b: &dyn D
 
 /// `revoke` takes a lock from its live holder and says who that was: the holder learns
 /// of the loss (at once where the backend notifies, otherwise by its next renewal), the
-/// waiter on the other client is granted the lock with a larger token, and revoking a
+/// waiter on the other client is granted the lock with a larger token, a holder whose
+/// lock was revoked with nobody waiting gets `Lost` from its release, and revoking a
 /// free name returns `None`. A bad name is `InvalidName` before any I/O.
 ///
 /// # Errors
@@ -150,6 +151,18 @@ pub async fn revoke_takes_the_lock_from_its_holder(
         "revoking the old grant left the new one alone"
     );
     next.release().await.expect("release");
+    // Revoked with nobody waiting (so nobody was granted since), the holder's release
+    // still says the lock was taken from it: `Lost`, not `Ok`.
+    let quiet = a
+        .acquire(&name, AcquireOptions::new().lease(lease))
+        .await
+        .expect("acquire");
+    assert!(b.revoke(&name).await.expect("revoke").is_some());
+    let released = quiet.release().await;
+    assert!(
+        matches!(released, Err(Error::Lost { .. })),
+        "the release of a revoked lock: {released:?}"
+    );
     assert_eq!(a.revoke(&name).await.expect("revoke"), None);
     assert!(matches!(a.revoke("").await, Err(Error::InvalidName { .. })));
 }
