@@ -159,10 +159,11 @@ impl ZkLock {
             What::Node(recipe, data) => (recipe, data),
             What::Permits(_) => (Recipe::Lock, &b""[..]),
         };
-        options.validate(self.config().min_lease())?;
         // No lease on the options means "this client's session": the configured
-        // `session_timeout` (see the type's documentation).
+        // `session_timeout` (see the type's documentation). That is the lease checked
+        // against `min_lease`, not the 30 s default of other backends.
         let lease = options.lease_or(self.config().session_timeout());
+        fencelock_core::validate_lease(lease.duration(), self.config().min_lease())?;
         let session_timeout = match lease {
             Lease::Renewing(duration) => {
                 check_session_lease(duration)?;

@@ -83,3 +83,31 @@ async fn too_many_durations_held_at_once_is_a_typed_error() {
     let guard = locks.acquire("again", lease(200)).await.unwrap();
     guard.release().await.unwrap();
 }
+
+/// With `min_lease` above 30 s (the default lease of other backends), an acquire without
+/// a lease takes the client's session timeout, its configured default, which meets that
+/// minimum: it is granted, not refused with `InvalidConfig`. A shorter lease asked for
+/// is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_min_lease_above_thirty_seconds_allows_acquires_without_a_lease() {
+    let url = format!(
+        "zk://{}/sessions-min-{:x}?session_timeout=35s&min_lease=35s",
+        ZkServer::shared().connect_string(),
+        std::process::id()
+    );
+    let locks = ZkLock::connect(ZkConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let guard = locks
+        .acquire("default-lease", AcquireOptions::new().no_wait())
+        .await
+        .expect("an acquire with the configured default lease");
+    guard.release().await.unwrap();
+    let short = locks
+        .acquire(
+            "default-lease",
+            AcquireOptions::new().lease(Duration::from_secs(20)),
+        )
+        .await;
+    assert!(matches!(short, Err(Error::InvalidConfig(_))), "{short:?}");
+}
