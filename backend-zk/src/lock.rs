@@ -251,20 +251,34 @@ impl ZkLock {
     ///
     /// [`Error::Lost`] if `guard`'s node is no longer the holder; backend errors as for
     /// `acquire`.
+    ///
+    /// Any grant of this client has a fence: a lock, a write or read lock, an election's
+    /// term, a semaphore's permits (fenced on its first permit's node). A granted node is
+    /// held for as long as it exists, so the fence checks the guard's own node.
     pub async fn fence(&self, guard: &LockGuard) -> Result<ZkFence, Error> {
         let session = self.default_session().await?;
-        let dir = names::lock_dir(session.root(), guard.name());
         let lost = || Error::lost(guard.name(), "the guard's node is not the holder any more");
-        match holder(&session, &dir).await? {
-            Some((path, stat, _)) if stat.czxid as u64 == guard.token().get() => {
+        let Some(path) = guard.backend_key() else {
+            return Err(lost());
+        };
+        let found = match retry(|| session.client.check_stat(path)).await {
+            Ok(found) => found,
+            Err(err) => return Err(map(err)),
+        };
+        match found {
+            Some(stat) if stat.czxid as u64 == guard.token().get() => {
                 // Write through the session that owns the node: if that session
                 // expires, the node is gone and so is the right to write.
-                let owner = self.pool.find(stat.ephemeral_owner).ok_or_else(lost)?;
+                let owner = self
+                    .pool
+                    .find(stat.ephemeral_owner)
+                    .await
+                    .ok_or_else(lost)?;
                 Ok(ZkFence::new(
                     owner.client.clone(),
                     guard.name(),
                     guard.token(),
-                    path,
+                    path.to_owned(),
                     stat.version,
                 ))
             }

@@ -417,8 +417,10 @@ impl SessionPool {
         &self.config
     }
 
-    /// The open session with ZooKeeper session id `id`, if it is one of ours.
-    pub(crate) fn find(&self, id: i64) -> Option<Arc<ZkSession>> {
+    /// The open session with ZooKeeper session id `id`, if it is one of ours. Waits for a
+    /// slot that is connecting (a `try_lock` would miss a live session while another
+    /// request holds its slot).
+    pub(crate) async fn find(&self, id: i64) -> Option<Arc<ZkSession>> {
         let slots: Vec<Slot> = self
             .slots
             .lock()
@@ -426,13 +428,13 @@ impl SessionPool {
             .values()
             .cloned()
             .collect();
-        slots.iter().find_map(|slot| {
-            let current = slot.try_lock().ok()?;
-            current
-                .as_ref()
-                .filter(|s| s.client.session_id().0 == id)
-                .cloned()
-        })
+        for slot in slots {
+            let current = slot.lock().await;
+            if let Some(session) = current.as_ref().filter(|s| s.client.session_id().0 == id) {
+                return Some(session.clone());
+            }
+        }
+        None
     }
 
     /// The live session with `timeout`, connecting one if there is none or it ended.
