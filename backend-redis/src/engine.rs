@@ -289,6 +289,14 @@ impl Engine {
             // Redlock without a majority (or too slow): undo the partial grant now.
             self.release(keys, &owner, None, election).await.ok();
             in_flight.armed = false;
+            if granted.len() >= self.quorum {
+                // Granted, but the answer came after the lease had run out: the lock was
+                // free, so this is the servers' slowness, not contention.
+                return Err(Error::unavailable(
+                    BACKEND,
+                    "the lease ran out before the grant was confirmed (Redis answered too slowly)",
+                ));
+            }
         } else if errors.is_empty() {
             in_flight.armed = false;
         }

@@ -396,3 +396,48 @@ async fn a_lock_lost_while_its_renewals_were_answered_late_is_released() {
     }
     proxy.set(fencelock_testkit::Fault::Pass);
 }
+
+/// A free lock granted by a server whose answer arrives after the lease has run out is
+/// released and the acquire fails with `Unavailable` (retryable: the servers were too
+/// slow), not `Contended`: nobody held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_answered_after_its_lease_is_unavailable_not_contended() {
+    let server = RedisServer::shared();
+    let proxy = fencelock_testkit::FaultProxy::start(&server.addr());
+    let prefix = format!("slow-grant-{:x}:", std::process::id());
+    let url = format!("redis://{}?prefix={prefix}", proxy.addr());
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    // Loads the scripts while answers are quick.
+    locks
+        .try_lock("warm-up")
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.set(fencelock_testkit::Fault::DelayReplies(
+        Duration::from_millis(300),
+    ));
+    let outcome = locks
+        .acquire(
+            "slow",
+            AcquireOptions::new()
+                .no_wait()
+                .fixed_lease(Duration::from_millis(100)),
+        )
+        .await;
+    proxy.set(fencelock_testkit::Fault::Pass);
+    match outcome {
+        Err(error @ fencelock_core::Error::Unavailable { .. }) => assert!(error.is_retryable()),
+        other => panic!("a grant answered after its lease: {other:?}"),
+    }
+    // Released: the name is free at once, long before the 100 ms lease would matter.
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let exists: bool = conn.exists(format!("{prefix}{{slow}}")).await.unwrap();
+    assert!(!exists, "the late grant's key was left");
+}
