@@ -118,7 +118,7 @@ impl KeyLayout {
 pub(crate) struct PrimitiveKeys {
     /// The index hash: holder owner → permits (`w` for a writer), and `#limit`.
     pub index: String,
-    /// The prefix of the holders' keys (`holders` + owner; value `owner \r index`).
+    /// The prefix of the holders' keys (`holders` + owner; value `owner \r index \r token`).
     pub holders: String,
     /// The token counter.
     pub token: String,

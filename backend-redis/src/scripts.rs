@@ -360,7 +360,7 @@ return 1
 /// counter on (when there is one), and that holder's own release then answers 0 (lost),
 /// not 1 by the rule above. Tokens only grow: the next grant's is larger still.
 ///
-/// A semaphore's or read-write lock's holder key (`owner \r index`: see
+/// A semaphore's or read-write lock's holder key (`owner \r index \r token`: see
 /// [`MEMBER_ACQUIRE`]) is deleted with its entry in the index, and the index with its
 /// last holder.
 ///
@@ -386,7 +386,8 @@ if v == ARGV[1] or (ARGV[4] and v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] 
   return 1
 end
 if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\r' then
-  local idx = string.sub(v, #ARGV[1] + 2)
+  local rest = string.sub(v, #ARGV[1] + 2)
+  local idx = string.match(rest, '^(.*)\r%d+$') or rest
   redis.call('HDEL', idx, ARGV[1])
   local n = redis.call('HLEN', idx)
   if n == 0 or (n == 1 and redis.call('HEXISTS', idx, '#limit') == 1) then
@@ -406,7 +407,7 @@ return 0
 });
 
 /// KEYS: lock keys (one slot). ARGV: owner, lease ms for each key in turn.
-/// A semaphore's or read-write lock's holder key (`owner \r index`: see
+/// A semaphore's or read-write lock's holder key (`owner \r index \r token`: see
 /// [`MEMBER_ACQUIRE`]) is renewed with its index hash, whose expiry is kept at least as
 /// late as every holder's.
 /// Returns one integer per key: 1 renewed, 0 missing, another owner's or not a string
@@ -427,7 +428,8 @@ for i, k in ipairs(KEYS) do
     redis.call('PEXPIRE', k, ARGV[2 * i])
     r[i] = 1
   elseif string.sub(v, 1, #o + 1) == o .. '\r' then
-    local idx, ms = string.sub(v, #o + 2), tonumber(ARGV[2 * i])
+    local rest, ms = string.sub(v, #o + 2), tonumber(ARGV[2 * i])
+    local idx = string.match(rest, '^(.*)\r%d+$') or rest
     redis.call('PEXPIRE', k, ms)
     if redis.call('PTTL', idx) < ms then
       redis.call('PEXPIRE', idx, ms)
@@ -462,8 +464,13 @@ return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET
 /// Returns `{1, token}` when granted, `{0, retry ms}` when refused, `{-1, limit}` when
 /// the semaphore has holders and another limit.
 ///
-/// Each holder has a key of its own (`holders` + owner, value `owner \r index`, PX =
-/// lease), renewed and released by [`RENEW`] and [`RELEASE`] like a lock key; the index
+/// Each holder has a key of its own (`holders` + owner, value `owner \r index \r token`,
+/// PX = lease), renewed and released by [`RENEW`] and [`RELEASE`] like a lock key; the
+/// token in it is what a re-sent request of the same grant answers (redis-rs re-sends a
+/// request after a dropped connection or, on a cluster, a timeout): the counter has
+/// moved on with other holders' grants since, and answering it would give this grant
+/// another holder's token. (Values written without the token, `owner \r index`, are
+/// still read.) The index
 /// hash maps each holder's owner to its permits (`w` for a writer) and keeps the
 /// semaphore's `#limit`. Entries whose holder key has expired are pruned here, so a
 /// crashed holder's permits come back with its lease. The index expires no earlier than
@@ -480,12 +487,10 @@ pub(crate) static MEMBER_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local idx, me = KEYS[1], ARGV[1] .. '\r' .. KEYS[1]
-if redis.call('GET', KEYS[2]) == me then
-  local c = redis.call('GET', KEYS[3])
-  if c then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
-    return {1, c}
-  end
+local held = redis.call('GET', KEYS[2])
+if held and string.sub(held, 1, #me + 1) == me .. '\r' then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return {1, string.sub(held, #me + 2)}
 end
 local mode, count, limit = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local used, writer, soonest, stored = 0, false, -1, nil
@@ -526,7 +531,14 @@ else
   ok = used == 0 and (not intent or mine)
 end
 if ok then
-  redis.call('SET', KEYS[2], me, 'PX', ARGV[2])
+  local t = redis.call('TIME')
+  local tok = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  local c = tonumber(redis.call('SET', KEYS[3], tok, 'PX', ARGV[3], 'GET') or '0') or 0
+  if c >= tonumber(tok) then
+    tok = string.format('%.0f', c + 1)
+    redis.call('SET', KEYS[3], tok, 'PX', ARGV[3])
+  end
+  redis.call('SET', KEYS[2], me .. '\r' .. tok, 'PX', ARGV[2])
   if mode == 's' then
     redis.call('HSET', idx, ARGV[1], count, '#limit', limit)
   elseif mode == 'w' then
@@ -538,14 +550,6 @@ if ok then
   if redis.call('PTTL', idx) < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', idx, ARGV[2])
   end
-  local t = redis.call('TIME')
-  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-  local c = tonumber(redis.call('SET', KEYS[3], now, 'PX', ARGV[3], 'GET') or '0') or 0
-  if c < tonumber(now) then
-    return {1, now}
-  end
-  local tok = string.format('%.0f', c + 1)
-  redis.call('SET', KEYS[3], tok, 'PX', ARGV[3])
   return {1, tok}
 end
 if mode ~= 'r' and ARGV[4] == '1' and (not intent or mine) then
@@ -583,3 +587,98 @@ return 0
 ",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use fencelock_testkit::RedisServer;
+    use redis::aio::MultiplexedConnection;
+
+    use super::{MEMBER_ACQUIRE, RELEASE, RENEW};
+    use crate::keys::{KeyLayout, PrimitiveKeys};
+
+    /// Runs the member grant for `owner` (one permit of 3): its reply `{granted, token}`.
+    async fn grant(
+        conn: &mut MultiplexedConnection,
+        keys: &PrimitiveKeys,
+        owner: &str,
+    ) -> (i64, u64) {
+        let holder = keys.holder(owner);
+        let (granted, token): (i64, String) = MEMBER_ACQUIRE
+            .prepare_invoke()
+            .key(&keys.index)
+            .key(&holder.lock)
+            .key(&keys.token)
+            .key(&keys.waiters)
+            .key(&keys.intent)
+            .arg(owner)
+            .arg(30_000)
+            .arg(86_400_000)
+            .arg(0)
+            .arg("s")
+            .arg(1)
+            .arg(3)
+            .arg(&keys.holders)
+            .arg(format!("intent-{owner}"))
+            .eval()
+            .query_async(conn)
+            .await
+            .unwrap();
+        (granted, token.parse().unwrap())
+    }
+
+    /// A semaphore grant sent again after its first send was applied (redis-rs re-sends
+    /// after a dropped connection, and on a cluster after a timeout) answers the token of
+    /// that first send, not the counter, which another holder's grant has moved on since:
+    /// two holders never carry one token. The holder key still renews and releases.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resent_member_grant_answers_its_own_token() {
+        let server = RedisServer::shared();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let name = format!("resent-{:x}", std::process::id());
+        let keys = KeyLayout::default().primitive_keys(&name, "sem");
+        let (granted, first) = grant(&mut conn, &keys, "a").await;
+        assert_eq!(granted, 1);
+        let (granted, other) = grant(&mut conn, &keys, "b").await;
+        assert_eq!(granted, 1);
+        assert!(other > first);
+        let (granted, again) = grant(&mut conn, &keys, "a").await;
+        assert_eq!(granted, 1);
+        assert_eq!(again, first, "the re-sent grant answered another token");
+        for owner in ["a", "b"] {
+            let holder = keys.holder(owner);
+            let renewed: Vec<i64> = RENEW
+                .prepare_invoke()
+                .key(&holder.lock)
+                .arg(owner)
+                .arg(30_000)
+                .eval()
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(renewed, [1], "{owner} renewed");
+            let released: i64 = RELEASE
+                .prepare_invoke()
+                .key(&holder.lock)
+                .key(&holder.waiters)
+                .key(&holder.token)
+                .arg(owner)
+                .arg(&holder.channel)
+                .arg("")
+                .eval()
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(released, 1, "{owner} released");
+        }
+        let left: bool = redis::cmd("EXISTS")
+            .arg(&keys.index)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(!left, "the index outlived its last holder");
+    }
+}
