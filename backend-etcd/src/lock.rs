@@ -223,6 +223,10 @@ impl EtcdLock {
                 _ => Duration::ZERO,
             },
         };
+        // The steps before any waiting (the session, the create) get at least
+        // `STEP_GRACE`: the wait bounds the time spent behind a holder, not the round
+        // trips, so a free lock is granted with a zero wait.
+        let steps = step_deadline(deadline);
         let inner = &self.inner;
         let names = name_prefix(&inner.config.prefix, name);
         let lease = options.lease_or(inner.config.lease);
@@ -231,13 +235,14 @@ impl EtcdLock {
         // does not wait is granted or refused by its create, so its key goes straight onto
         // a lease granted just before. One that may wait queues on the client's renewing
         // session and moves its key onto a fresh fixed lease when its turn comes.
-        // Every step is bounded by the caller's wait, also when etcd hangs (a request
-        // caught in an election waits for etcd's own request timeout).
+        // Every step is bounded by the caller's wait (the steps before any waiting by
+        // at least `STEP_GRACE`), also when etcd hangs (a request caught in an election
+        // waits for etcd's own request timeout).
         let (session, fixed_now) = match lease {
             Lease::Fixed(ttl) if no_wait => (Session::grant(&inner.client, ttl, None).await?, true),
             Lease::Fixed(_) => (
                 within(
-                    deadline,
+                    steps,
                     inner.sessions.get(&inner.client, inner.config.lease),
                     timed_out,
                 )
@@ -245,7 +250,7 @@ impl EtcdLock {
                 false,
             ),
             Lease::Renewing(ttl) => (
-                within(deadline, inner.sessions.get(&inner.client, ttl), timed_out).await??,
+                within(steps, inner.sessions.get(&inner.client, ttl), timed_out).await??,
                 false,
             ),
         };
@@ -272,6 +277,8 @@ impl EtcdLock {
                     name: name.to_owned(),
                 })?
         } else {
+            // Waiting behind this client's other waiters: the caller's deadline (a free
+            // gate is entered at its first poll).
             within(deadline, inner.gates.enter(&key, &names), timed_out).await?
         };
         pending.get().permit = Some(permit);
@@ -284,7 +291,7 @@ impl EtcdLock {
                 })?
         } else {
             let (mine, first) = within(
-                deadline,
+                steps,
                 self.create_and_read_first(&key, &names, session.lease_id(), value, &mut pending),
                 timed_out,
             )
@@ -651,6 +658,18 @@ fn stale(error: etcd_client::Error, pending: &mut Armed) -> Error {
 }
 
 /// Runs `step`, giving up at `deadline` with the error `timed_out` makes.
+/// How long the steps before any waiting (connecting a session, creating the key, the
+/// first read of the queue) may take even when the caller's wait is shorter: the wait
+/// bounds the time spent behind holders, not the round trips, so a free lock is granted
+/// with a zero wait. A hung etcd still ends such an acquire after this long.
+const STEP_GRACE: Duration = Duration::from_millis(500);
+
+/// The deadline of the steps before any waiting: the caller's, or `STEP_GRACE` from now
+/// if that is later.
+pub(crate) fn step_deadline(deadline: Option<Instant>) -> Option<Instant> {
+    deadline.map(|d| d.max(Instant::now() + STEP_GRACE))
+}
+
 pub(crate) async fn within<T>(
     deadline: Option<Instant>,
     step: impl std::future::Future<Output = T>,

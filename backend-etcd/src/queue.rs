@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::error::map;
 use crate::held::{Armed, Cleanup, KeyState};
 use crate::keys::encode;
-use crate::lock::{EtcdLock, within};
+use crate::lock::{EtcdLock, step_deadline, within};
 use crate::session::Session;
 
 /// What a request asks for.
@@ -85,8 +85,11 @@ impl EtcdLock {
             Lease::Renewing(ttl) => ttl,
             Lease::Fixed(_) => inner.config.lease,
         };
+        // The steps before any waiting (session, create, first read) are bounded by at
+        // least the grace of `step_deadline`: a free name is granted with a zero wait.
+        let steps = step_deadline(deadline);
         let session = within(
-            deadline,
+            steps,
             inner.sessions.get(&inner.client, session_ttl),
             timed_out,
         )
@@ -115,11 +118,43 @@ impl EtcdLock {
                 value.as_str(),
                 Some(PutOptions::new().with_lease(session.lease_id())),
             )]);
-        let created = within(deadline, self.send_create(txn, &mut pending), timed_out).await??;
+        let created = within(steps, self.send_create(txn, &mut pending), timed_out).await??;
         let mine = created.header().map_or(0, |h| h.revision());
         pending.get().state = KeyState::Created(mine);
 
+        // The first look: granted at once (no waiting, so within the steps' grace), or
+        // refused (a request that cannot wait ends here).
+        let first_look = async {
+            match ask {
+                Ask::Read | Ask::Write => {
+                    let blockers = match ask {
+                        Ask::Read => format!("{dir}write/"),
+                        _ => dir.clone(),
+                    };
+                    Ok::<_, Error>(!self.earlier_key(&blockers, mine).await?)
+                }
+                Ask::Permits { count, limit } => {
+                    self.permits_fit(&dir, mine, (count, limit), name).await
+                }
+            }
+        };
+        let granted_at_once = match within(steps, first_look, timed_out).await {
+            Ok(Ok(granted)) => granted,
+            Ok(Err(error)) | Err(error) => {
+                pending.finish_now().await;
+                return Err(error);
+            }
+        };
+        if !granted_at_once && options.wait_kind() == Wait::NoWait {
+            pending.finish_now().await;
+            return Err(Error::Contended {
+                name: name.to_owned(),
+            });
+        }
         let waiting = async {
+            if granted_at_once {
+                return Ok(());
+            }
             // Whether our key must still be checked: a read or write request's wait
             // confirms it itself, and a request granted at its first read needs no check
             // that its key survived the wait (as a lock's first try).
@@ -129,25 +164,10 @@ impl EtcdLock {
                         Ask::Read => format!("{dir}write/"),
                         _ => dir.clone(),
                     };
-                    if options.wait_kind() == Wait::NoWait {
-                        if self.earlier_key(&blockers, mine).await? {
-                            return Err(Error::Contended {
-                                name: name.to_owned(),
-                            });
-                        }
-                        false
-                    } else {
-                        // Confirms our key too: no separate check after it.
-                        crate::wait::for_turn(
-                            &inner.client,
-                            (&blockers, &key),
-                            mine,
-                            &session,
-                            name,
-                        )
+                    // Confirms our key too: no separate check after it.
+                    crate::wait::for_turn(&inner.client, (&blockers, &key), mine, &session, name)
                         .await?;
-                        false
-                    }
+                    false
                 }
                 Ask::Permits { count, limit } => {
                     self.wait_for_permits(&dir, mine, (count, limit), &session, name, options)

@@ -97,23 +97,7 @@ impl RedisLock {
         options.validate(MIN_LEASE)?;
         self.check_open()?;
         let keys = self.engine.config.layout.keys(name);
-        let waiting = async {
-            match options.wait_kind() {
-                Wait::Timeout(limit) => {
-                    tokio::time::timeout(limit, self.wait_for_grant(name, &keys, options, value))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(Error::Timeout {
-                                name: name.to_owned(),
-                                waited: limit,
-                            })
-                        })
-                }
-                Wait::NoWait | Wait::Forever => {
-                    self.wait_for_grant(name, &keys, options, value).await
-                }
-            }
-        };
+        let waiting = self.wait_for_grant(name, &keys, options, value);
         let span = if value.is_some() {
             tracing::debug_span!("fencelock.redis.campaign", election = name)
         } else {
@@ -127,6 +111,10 @@ impl RedisLock {
         }
     }
 
+    /// Tries, and while the lock is held waits and tries again, until granted or the
+    /// wait is over. The wait bounds the time spent behind a holder, not the round trips
+    /// (each bounded by the response timeout): a free lock is granted with a zero wait,
+    /// and a try under way when the wait ends is answered, not dropped.
     async fn wait_for_grant(
         &self,
         name: &str,
@@ -134,6 +122,22 @@ impl RedisLock {
         options: AcquireOptions,
         value: Option<&str>,
     ) -> Result<LockGuard, Error> {
+        let (deadline, waited) = match options.wait_kind() {
+            // A wait too long to represent is a wait forever.
+            Wait::Timeout(limit) => (tokio::time::Instant::now().checked_add(limit), limit),
+            Wait::NoWait | Wait::Forever => (None, Duration::ZERO),
+        };
+        let timed_out = || Error::Timeout {
+            name: name.to_owned(),
+            waited,
+        };
+        // Completes when the wait is over (never without one).
+        let over = || async move {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
         let lease = options.lease_kind();
         let wake = Arc::new(Notify::new());
         let mut subscriptions = Vec::new();
@@ -164,27 +168,37 @@ impl RedisLock {
                         name: name.to_owned(),
                     });
                 }
+                Attempt::Held(_) if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) => {
+                    return Err(timed_out());
+                }
                 Attempt::Held(_) if front.is_none() => {
                     // At the front, try again at once: the task before may have just
                     // been granted the lock, or have given up.
-                    front = Some(self.engine.lines.front(&keys.lock).await);
+                    tokio::select! {
+                        at_front = self.engine.lines.front(&keys.lock) => front = Some(at_front),
+                        () = over() => return Err(timed_out()),
+                    }
                 }
                 Attempt::Held(_) if subscriptions.is_empty() => {
                     // Subscribe, then try again at once: an unlock between the failed
                     // try and the subscription is caught by that second try.
-                    subscriptions = join_all(
+                    let subscribing = join_all(
                         self.engine
                             .subscribers_for(keys.slot)
                             .iter()
                             .map(|s| s.subscribe(&keys.channel, wake.clone())),
-                    )
-                    .await;
+                    );
+                    tokio::select! {
+                        subscribed = subscribing => subscriptions = subscribed,
+                        () = over() => return Err(timed_out()),
+                    }
                 }
                 Attempt::Held(after) => {
                     let pause = poll.map_or(after, |poll| poll.min(after));
                     tokio::select! {
                         () = wake.notified() => {}
                         () = tokio::time::sleep(pause) => {}
+                        () = over() => return Err(timed_out()),
                     }
                     poll = poll.map(|poll| (poll * 2).min(config.poll_max));
                 }

@@ -134,21 +134,7 @@ impl RedisLock {
             });
         }
         let keys = self.engine().config.layout.primitive_keys(name, ask.kind());
-        let waiting = async {
-            match options.wait_kind() {
-                Wait::Timeout(limit) => {
-                    tokio::time::timeout(limit, self.wait_member(name, &keys, ask, options))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(Error::Timeout {
-                                name: name.to_owned(),
-                                waited: limit,
-                            })
-                        })
-                }
-                Wait::NoWait | Wait::Forever => self.wait_member(name, &keys, ask, options).await,
-            }
-        };
+        let waiting = self.wait_member(name, &keys, ask, options);
         let span = tracing::debug_span!("fencelock.redis.acquire_member", name = name);
         let closed = self.engine().closed.clone();
         tokio::select! {
@@ -165,6 +151,21 @@ impl RedisLock {
         ask: Ask,
         options: AcquireOptions,
     ) -> Result<LockGuard, Error> {
+        // As for a lock: the wait bounds the time refused, not the round trips.
+        let (deadline, waited) = match options.wait_kind() {
+            Wait::Timeout(limit) => (tokio::time::Instant::now().checked_add(limit), limit),
+            Wait::NoWait | Wait::Forever => (None, Duration::ZERO),
+        };
+        let timed_out = || Error::Timeout {
+            name: name.to_owned(),
+            waited,
+        };
+        let over = || async move {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
         let engine = self.engine();
         let lease = options.lease_kind();
         let will_wait = options.wait_kind() != Wait::NoWait;
@@ -226,16 +227,22 @@ impl RedisLock {
                         name: name.to_owned(),
                     });
                 }
+                Reply::Refused(_) if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) => {
+                    return Err(timed_out());
+                }
                 Reply::Refused(_) if subscriptions.is_empty() => {
                     // Subscribe, then try again at once: a release between the refused
                     // try and the subscription is seen by that second try.
-                    subscriptions = join_all(
+                    let subscribing = join_all(
                         engine
                             .subscribers_for(keys.slot)
                             .iter()
                             .map(|s| s.subscribe(&keys.channel, wake.clone())),
-                    )
-                    .await;
+                    );
+                    tokio::select! {
+                        subscribed = subscribing => subscriptions = subscribed,
+                        () = over() => return Err(timed_out()),
+                    }
                 }
                 Reply::Refused(after) => {
                     // A writer refreshes its intent (3 s expiry) at least every second.
@@ -243,6 +250,7 @@ impl RedisLock {
                     tokio::select! {
                         () = wake.notified() => {}
                         () = tokio::time::sleep(pause) => {}
+                        () = over() => return Err(timed_out()),
                     }
                 }
             }

@@ -68,9 +68,11 @@ impl Default for Lease {
 pub enum Wait {
     /// Do not wait: fail with [`Error::Contended`] if the lock is held.
     NoWait,
-    /// Wait at most this long, then fail with [`Error::Timeout`]. A timeout of
-    /// [`FOREVER`] or more is taken as [`Wait::Forever`] by
-    /// [`AcquireOptions::wait`].
+    /// Wait at most this long while the lock is held, then fail with
+    /// [`Error::Timeout`]. It bounds the waiting, not the round trips to the backend: a
+    /// free lock is granted even with a zero timeout (the requests themselves are
+    /// bounded by the backend's own timeouts). A timeout of [`FOREVER`] or more is taken
+    /// as [`Wait::Forever`] by [`AcquireOptions::wait`].
     Timeout(Duration),
     /// Wait until the lock is granted (or an error occurs). The default.
     #[default]

@@ -187,6 +187,20 @@ pub async fn rw_requests_are_checked_and_cancellable(a: &dyn DistributedLock) {
         a.acquire_write("bad\0name", AcquireOptions::new()).await,
         Err(Error::InvalidName { .. })
     ));
+    // A free read-write lock is granted with a zero wait (the wait bounds the time spent
+    // behind holders, not the round trips).
+    let free = AcquireOptions::new().wait_timeout(Duration::ZERO);
+    let read = a.acquire_read(&unique_name("rw-free"), free).await;
+    read.unwrap_or_else(|e| panic!("a free read lock with a zero wait: {e:?}"))
+        .release()
+        .await
+        .expect("release");
+    let write = a.acquire_write(&unique_name("rw-free"), free).await;
+    write
+        .unwrap_or_else(|e| panic!("a free write lock with a zero wait: {e:?}"))
+        .release()
+        .await
+        .expect("release");
     let name = unique_name("rw-cancel");
     let reader = a.acquire_read(&name, wait()).await.expect("read lock");
     assert!(matches!(

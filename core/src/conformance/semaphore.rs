@@ -327,6 +327,18 @@ pub async fn semaphore_requests_are_checked_and_cancellable(
         .await
         .expect("an idle semaphore takes a new limit");
     all_of_five.release().await.expect("release");
+    // A free semaphore is granted with a zero wait.
+    let free = b
+        .acquire_permits(
+            &unique_name("semaphore-free"),
+            Permits::one_of(2).expect("valid"),
+            AcquireOptions::new().wait_timeout(Duration::ZERO),
+        )
+        .await;
+    free.unwrap_or_else(|e| panic!("free permits with a zero wait: {e:?}"))
+        .release()
+        .await
+        .expect("release");
     // A request for very many permits is granted, or refused with `InvalidConfig` where
     // the backend cannot take that many in one request: answered at once, never a hang.
     let many = Permits::new(10_000, 10_000).expect("valid");

@@ -66,39 +66,36 @@ pub(super) async fn both(
     options: AcquireOptions,
     second_wait: Duration,
 ) -> Result<LockGuard, Error> {
-    match options.wait_kind() {
-        Wait::Timeout(limit) => {
-            tokio::time::timeout(limit, attempts(name, first, second, options, second_wait))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::Timeout {
-                        name: name.to_owned(),
-                        waited: limit,
-                    })
-                })
-        }
-        Wait::NoWait | Wait::Forever => attempts(name, first, second, options, second_wait).await,
-    }
-}
-
-/// The attempts of [`both`], without its overall time limit: first leg, then second leg
-/// for at most `second_wait`, the first given back and a random pause between attempts.
-async fn attempts(
-    name: &str,
-    first: &Leg,
-    second: &Leg,
-    options: AcquireOptions,
-    second_wait: Duration,
-) -> Result<LockGuard, Error> {
-    let no_wait = options.wait_kind() == Wait::NoWait;
-    let (first_options, second_options) = if no_wait {
-        (options, options)
-    } else {
-        (options.wait_forever(), options.wait_timeout(second_wait))
+    // The caller's wait bounds the time the legs spend behind holders, not the round
+    // trips: each leg is asked with what is left of it (a free leg is granted with a zero
+    // wait), and the pause between attempts ends with it.
+    let (deadline, waited) = match options.wait_kind() {
+        Wait::Timeout(limit) => (tokio::time::Instant::now().checked_add(limit), limit),
+        Wait::NoWait | Wait::Forever => (None, Duration::ZERO),
     };
+    let timed_out = || Error::Timeout {
+        name: name.to_owned(),
+        waited,
+    };
+    let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+    let no_wait = options.wait_kind() == Wait::NoWait;
     let mut attempt = 0;
     loop {
-        let first_guard = first.lock.acquire(name, first_options).await?;
+        let first_options = match (no_wait, left()) {
+            (true, _) => options,
+            (false, Some(left)) => options.wait_timeout(left),
+            (false, None) => options.wait_forever(),
+        };
+        let first_guard = match first.lock.acquire(name, first_options).await {
+            Ok(guard) => guard,
+            Err(Error::Timeout { .. }) => return Err(timed_out()),
+            Err(error) => return Err(error),
+        };
+        let second_options = match (no_wait, left()) {
+            (true, _) => options,
+            (false, Some(left)) => options.wait_timeout(left.min(second_wait)),
+            (false, None) => options.wait_timeout(second_wait),
+        };
         match second.lock.acquire(name, second_options).await {
             Ok(second_guard) => {
                 return combine(name, first, first_guard, second, second_guard).await;
@@ -110,6 +107,9 @@ async fn attempts(
                         name: name.to_owned(),
                     });
                 }
+                if left().is_some_and(|left| left.is_zero()) {
+                    return Err(timed_out());
+                }
                 attempt += 1;
                 tracing::debug!(
                     lock = name,
@@ -118,7 +118,11 @@ async fn attempts(
                     second.role,
                     first.role
                 );
-                tokio::time::sleep(backoff(attempt)).await;
+                let pause = backoff(attempt);
+                tokio::time::sleep(left().map_or(pause, |left| pause.min(left))).await;
+                if left().is_some_and(|left| left.is_zero()) {
+                    return Err(timed_out());
+                }
             }
             Err(error) => {
                 release_quietly(first_guard).await;
