@@ -697,10 +697,20 @@ impl EtcdLock {
         lease_seconds(options.lease_or(self.inner.config.lease).duration())?;
         self.check_open()?;
         let span = tracing::debug_span!("fencelock.etcd.queue", lock = name, ask = ?ask);
+        // Once more on a new session if the session turned out to be gone (revoked or
+        // expired before its keepalive noticed), as for a lock (`take_fresh`).
+        let taken = async {
+            match self.queue(name, ask, options).await {
+                Err(error) if crate::error::is_stale_session(&error) => {
+                    self.queue(name, ask, options).await
+                }
+                other => other,
+            }
+        };
         tokio::select! {
             biased;
             () = self.inner.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
-            taken = self.queue(name, ask, options).instrument(span) => taken,
+            taken = taken.instrument(span) => taken,
         }
     }
 

@@ -215,6 +215,30 @@ async fn a_revoked_session_fails_its_guards_and_a_new_session_serves_later_locks
     c.release().await.unwrap();
 }
 
+/// A read lock, a write lock and permits asked for right after the session's lease was
+/// revoked behind the client's back (before its keepalive noticed) are served on a new
+/// session, as a lock is: not a non-retryable "lease not found".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_requests_after_a_revoked_session_are_served_on_a_new_one() {
+    let lock = client("revoked-queued").await;
+    let probe = lock.lock("probe").await.unwrap();
+    let key = probe.backend_key().unwrap().to_owned();
+    let lease = i64::from_str_radix(key.rsplit('/').next().unwrap(), 16).unwrap();
+    lock.client().lease_client().revoke(lease).await.unwrap();
+    let options = || AcquireOptions::new().no_wait();
+    let read = lock.acquire_read("r", options()).await;
+    let read = read.unwrap_or_else(|e| panic!("a read lock after the revoke: {e:?}"));
+    let write = lock.acquire_write("w", options()).await;
+    let write = write.unwrap_or_else(|e| panic!("a write lock after the revoke: {e:?}"));
+    let permits = lock
+        .acquire_permits("s", fencelock_core::Permits::one_of(2).unwrap(), options())
+        .await;
+    let permits = permits.unwrap_or_else(|e| panic!("permits after the revoke: {e:?}"));
+    for guard in [read, write, permits] {
+        guard.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_compare_lets_only_the_current_holder_write() {
     let lock = client("fenced").await;
