@@ -53,6 +53,10 @@ pub(crate) struct Cleanup {
     /// The session lease the key is attached to, or `None` for a dedicated fixed lease.
     pub(crate) session: Option<Arc<Session>>,
     pub(crate) fixed_lease: Option<i64>,
+    /// An extension whose move onto a new lease went unconfirmed: the key may be on a
+    /// lease the clean-up does not know, so it also deletes the key (by incarnation)
+    /// after revoking `fixed_lease`.
+    pub(crate) moved_maybe: bool,
     pub(crate) permit: Option<GatePermit>,
     /// A create that was sent and is still running in its own task: it is never
     /// abandoned, so the clean-up learns from its answer exactly which incarnation of our
@@ -158,7 +162,7 @@ impl Cleanup {
                     if status.message().contains("not found") => {}
                 Err(error) => return Err(map(error)),
             }
-            if self.session.is_none() {
+            if self.session.is_none() && !self.moved_maybe {
                 return Ok(());
             }
             // A queued key moving to its fixed lease: it may still be on the session lease.
@@ -466,13 +470,44 @@ impl HeldLock for EtcdHeld {
                 )]);
             let moved = match tokio::time::timeout(timeout, client.kv_client().txn(txn)).await {
                 Ok(Ok(response)) => response.succeeded(),
-                Ok(Err(error)) => {
-                    // Unknown whether it moved: the key stays on whichever lease it is;
-                    // both expire, and the guard keeps its old deadline.
+                answer => {
+                    // Unknown whether it moved: ask which lease the key is on now.
+                    let error = match answer {
+                        Ok(Err(error)) => map(error),
+                        _ => timed_out("moving the key onto the extended lease"),
+                    };
                     tracing::debug!(%key, %error, "etcd extend: the move's answer was lost");
-                    return Err(map(error));
+                    let mut kv = client.kv_client();
+                    match tokio::time::timeout(timeout, kv.get(&*key, None)).await {
+                        Ok(Ok(read)) => match read.kvs().first() {
+                            Some(kv) if kv.create_revision() == revision && kv.lease() == new => {
+                                true
+                            }
+                            Some(kv) if kv.create_revision() == revision && kv.lease() == old => {
+                                // Not moved: the guard keeps its old lease and deadline.
+                                revoke(new);
+                                return Err(error);
+                            }
+                            _ => false,
+                        },
+                        _ => {
+                            // Still unknown: the key may live on `new`, which only this
+                            // call knows. The clean-up (release, drop, loss) deletes the
+                            // key itself then, not only the old lease; `new` expires.
+                            if let Some(c) = shared
+                                .cleanup
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .as_mut()
+                            {
+                                c.moved_maybe = true;
+                            } else {
+                                revoke(new);
+                            }
+                            return Err(error);
+                        }
+                    }
                 }
-                Err(_) => return Err(timed_out("moving the key onto the extended lease")),
             };
             if !moved {
                 revoke(new);

@@ -108,6 +108,7 @@ impl EtcdLock {
             state: KeyState::Absent,
             session: Some(session.clone()),
             fixed_lease: None,
+            moved_maybe: false,
             permit: None,
             create: None,
         });
