@@ -227,8 +227,8 @@ impl RedisConfig {
     }
 
     /// Checks the durations of a configuration built by hand, as
-    /// [`from_url`](Self::from_url) does for a URL's (and [`RedisLock::connect`]
-    /// (crate::RedisLock::connect) for every configuration): `timeout` and
+    /// [`from_url`](Self::from_url) does for a URL's (and
+    /// [`RedisLock::connect`](crate::RedisLock::connect) for every configuration): `timeout` and
     /// `connect_timeout` positive, `token_ttl` at least 1 s, `poll_min` positive and at
     /// most `poll_max`, none longer than 100 years; with `wait_replicas`, a `wait_timeout`
     /// that is positive and shorter than `timeout` (the replica check's `WAIT` holds the
