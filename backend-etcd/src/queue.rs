@@ -156,10 +156,7 @@ impl EtcdLock {
             if granted_at_once {
                 return Ok(());
             }
-            // Whether our key must still be checked: a read or write request's wait
-            // confirms it itself, and a request granted at its first read needs no check
-            // that its key survived the wait (as a lock's first try).
-            let waited = match ask {
+            match ask {
                 Ask::Read | Ask::Write => {
                     let blockers = match ask {
                         Ask::Read => format!("{dir}write/"),
@@ -167,18 +164,16 @@ impl EtcdLock {
                     };
                     // Confirms our key too: no separate check after it.
                     crate::wait::for_turn(&inner.client, (&blockers, &key), mine, &session, name)
-                        .await?;
-                    false
+                        .await
                 }
                 Ask::Permits { count, limit } => {
-                    self.wait_for_permits(&dir, mine, (count, limit), &session, name, options)
-                        .await?
+                    self.wait_for_permits(&dir, mine, (count, limit), &session, name)
+                        .await?;
+                    // Our key must have survived the wait (a request granted at its first
+                    // read needs no such check, as a lock's first try).
+                    self.check_still_queued(&key, mine, name).await
                 }
-            };
-            if waited {
-                self.check_still_queued(&key, mine, name).await?;
             }
-            Ok(())
         };
         match within(deadline, waiting, timed_out).await {
             Ok(Ok(())) => {}
@@ -251,8 +246,8 @@ impl EtcdLock {
     }
 
     /// Waits until the permits of every key of semaphore `dir` created before `mine`,
-    /// plus ours, fit in the limit. Re-reads after each deletion in the range. Returns
-    /// whether it waited: a request that fits at the first read opens no watch.
+    /// plus ours, fit in the limit, after a first read found they did not. Re-reads after
+    /// each deletion in the range.
     async fn wait_for_permits(
         &self,
         dir: &str,
@@ -260,18 +255,9 @@ impl EtcdLock {
         (count, limit): (u32, u32),
         session: &Session,
         name: &str,
-        options: AcquireOptions,
-    ) -> Result<bool, Error> {
+    ) -> Result<(), Error> {
         let client = &self.inner().client;
         let permits = (count, limit);
-        if self.permits_fit(dir, mine, permits, name).await? {
-            return Ok(false);
-        }
-        if options.wait_kind() == Wait::NoWait {
-            return Err(Error::Contended {
-                name: name.to_owned(),
-            });
-        }
         let waiting = async {
             let mut watch = client.watch_client();
             loop {
@@ -282,7 +268,7 @@ impl EtcdLock {
                     .with_filters([WatchFilterType::NoPut]);
                 let mut events = watch.watch(dir, Some(watching)).await.map_err(map)?;
                 if self.permits_fit(dir, mine, permits, name).await? {
-                    return Ok(true);
+                    return Ok(());
                 }
                 loop {
                     let Some(response) = events.message().await.map_err(map)? else {
