@@ -145,9 +145,11 @@ pub(crate) async fn follow(
                     return;
                 }
             }
-            if let Some(header) = response.header() {
-                revision = revision.max(header.revision());
-            }
+            // Not the header's revision: etcd stamps the current revision on the `created`
+            // answer and on catch-up batches before every event up to it was delivered,
+            // so a watch reopened after it could skip a leader's deletion. From the
+            // events' own revisions, a reopened watch replays at worst a little (or, if
+            // that history was compacted, reads the candidates anew).
         }
         if changes.is_closed() {
             return;
