@@ -112,18 +112,25 @@ pub(crate) fn to_url(text: &str) -> Result<String, Error> {
 /// A TOML error that names the line but never shows a secret's value: serde's messages
 /// quote the offending value, so on a line that holds a secret only the line is named.
 fn parse_error(text: &str, error: &toml::de::Error) -> Error {
-    let line_of = |offset: usize| text[..offset.min(text.len())].lines().count().max(1);
+    // A byte offset moved back onto a character boundary (never slice inside a
+    // character: the panic message would print the file, secrets and all).
+    let floor = |offset: usize| {
+        let mut offset = offset.min(text.len());
+        while !text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        offset
+    };
     let Some(span) = error.span() else {
         return Error::InvalidConfig(format!("config file: {}", error.message()));
     };
-    let start = text[..span.start.min(text.len())]
-        .rfind('\n')
-        .map_or(0, |i| i + 1);
-    let end = text[span.end.min(text.len())..]
+    let (span_start, span_end) = (floor(span.start), floor(span.end));
+    let start = text[..span_start].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[span_end..]
         .find('\n')
-        .map_or(text.len(), |i| span.end + i);
+        .map_or(text.len(), |i| span_end + i);
     let lines = &text[start..end.max(start)].to_ascii_lowercase();
-    let line = line_of(span.start + 1);
+    let line = text[..span_start].matches('\n').count() + 1;
     if ["password", "secret", "token", "@"]
         .iter()
         .any(|s| lines.contains(s))

@@ -78,11 +78,29 @@ pub const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHAN
 /// The user info ends at the last `@` before the query (whose values may hold URLs of
 /// their own, see `urlparts::query_start`): a password with a raw `/`, `?`, `#` or `=`
 /// is still found and hidden, though a URL with the first three is refused as malformed.
+///
+/// Without `://` (a typo such as `redis:/:pw@h`), everything before the last `@` but a
+/// leading scheme is hidden.
 fn split_userinfo(url: &str) -> (String, &str) {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return (String::new(), url);
+        let Some(at) = url.rfind('@') else {
+            return (String::new(), url);
+        };
+        let scheme = url
+            .split_once(':')
+            .map(|(scheme, _)| scheme)
+            .filter(|s| is_scheme(s) && s.len() < at);
+        return match scheme {
+            Some(scheme) => (format!("{scheme}:***@"), &url[at + 1..]),
+            None => ("***@".to_owned(), &url[at + 1..]),
+        };
     };
-    let limit = crate::urlparts::query_start(rest);
+    let mut limit = crate::urlparts::query_start(rest);
+    // A `?name=` right after something that is no host list (`:pa?ss=x@h`) is a raw `?`
+    // in a password, not the query.
+    if limit < rest.len() && !rest[..limit].is_empty() && !plausible_hosts(&rest[..limit]) {
+        limit = rest.len();
+    }
     let Some(at) = rest[..limit].rfind('@') else {
         return (format!("{scheme}://"), rest);
     };
@@ -90,6 +108,37 @@ fn split_userinfo(url: &str) -> (String, &str) {
     let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
     let secret = if userinfo.contains(':') { ":***" } else { "" };
     (format!("{scheme}://{user}{secret}@"), &rest[at + 1..])
+}
+
+/// Whether `s` looks like a URL scheme (`redis`, `redis+sentinel`, `etcds`).
+fn is_scheme(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+/// Whether `s` (a URL after `SCHEME://`, up to its query) starts with a host list:
+/// `host[:port]` (an IPv6 host in brackets), comma separated, then nothing or a `/` path.
+fn plausible_hosts(s: &str) -> bool {
+    let port_ok = |port: &str| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+    let hosts = s.split_once('/').map_or(s, |(hosts, _)| hosts);
+    !hosts.is_empty()
+        && hosts.split(',').all(|item| {
+            if let Some(bracketed) = item.strip_prefix('[') {
+                return bracketed.split_once(']').is_some_and(|(_, after)| {
+                    after.is_empty() || after.strip_prefix(':').is_some_and(port_ok)
+                });
+            }
+            let (host, port) = match item.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (item, None),
+            };
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+                && port.is_none_or(port_ok)
+        })
 }
 
 #[cfg(test)]
@@ -127,7 +176,21 @@ mod tests {
                 "x://h?Sentinel_Password=***",
             ),
             ("x://h?passwords_on=1", "x://h?passwords_on=1"),
-            ("not a url:p@ss", "not a url:p@ss"),
+            ("not a url:p@ss", "***@ss"),
+            // No `://`: a typo in the scheme's slashes still hides the password.
+            ("redis:/:hunter2@cache:6379", "redis:***@cache:6379"),
+            ("etcd:root:s3cret@h:2379/locks", "etcd:***@h:2379/locks"),
+            ("no-at-sign:here", "no-at-sign:here"),
+            // A raw `?` in a password that looks like the start of a query.
+            ("redis://:s3cr?et=x@h:6379", "redis://:***@h:6379"),
+            (
+                "redis://h1:1,h2:2/0?prefix=a@b",
+                "redis://h1:1,h2:2/0?prefix=a@b",
+            ),
+            (
+                "redis://[::1]:6379?prefix=a@b",
+                "redis://[::1]:6379?prefix=a@b",
+            ),
             (
                 "migrate://?legacy=redis%3A%2F%2F%3As3cret%40h%3A1&phase=legacy",
                 "migrate://?legacy=redis%3A%2F%2F%3A%2A%2A%2A%40h%3A1&phase=legacy",

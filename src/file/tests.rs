@@ -242,6 +242,24 @@ fn mistakes_name_the_line_and_hide_secrets() {
     let message = error("url = \"redis://:hunter2@h:1\"\nbackend = \"redis\"\n");
     assert!(!message.contains("hunter2"), "{message}");
 
+    // Non-ASCII where TOML wants ASCII (a bare key, smart quotes pasted from a document):
+    // an error naming the line, not a panic whose message prints the file.
+    for (text, line) in [
+        ("\u{e9} = 1\n", "line 1"),
+        (
+            "backend = \"redis\"\n[auth]\npassword = \"hunter2\"\n\u{fc} = 1\n",
+            "line 4",
+        ),
+        (
+            "backend = \"redis\"\nlease = \u{201c}30s\u{201d}\n",
+            "line 2",
+        ),
+    ] {
+        let message = error(text);
+        assert!(message.contains(line), "{text:?}: {message}");
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+
     for (text, expect) in [
         ("prefix = \"x\"\n", "say which lock service"),
         ("backend = \"etcd\"\n", "needs `endpoints`"),
