@@ -24,9 +24,9 @@ pub async fn capabilities(args: CapabilitiesArgs) -> Result<u8, Failure> {
     let locks = crate::backend::connect(&args.url, false).await?;
     let caps = locks.capabilities();
     if args.json {
-        println!("{}", to_json(locks.backend(), &caps));
+        crate::exit::println_out(&to_json(locks.backend(), &caps).to_string())?;
     } else {
-        print!("{}", to_text(locks.backend(), &caps));
+        crate::exit::print_out(&to_text(locks.backend(), &caps))?;
     }
     Ok(code::OK)
 }

@@ -15,6 +15,8 @@ pub mod code {
     pub const UNAVAILABLE: u8 = 69;
     /// A bug in fencelock.
     pub const INTERNAL: u8 = 70;
+    /// Standard output could not be written (a closed pipe, a full disk).
+    pub const IO_ERROR: u8 = 74;
     /// The lock was not acquired within `--wait` (someone else holds it).
     pub const NOT_ACQUIRED: u8 = 75;
     /// The lock was lost while the command ran: the command was stopped (SIGTERM, then
@@ -54,6 +56,36 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
+}
+
+/// Writes `text` to standard output and flushes it. A reader that went away (`| head`)
+/// or a full disk is a [`Failure`] with [`code::IO_ERROR`], not a panic (which
+/// `print!` would be, since Rust ignores `SIGPIPE`).
+///
+/// # Errors
+///
+/// The write's error, as said.
+pub fn print_out(text: &str) -> Result<(), Failure> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| {
+            Failure::new(
+                code::IO_ERROR,
+                format!("cannot write to standard output: {e}"),
+            )
+        })
+}
+
+/// [`print_out`] with a newline after `text`.
+///
+/// # Errors
+///
+/// As [`print_out`].
+pub fn println_out(text: &str) -> Result<(), Failure> {
+    print_out(&format!("{text}\n"))
 }
 
 /// The exit code for a library error.

@@ -26,13 +26,15 @@ pub async fn hold(args: HoldArgs) -> Result<u8, Failure> {
             Acquired::Interrupted(code) => return Ok(code),
         };
     let key = guard.backend_key().unwrap_or("-").to_owned();
-    if events.is_json() {
-        println!(
-            "{}",
-            json!({ "name": guard.name(), "key": key, "token": guard.token().get() })
-        );
+    let line = if events.is_json() {
+        json!({ "name": guard.name(), "key": key, "token": guard.token().get() }).to_string()
     } else {
-        println!("{} {key} {}", guard.name(), guard.token());
+        format!("{} {key} {}", guard.name(), guard.token())
+    };
+    if let Err(failure) = crate::exit::println_out(&line) {
+        // Nobody learns the token: give the lock back rather than hold it unseen.
+        let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
+        return Err(failure);
     }
     loop {
         /// What woke the holder.

@@ -19,9 +19,9 @@ pub async fn inspect(args: InspectArgs) -> Result<u8, Failure> {
     let locks = crate::backend::connect(&args.url, false).await?;
     let info = locks.inspect(&args.name).await?;
     if args.json {
-        println!("{}", to_json(&args.name, locks.backend(), &info));
+        crate::exit::println_out(&to_json(&args.name, locks.backend(), &info).to_string())?;
     } else {
-        print!("{}", to_text(&args.name, locks.backend(), &info));
+        crate::exit::print_out(&to_text(&args.name, locks.backend(), &info))?;
     }
     Ok(code::OK)
 }

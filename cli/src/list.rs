@@ -20,9 +20,9 @@ pub async fn list(args: ListArgs) -> Result<u8, Failure> {
     let locks = crate::backend::connect(&args.url, false).await?;
     let found = locks.list(&args.prefix).await?;
     if args.json {
-        println!("{}", list_json(locks.backend(), &found));
+        crate::exit::println_out(&list_json(locks.backend(), &found).to_string())?;
     } else {
-        print!("{}", list_text(&found));
+        crate::exit::print_out(&list_text(&found))?;
     }
     Ok(code::OK)
 }
@@ -76,7 +76,7 @@ pub async fn revoke(args: RevokeArgs) -> Result<u8, Failure> {
     if !args.yes {
         let info = locks.inspect(&args.name).await?;
         let Some(holder) = info.holder else {
-            println!("{}", outcome(&args, None, false));
+            crate::exit::println_out(&outcome(&args, None, false).to_string())?;
             return Ok(code::OK);
         };
         eprintln!("{}", outcome(&args, Some(&holder), false));
@@ -86,7 +86,7 @@ pub async fn revoke(args: RevokeArgs) -> Result<u8, Failure> {
         )));
     }
     let revoked = locks.revoke(&args.name).await?;
-    println!("{}", outcome(&args, revoked.as_ref(), revoked.is_some()));
+    crate::exit::println_out(&outcome(&args, revoked.as_ref(), revoked.is_some()).to_string())?;
     Ok(code::OK)
 }
 

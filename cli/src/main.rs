@@ -45,7 +45,7 @@ fn main() -> ExitCode {
             Command::Revoke(args) => list::revoke(args).await,
             Command::Hold(args) => hold::hold(args).await,
             Command::Capabilities(args) => capabilities::capabilities(args).await,
-            Command::Completions(args) => Ok(completions::completions(&args)),
+            Command::Completions(args) => completions::completions(&args),
             Command::Bench(args) => bench::bench(args).await,
         }
     });

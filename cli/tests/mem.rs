@@ -559,3 +559,28 @@ fn bench_processes_usage_errors() {
         assert!(stderr(&out).contains(said), "{args:?}: {}", stderr(&out));
     }
 }
+
+/// Output that cannot be written (here to `/dev/full`, as a closed pipe would be) is exit
+/// 74 with a one-line message, not a panic (101) printing a backtrace.
+#[test]
+fn unwritable_output_is_exit_74_not_a_panic() {
+    for args in [
+        &["inspect", "--url", "mem://", "x"][..],
+        &["capabilities", "--url", "mem://"],
+        &["list", "--url", "mem://", "--json", ""],
+        &["completions", "bash"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        // `output` pipes stdout; this one goes to the full device.
+        let out = fencelock().args(args).stdout(full).output().unwrap();
+        assert_code(&out, 74);
+        assert!(
+            stderr(&out).starts_with("fencelock: cannot write to standard output"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -76,9 +76,9 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         }
         let report = report?;
         if args.json {
-            println!("{report}");
+            crate::exit::println_out(&report.to_string())?;
         } else {
-            print!("{}", scale::text(&report));
+            crate::exit::print_out(&scale::text(&report))?;
         }
         return Ok(code::OK);
     }
@@ -207,10 +207,10 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         hold: args.hold,
     };
     if args.json {
-        println!("{}", report::json(&setup, &fencelock, baseline.as_ref()));
+        crate::exit::println_out(&report::json(&setup, &fencelock, baseline.as_ref()).to_string())?;
     } else {
         let rows: Vec<&Measurement> = std::iter::once(&fencelock).chain(&baseline).collect();
-        print!("{}", report::table(&setup, &rows));
+        crate::exit::print_out(&report::table(&setup, &rows))?;
     }
     Ok(code::OK)
 }
