@@ -599,6 +599,12 @@ impl HeldLock for MeteredHeld {
     }
 
     fn release_in_background(&self) {
+        // Dropped right after learning of a loss (as `with_lock` does), before this
+        // layer's watch ran: the loss is counted here, before `end` takes the lock out
+        // of the held gauge (after which a loss is not counted).
+        if self.liveness.is_lost() {
+            self.record.lost_by(&self.liveness);
+        }
         let guard = self
             .guard
             .lock()
@@ -768,6 +774,27 @@ mod tests {
         assert_eq!(count(LOCK_LOST_TOTAL, &lost), 1.0);
         assert_eq!(count(LOCKS_HELD, &labels), 0.0);
         assert_eq!(count(LOCK_HOLD_SECONDS, &labels), 1.0);
+    }
+
+    /// A loss is counted when the guard is dropped as soon as it learns of it (what
+    /// `with_lock` does), before the layer's own watch ran: a revoked lock here.
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_is_counted_when_the_guard_is_dropped_at_once() {
+        let (memory, locks) = metered(MetricsOptions::new().with_name_label());
+        let labels = ["backend=mem", "name=m-dropped"];
+        let guard = locks
+            .acquire("m-dropped", AcquireOptions::new())
+            .await
+            .unwrap();
+        memory.revoke("m-dropped").await.unwrap();
+        assert!(guard.is_lost());
+        drop(guard);
+        tokio::task::yield_now().await;
+        let lost = [labels[0], labels[1], "cause=key_gone"];
+        assert_eq!(count(LOCK_LOST_TOTAL, &lost), 1.0, "not counted");
+        assert_eq!(count(LOCKS_HELD, &labels), 0.0);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(count(LOCK_LOST_TOTAL, &lost), 1.0, "counted twice");
     }
 
     #[tokio::test(start_paused = true)]
