@@ -93,6 +93,12 @@ impl WaiterLimit {
 
     /// A place for an acquire that may wait; `None` for one that does not.
     fn enter(&self, name: &str, options: &AcquireOptions) -> Result<Option<Place>, Error> {
+        // Bad input is its own error, never `TooManyWaiters`: checked before a place is
+        // taken (a lease not given is the backend's default, which it checks itself).
+        crate::validate_name(name)?;
+        if options.has_lease() {
+            options.validate(self.inner.capabilities().min_lease)?;
+        }
         if options.wait_kind() == Wait::NoWait {
             return Ok(None);
         }
@@ -325,6 +331,13 @@ mod tests {
             matches!(refused, Err(Error::TooManyWaiters { .. })),
             "{refused:?}"
         );
+        // Bad input is its own error even with every place taken.
+        let bad = locks.acquire("", AcquireOptions::new()).await;
+        assert!(matches!(bad, Err(Error::InvalidName { .. })), "{bad:?}");
+        let bad = locks
+            .acquire("x", AcquireOptions::new().lease(Duration::ZERO))
+            .await;
+        assert!(matches!(bad, Err(Error::InvalidConfig(_))), "{bad:?}");
         // A try that does not wait is never refused by the limit.
         let tried = locks.acquire("hot", AcquireOptions::new().no_wait()).await;
         assert!(matches!(tried, Err(Error::Contended { .. })), "{tried:?}");

@@ -150,8 +150,12 @@ impl RetryPolicy {
     /// The delays before each retry, with jitter applied.
     fn delays(&self) -> impl Iterator<Item = Duration> + use<> {
         let jitter = self.jitter;
-        self.nominal_delays()
-            .map(move |delay| delay.mul_f32(1.0 - jitter * random_fraction()))
+        self.nominal_delays().map(move |delay| {
+            // In f64 and checked: `mul_f32` rounds a delay near `Duration::MAX` up past
+            // it and panics.
+            let factor = f64::from(1.0 - jitter * random_fraction()).clamp(0.0, 1.0);
+            Duration::try_from_secs_f64(delay.as_secs_f64() * factor).unwrap_or(delay)
+        })
     }
 }
 
@@ -261,6 +265,7 @@ impl Retry {
         F: Fn(AcquireOptions) -> Fut,
         Fut: std::future::Future<Output = Result<LockGuard, Error>>,
     {
+        let first = options;
         let deadline = match options.wait_kind() {
             Wait::Timeout(wait) => Instant::now().checked_add(wait),
             Wait::NoWait | Wait::Forever => None,
@@ -280,7 +285,16 @@ impl Retry {
             };
             match self.next_delay(&mut delays, &error, deadline, ("acquire", name), attempts) {
                 Some(delay) => tokio::time::sleep(delay).await,
-                None => return Err(error),
+                // A later attempt's timeout was for what was left of the wait: the caller
+                // learns the wait it asked for.
+                None => {
+                    return Err(match (error, first.wait_kind()) {
+                        (Error::Timeout { name, .. }, Wait::Timeout(waited)) => {
+                            Error::Timeout { name, waited }
+                        }
+                        (error, _) => error,
+                    });
+                }
             }
             attempts += 1;
         }
@@ -696,12 +710,31 @@ mod tests {
         let start = Instant::now();
         let opts = AcquireOptions::new().wait_timeout(Duration::from_secs(1));
         let err = locks.acquire("a", opts).await.unwrap_err();
-        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        // The wait the caller asked for, not what was left of it for the last attempt.
+        assert!(
+            matches!(err, Error::Timeout { waited, .. } if waited == Duration::from_secs(1)),
+            "{err:?}"
+        );
         let elapsed = start.elapsed();
         assert!(
             elapsed >= Duration::from_millis(995) && elapsed <= Duration::from_millis(1010),
             "{elapsed:?}"
         );
+    }
+
+    /// Delays near `Duration::MAX` (a policy built in code, not parsed) are no panic.
+    #[tokio::test(start_paused = true)]
+    async fn huge_delays_do_not_panic() {
+        let policy = RetryPolicy::default()
+            .jitter(0.0)
+            .min_delay(Duration::MAX)
+            .max_delay(Duration::MAX);
+        let delays: Vec<Duration> = policy.delays().take(3).collect();
+        assert_eq!(delays.len(), 3);
+        let policy = RetryPolicy::default()
+            .max_retries(80)
+            .max_delay(Duration::MAX);
+        assert_eq!(policy.delays().count(), 80);
     }
 
     #[tokio::test(start_paused = true)]
