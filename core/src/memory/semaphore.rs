@@ -97,6 +97,11 @@ impl Semaphores {
             waiters: VecDeque::new(),
         });
         semaphore.expire(now);
+        // The limit is kept only while anyone holds or waits: once the last holder's
+        // lease ran out, a request with another limit sets the new one.
+        if semaphore.holders.is_empty() && semaphore.waiters.is_empty() {
+            semaphore.limit = request.limit;
+        }
         if semaphore.limit != request.limit {
             let limit = semaphore.limit;
             self.forget_if_idle(name);

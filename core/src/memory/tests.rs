@@ -510,3 +510,29 @@ async fn one_task_renews_every_held_lock_of_a_client() {
         "the renewal task ends when nothing is held"
     );
 }
+
+/// A semaphore's limit is kept only while anyone holds or waits: once the last holder's
+/// fixed lease ran out (its guard still alive), a request with another limit is granted
+/// at once, not refused with `InvalidConfig`.
+#[tokio::test(start_paused = true)]
+async fn an_expired_semaphore_takes_a_new_limit() {
+    let locks = MemoryLock::new();
+    let old = locks
+        .acquire_permits(
+            "s",
+            crate::Permits::one_of(3).unwrap(),
+            AcquireOptions::new().fixed_lease(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(old.is_lost());
+    let new = locks
+        .acquire_permits(
+            "s",
+            crate::Permits::one_of(5).unwrap(),
+            AcquireOptions::new().no_wait(),
+        )
+        .await;
+    assert!(new.is_ok(), "{new:?}");
+}
