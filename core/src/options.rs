@@ -7,9 +7,10 @@ use crate::Error;
 /// The lease of a renewing lock when none is given: 30 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-/// The shortest lease any backend accepts: 1 ms (a renewing lease is renewed every
-/// third of it, and timers tick in milliseconds). Backends have higher minimums of their
-/// own ([`Capabilities::min_lease`](crate::Capabilities::min_lease)).
+/// The shortest lease any backend accepts: 1 ms. Backends have higher minimums of their
+/// own ([`Capabilities::min_lease`](crate::Capabilities::min_lease)); `mem://` takes a
+/// fixed lease of 1 ms but a renewing one of 10 ms at least (it is renewed every third
+/// of it, and timers tick in milliseconds).
 pub const SHORTEST_LEASE: Duration = Duration::from_millis(1);
 
 /// The longest lease any backend accepts: 365 days. A longer one is an

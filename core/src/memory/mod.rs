@@ -239,6 +239,25 @@ impl Drop for Ticket<'_> {
     }
 }
 
+/// The shortest renewing lease: renewed every third of it on timers that tick in whole
+/// milliseconds, a shorter one would be renewed only after it ran out.
+const SHORTEST_RENEWING_LEASE: Duration = Duration::from_millis(10);
+
+/// The options' checks: the lease's range, and a renewing lease long enough to renew.
+fn check_options(options: AcquireOptions) -> Result<(), Error> {
+    options.validate(Duration::ZERO)?;
+    match options.lease_kind() {
+        crate::Lease::Renewing(lease) if lease < SHORTEST_RENEWING_LEASE => {
+            Err(Error::InvalidConfig(format!(
+                "a renewing lease of {lease:?} is shorter than {SHORTEST_RENEWING_LEASE:?}: it \
+                 would run out before its renewal (timers tick in milliseconds); use a \
+                 longer one or a fixed lease"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 impl MemoryLock {
     /// `acquire`, or with a `value` a campaign.
     async fn take(
@@ -248,7 +267,7 @@ impl MemoryLock {
         value: Option<Arc<str>>,
     ) -> Result<LockGuard, Error> {
         validate_name(name)?;
-        options.validate(Duration::ZERO)?;
+        check_options(options)?;
         let key: Arc<str> = Arc::from(name);
         let waiting = self.wait_for_grant(&key, options, value.as_ref());
         within_wait(name, options, waiting).await
@@ -437,7 +456,7 @@ impl DistributedLock for MemoryLock {
         options: AcquireOptions,
     ) -> Result<LockGuard, Error> {
         validate_name(name)?;
-        options.validate(Duration::ZERO)?;
+        check_options(options)?;
         self.check_open()?;
         self.permits(
             Kind::Permits,
@@ -451,7 +470,7 @@ impl DistributedLock for MemoryLock {
     #[tracing::instrument(name = "fencelock.mem.acquire_read", level = "debug", skip_all, fields(lock = name))]
     async fn acquire_read(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
-        options.validate(Duration::ZERO)?;
+        check_options(options)?;
         self.check_open()?;
         self.permits(Kind::ReadWrite, name, (1, semaphore::RW_PERMITS), options)
             .await
@@ -460,7 +479,7 @@ impl DistributedLock for MemoryLock {
     #[tracing::instrument(name = "fencelock.mem.acquire_write", level = "debug", skip_all, fields(lock = name))]
     async fn acquire_write(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
         validate_name(name)?;
-        options.validate(Duration::ZERO)?;
+        check_options(options)?;
         self.check_open()?;
         let all = semaphore::RW_PERMITS;
         self.permits(Kind::ReadWrite, name, (all, all), options)

@@ -536,3 +536,30 @@ async fn an_expired_semaphore_takes_a_new_limit() {
         .await;
     assert!(new.is_ok(), "{new:?}");
 }
+
+/// A renewing lease too short to be renewed in time (renewed every third of it, on
+/// millisecond timers) is refused; a fixed lease of 1 ms is fine, and the shortest
+/// renewing lease taken is held across many renewals.
+#[tokio::test(start_paused = true)]
+async fn renewing_leases_too_short_to_renew_are_refused() {
+    let locks = MemoryLock::new();
+    let short = locks
+        .acquire("r", AcquireOptions::new().lease(Duration::from_millis(1)))
+        .await;
+    assert!(matches!(short, Err(Error::InvalidConfig(_))), "{short:?}");
+    let fixed = locks
+        .acquire(
+            "f",
+            AcquireOptions::new().fixed_lease(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap();
+    drop(fixed);
+    let shortest = locks
+        .acquire("s", AcquireOptions::new().lease(Duration::from_millis(10)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!shortest.is_lost(), "{:?}", shortest.lost_reason());
+    shortest.release().await.unwrap();
+}
