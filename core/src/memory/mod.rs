@@ -495,9 +495,47 @@ impl DistributedLock for MemoryLock {
     async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
         validate_name(election)?;
         self.check_open()?;
+        let key: Arc<str> = Arc::from(election);
         let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
-        self.shared.table().observe(&Arc::from(election), changes);
-        Ok(LeaderChanges::new(receiver, CancellationToken::new()))
+        // A leader's lease runs out without anyone touching the name (nobody else
+        // campaigns): a keeper, observing too, wakes at the lease's end and looks, so the
+        // end of the term is pushed to the observer as etcd's deletion would be. It ends
+        // with the observation.
+        let (keeper, mut kept) = tokio::sync::mpsc::unbounded_channel();
+        {
+            let mut table = self.shared.table();
+            table.observe(&key, changes);
+            table.observe(&key, keeper);
+        }
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let shared = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            loop {
+                let Some(at) = shared.upgrade().map(|s| s.table().expiry_of(&key)) else {
+                    return;
+                };
+                tokio::select! {
+                    () = stopped.cancelled() => return,
+                    change = kept.recv() => {
+                        if change.is_none() {
+                            return;
+                        }
+                    }
+                    () = async {
+                        match at {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        if let Some(shared) = shared.upgrade() {
+                            shared.table().leader(&key);
+                        }
+                    }
+                }
+            }
+        });
+        Ok(LeaderChanges::new(receiver, stop))
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {

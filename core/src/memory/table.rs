@@ -286,6 +286,11 @@ impl Table {
         leader
     }
 
+    /// When the lease of `name`'s holder ends as things stand (a renewal moves it).
+    pub(super) fn expiry_of(&self, name: &str) -> Option<Instant> {
+        self.names.get(name)?.holder.as_ref().map(|h| h.expires_at)
+    }
+
     /// Starts telling `observer` of every change of `name`'s holder, the current one
     /// first.
     pub(super) fn observe(

@@ -563,3 +563,27 @@ async fn renewing_leases_too_short_to_renew_are_refused() {
     assert!(!shortest.is_lost(), "{:?}", shortest.lost_reason());
     shortest.release().await.unwrap();
 }
+
+/// An observer learns that the leader's lease ran out even when nobody else campaigns
+/// or looks at the election (nothing else touches the name), as etcd would push the
+/// deletion: the term, then nobody.
+#[tokio::test(start_paused = true)]
+async fn observers_learn_of_a_term_that_ran_out_untouched() {
+    let locks = MemoryLock::new();
+    let term = locks
+        .campaign(
+            "e",
+            "v",
+            AcquireOptions::new().fixed_lease(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    let mut changes = locks.observe("e").await.unwrap();
+    let first = changes.next().await.unwrap().unwrap();
+    assert_eq!(first.map(|l| l.token), Some(term.token()));
+    let next = tokio::time::timeout(Duration::from_secs(3), changes.next())
+        .await
+        .expect("the end of the term was pushed");
+    assert!(matches!(next, Some(Ok(None))), "{next:?}");
+    assert!(term.is_lost());
+}
