@@ -33,7 +33,10 @@ impl Signals {
         })
     }
 
-    /// The next signal received.
+    /// The next signal to act on, while there is no command yet (connecting, waiting for
+    /// the lock). A terminal stop (Ctrl-Z) meanwhile stops fencelock at once, as it would
+    /// without the listeners, and it waits on once continued: it is not left pending to
+    /// stop everything right after the lock is granted.
     ///
     /// # Cancel safety
     ///
@@ -43,10 +46,13 @@ impl Signals {
     ///
     /// None: it waits until a signal arrives.
     pub async fn recv(&mut self) -> Signal {
-        tokio::select! {
-            _ = self.interrupt.recv() => Signal::SIGINT,
-            _ = self.terminate.recv() => Signal::SIGTERM,
-            _ = self.hangup.recv() => Signal::SIGHUP,
+        loop {
+            tokio::select! {
+                _ = self.interrupt.recv() => return Signal::SIGINT,
+                _ = self.terminate.recv() => return Signal::SIGTERM,
+                _ = self.hangup.recv() => return Signal::SIGHUP,
+                _ = self.suspend.recv() => stop_self(),
+            }
         }
     }
 }

@@ -154,6 +154,32 @@ fn waiting_signals_and_inspect(url: &str) {
     let busy = output(fencelock().args(["run", "--url", url, "--wait", "0", &name, "--", "true"]));
     assert_code(&busy, NOT_ACQUIRED);
 
+    // Ctrl-Z while waiting stops the waiter at once (not later, once it holds the lock);
+    // continued, it waits on, and SIGTERM then ends it.
+    let waiter = Running::start(
+        fencelock().args(["run", "--url", url, "--wait", "60s", &name, "--", "true"]),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let state = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .unwrap_or('?')
+    };
+    signal(waiter.pid(), Signal::SIGTSTP);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while state(waiter.pid()) != 'T' {
+        assert!(
+            Instant::now() < deadline,
+            "a waiting fencelock ignored Ctrl-Z"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(waiter.pid(), Signal::SIGCONT);
+    signal(waiter.pid(), Signal::SIGTERM);
+    let out = waiter.wait(Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+
     signal(holder.pid(), Signal::SIGTERM);
     let out = holder.wait(Duration::from_secs(20));
     assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
