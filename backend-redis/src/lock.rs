@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
     HolderInfo, Leader, LeaderChanges, Lease, ListedLock, LockGuard, LockInfo, LossDetection,
-    Permits, Wait, validate_name, validate_prefix,
+    Permits, Wait, WaitDeadline, validate_name, validate_prefix,
 };
 use futures_util::future::join_all;
 use redis::Value;
@@ -122,22 +122,7 @@ impl RedisLock {
         options: AcquireOptions,
         value: Option<&str>,
     ) -> Result<LockGuard, Error> {
-        let (deadline, waited) = match options.wait_kind() {
-            // A wait too long to represent is a wait forever.
-            Wait::Timeout(limit) => (tokio::time::Instant::now().checked_add(limit), limit),
-            Wait::NoWait | Wait::Forever => (None, Duration::ZERO),
-        };
-        let timed_out = || Error::Timeout {
-            name: name.to_owned(),
-            waited,
-        };
-        // Completes when the wait is over (never without one).
-        let over = || async move {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
-                None => std::future::pending().await,
-            }
-        };
+        let wait = WaitDeadline::new(options.wait_kind());
         let lease = options.lease_kind();
         let wake = Arc::new(Notify::new());
         let mut subscriptions = Vec::new();
@@ -168,15 +153,13 @@ impl RedisLock {
                         name: name.to_owned(),
                     });
                 }
-                Attempt::Held(_) if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) => {
-                    return Err(timed_out());
-                }
+                Attempt::Held(_) if wait.is_over() => return Err(wait.timed_out(name)),
                 Attempt::Held(_) if front.is_none() => {
                     // At the front, try again at once: the task before may have just
                     // been granted the lock, or have given up.
                     tokio::select! {
                         at_front = self.engine.lines.front(&keys.lock) => front = Some(at_front),
-                        () = over() => return Err(timed_out()),
+                        () = wait.over() => return Err(wait.timed_out(name)),
                     }
                 }
                 Attempt::Held(_) if subscriptions.is_empty() => {
@@ -190,7 +173,7 @@ impl RedisLock {
                     );
                     tokio::select! {
                         subscribed = subscribing => subscriptions = subscribed,
-                        () = over() => return Err(timed_out()),
+                        () = wait.over() => return Err(wait.timed_out(name)),
                     }
                 }
                 Attempt::Held(after) => {
@@ -198,7 +181,7 @@ impl RedisLock {
                     tokio::select! {
                         () = wake.notified() => {}
                         () = tokio::time::sleep(pause) => {}
-                        () = over() => return Err(timed_out()),
+                        () = wait.over() => return Err(wait.timed_out(name)),
                     }
                     poll = poll.map(|poll| (poll * 2).min(config.poll_max));
                 }

@@ -152,20 +152,7 @@ impl RedisLock {
         options: AcquireOptions,
     ) -> Result<LockGuard, Error> {
         // As for a lock: the wait bounds the time refused, not the round trips.
-        let (deadline, waited) = match options.wait_kind() {
-            Wait::Timeout(limit) => (tokio::time::Instant::now().checked_add(limit), limit),
-            Wait::NoWait | Wait::Forever => (None, Duration::ZERO),
-        };
-        let timed_out = || Error::Timeout {
-            name: name.to_owned(),
-            waited,
-        };
-        let over = || async move {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
-                None => std::future::pending().await,
-            }
-        };
+        let wait = fencelock_core::WaitDeadline::new(options.wait_kind());
         let engine = self.engine();
         let lease = options.lease_kind();
         let will_wait = options.wait_kind() != Wait::NoWait;
@@ -227,9 +214,7 @@ impl RedisLock {
                         name: name.to_owned(),
                     });
                 }
-                Reply::Refused(_) if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) => {
-                    return Err(timed_out());
-                }
+                Reply::Refused(_) if wait.is_over() => return Err(wait.timed_out(name)),
                 Reply::Refused(_) if subscriptions.is_empty() => {
                     // Subscribe, then try again at once: a release between the refused
                     // try and the subscription is seen by that second try.
@@ -241,7 +226,7 @@ impl RedisLock {
                     );
                     tokio::select! {
                         subscribed = subscribing => subscriptions = subscribed,
-                        () = over() => return Err(timed_out()),
+                        () = wait.over() => return Err(wait.timed_out(name)),
                     }
                 }
                 Reply::Refused(after) => {
@@ -250,7 +235,7 @@ impl RedisLock {
                     tokio::select! {
                         () = wake.notified() => {}
                         () = tokio::time::sleep(pause) => {}
-                        () = over() => return Err(timed_out()),
+                        () = wait.over() => return Err(wait.timed_out(name)),
                     }
                 }
             }

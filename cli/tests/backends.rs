@@ -160,12 +160,7 @@ fn waiting_signals_and_inspect(url: &str) {
         fencelock().args(["run", "--url", url, "--wait", "60s", &name, "--", "true"]),
     );
     std::thread::sleep(Duration::from_millis(500));
-    let state = |pid: u32| {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        stat.rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next())
-            .unwrap_or('?')
-    };
+    let state = process_state;
     signal(waiter.pid(), Signal::SIGTSTP);
     let deadline = Instant::now() + Duration::from_secs(5);
     while state(waiter.pid()) != 'T' {

@@ -489,12 +489,7 @@ fn capabilities_and_completions() {
 fn a_terminal_stop_stops_the_command_too() {
     let dir = tempfile::tempdir().unwrap();
     let (running, pid) = run_sleeper("suspended", dir.path());
-    let state = |pid: u32| {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        stat.rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next())
-            .unwrap_or('?')
-    };
+    let state = process_state;
     signal(running.pid(), Signal::SIGTSTP);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !(state(pid) == 'T' && state(running.pid()) == 'T') {

@@ -80,6 +80,87 @@ pub enum Wait {
     Forever,
 }
 
+/// The end of an acquire's wait, for backends and layers: [`Wait::Timeout`] bounds the
+/// time spent behind holders, not the round trips, so a backend looks at it only where it
+/// waits (and a free lock is granted with a zero wait).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_core::{Wait, WaitDeadline};
+///
+/// # let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+/// # runtime.block_on(async {
+/// let wait = WaitDeadline::new(Wait::Timeout(Duration::from_millis(5)));
+/// wait.over().await;
+/// assert!(wait.is_over());
+/// assert!(matches!(wait.timed_out("n"), fencelock_core::Error::Timeout { .. }));
+/// # });
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct WaitDeadline {
+    at: Option<tokio::time::Instant>,
+    waited: Duration,
+}
+
+impl WaitDeadline {
+    /// The deadline of `wait` from now: none for [`Wait::NoWait`], [`Wait::Forever`] and a
+    /// timeout too long to represent (a wait forever).
+    pub fn new(wait: Wait) -> Self {
+        match wait {
+            Wait::Timeout(limit) => WaitDeadline {
+                at: tokio::time::Instant::now().checked_add(limit),
+                waited: limit,
+            },
+            Wait::NoWait | Wait::Forever => WaitDeadline {
+                at: None,
+                waited: Duration::ZERO,
+            },
+        }
+    }
+
+    /// The instant the wait ends, if it does.
+    pub fn at(&self) -> Option<tokio::time::Instant> {
+        self.at
+    }
+
+    /// Whether the wait has ended.
+    pub fn is_over(&self) -> bool {
+        self.at.is_some_and(|at| tokio::time::Instant::now() >= at)
+    }
+
+    /// What is left of the wait (zero once over); `None` without an end.
+    pub fn left(&self) -> Option<Duration> {
+        self.at
+            .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
+    }
+
+    /// Completes when the wait ends; never without an end.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only sleeps.
+    ///
+    /// # Errors
+    ///
+    /// None.
+    pub async fn over(&self) {
+        match self.at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The [`Error::Timeout`] for lock `name`, naming the wait that was asked for.
+    pub fn timed_out(&self, name: &str) -> Error {
+        Error::Timeout {
+            name: name.to_owned(),
+            waited: self.waited,
+        }
+    }
+}
+
 /// Options for one [`acquire`](crate::DistributedLock::acquire).
 ///
 /// The default is a renewing 30 s lease and waiting forever.

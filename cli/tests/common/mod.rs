@@ -254,3 +254,12 @@ pub fn check_bench_json(text: &str, workload: &str, baseline: bool) -> serde_jso
     }
     doc
 }
+
+/// The state letter of process `pid` from `/proc` (`T` stopped, `S` sleeping; `?` when
+/// gone).
+pub fn process_state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
+}

@@ -69,29 +69,21 @@ pub(super) async fn both(
     // The caller's wait bounds the time the legs spend behind holders, not the round
     // trips: each leg is asked with what is left of it (a free leg is granted with a zero
     // wait), and the pause between attempts ends with it.
-    let (deadline, waited) = match options.wait_kind() {
-        Wait::Timeout(limit) => (tokio::time::Instant::now().checked_add(limit), limit),
-        Wait::NoWait | Wait::Forever => (None, Duration::ZERO),
-    };
-    let timed_out = || Error::Timeout {
-        name: name.to_owned(),
-        waited,
-    };
-    let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+    let wait = crate::WaitDeadline::new(options.wait_kind());
     let no_wait = options.wait_kind() == Wait::NoWait;
     let mut attempt = 0;
     loop {
-        let first_options = match (no_wait, left()) {
+        let first_options = match (no_wait, wait.left()) {
             (true, _) => options,
             (false, Some(left)) => options.wait_timeout(left),
             (false, None) => options.wait_forever(),
         };
         let first_guard = match first.lock.acquire(name, first_options).await {
             Ok(guard) => guard,
-            Err(Error::Timeout { .. }) => return Err(timed_out()),
+            Err(Error::Timeout { .. }) => return Err(wait.timed_out(name)),
             Err(error) => return Err(error),
         };
-        let second_options = match (no_wait, left()) {
+        let second_options = match (no_wait, wait.left()) {
             (true, _) => options,
             (false, Some(left)) => options.wait_timeout(left.min(second_wait)),
             (false, None) => options.wait_timeout(second_wait),
@@ -107,8 +99,8 @@ pub(super) async fn both(
                         name: name.to_owned(),
                     });
                 }
-                if left().is_some_and(|left| left.is_zero()) {
-                    return Err(timed_out());
+                if wait.left().is_some_and(|left| left.is_zero()) {
+                    return Err(wait.timed_out(name));
                 }
                 attempt += 1;
                 tracing::debug!(
@@ -119,9 +111,9 @@ pub(super) async fn both(
                     first.role
                 );
                 let pause = backoff(attempt);
-                tokio::time::sleep(left().map_or(pause, |left| pause.min(left))).await;
-                if left().is_some_and(|left| left.is_zero()) {
-                    return Err(timed_out());
+                tokio::time::sleep(wait.left().map_or(pause, |left| pause.min(left))).await;
+                if wait.left().is_some_and(|left| left.is_zero()) {
+                    return Err(wait.timed_out(name));
                 }
             }
             Err(error) => {
