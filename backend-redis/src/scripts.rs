@@ -357,8 +357,9 @@ return 1
 /// can have overlapped, so it is not a loss.
 ///
 /// `revoke` passes `!` as the token: it deletes someone else's grant, so it moves the
-/// counter on (when there is one), and that holder's own release then answers 0 (lost),
-/// not 1 by the rule above. Tokens only grow: the next grant's is larger still.
+/// counter on (when there is one, with `GET` and `SET ... KEEPTTL`, which the
+/// least-privilege ACL allows), and that holder's own release then answers 0 (lost), not
+/// 1 by the rule above. Tokens only grow: the next grant's is larger still.
 ///
 /// A semaphore's or read-write lock's holder key (`owner \r index \r token`: see
 /// [`MEMBER_ACQUIRE`]) is deleted with its entry in the index, and the index with its
@@ -380,8 +381,11 @@ if v == ARGV[1] or (ARGV[4] and v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] 
   if ARGV[4] then
     redis.call('PUBLISH', ARGV[4], '0')
   end
-  if ARGV[3] == '!' and redis.call('EXISTS', KEYS[3]) == 1 then
-    redis.call('INCR', KEYS[3])
+  if ARGV[3] == '!' then
+    local c = tonumber(redis.call('GET', KEYS[3]) or '')
+    if c then
+      redis.call('SET', KEYS[3], string.format('%.0f', c + 1), 'KEEPTTL')
+    end
   end
   return 1
 end
