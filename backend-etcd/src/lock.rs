@@ -224,8 +224,7 @@ impl EtcdLock {
             },
         };
         // The steps before any waiting (the session, the create) get at least
-        // `STEP_GRACE`: the wait bounds the time spent behind a holder, not the round
-        // trips, so a free lock is granted with a zero wait.
+        // `ROUND_TRIP_GRACE`: a free lock is granted with a zero wait.
         let steps = step_deadline(deadline);
         let inner = &self.inner;
         let names = name_prefix(&inner.config.prefix, name);
@@ -236,7 +235,7 @@ impl EtcdLock {
         // a lease granted just before. One that may wait queues on the client's renewing
         // session and moves its key onto a fresh fixed lease when its turn comes.
         // Every step is bounded by the caller's wait (the steps before any waiting by
-        // at least `STEP_GRACE`), also when etcd hangs (a request caught in an election
+        // at least `ROUND_TRIP_GRACE`), also when etcd hangs (a request caught in an election
         // waits for etcd's own request timeout).
         let (session, fixed_now) = match lease {
             Lease::Fixed(ttl) if no_wait => (Session::grant(&inner.client, ttl, None).await?, true),
@@ -659,16 +658,14 @@ fn stale(error: etcd_client::Error, pending: &mut Armed) -> Error {
 }
 
 /// Runs `step`, giving up at `deadline` with the error `timed_out` makes.
-/// How long the steps before any waiting (connecting a session, creating the key, the
-/// first read of the queue) may take even when the caller's wait is shorter: the wait
-/// bounds the time spent behind holders, not the round trips, so a free lock is granted
-/// with a zero wait. A hung etcd still ends such an acquire after this long.
-const STEP_GRACE: Duration = Duration::from_millis(500);
-
-/// The deadline of the steps before any waiting: the caller's, or `STEP_GRACE` from now
-/// if that is later.
+/// The deadline of the steps before any waiting (connecting a session, creating the key,
+/// the first read of the queue): the caller's, or [`ROUND_TRIP_GRACE`] from now if that
+/// is later, so that a free lock is granted with a zero wait and a hung etcd still ends
+/// the acquire (as [`fencelock_core::WaitDeadline::bound`]).
+///
+/// [`ROUND_TRIP_GRACE`]: fencelock_core::ROUND_TRIP_GRACE
 pub(crate) fn step_deadline(deadline: Option<Instant>) -> Option<Instant> {
-    deadline.map(|d| d.max(Instant::now() + STEP_GRACE))
+    deadline.map(|d| d.max(Instant::now() + fencelock_core::ROUND_TRIP_GRACE))
 }
 
 pub(crate) async fn within<T>(

@@ -97,7 +97,8 @@ impl RedisLock {
         options.validate(MIN_LEASE)?;
         self.check_open()?;
         let keys = self.engine.config.layout.keys(name);
-        let waiting = self.wait_for_grant(name, &keys, options, value);
+        let wait = WaitDeadline::new(options.wait_kind());
+        let waiting = self.wait_for_grant(name, &keys, options, value, wait);
         let span = if value.is_some() {
             tracing::debug_span!("fencelock.redis.campaign", election = name)
         } else {
@@ -108,21 +109,22 @@ impl RedisLock {
             // Dropping the attempt releases what it may have taken, as for any cancellation.
             () = self.engine.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
             taken = waiting.instrument(span) => taken,
+            // A server that stopped answering: the whole acquire ends with the wait.
+            () = until(wait.bound()) => Err(wait.timed_out(name)),
         }
     }
 
-    /// Tries, and while the lock is held waits and tries again, until granted or the
-    /// wait is over. The wait bounds the time spent behind a holder, not the round trips
-    /// (each bounded by the response timeout): a free lock is granted with a zero wait,
-    /// and a try under way when the wait ends is answered, not dropped.
+    /// Tries, and while the lock is held waits and tries again, until granted or `wait`
+    /// is over. The wait is looked at where this waits (a free lock is granted with a
+    /// zero wait); the caller bounds the whole of it by [`WaitDeadline::bound`].
     async fn wait_for_grant(
         &self,
         name: &str,
         keys: &LockKeys,
         options: AcquireOptions,
         value: Option<&str>,
+        wait: WaitDeadline,
     ) -> Result<LockGuard, Error> {
-        let wait = WaitDeadline::new(options.wait_kind());
         let lease = options.lease_kind();
         let wake = Arc::new(Notify::new());
         let mut subscriptions = Vec::new();
@@ -264,6 +266,14 @@ impl RedisLock {
         } else {
             Ok(())
         }
+    }
+}
+
+/// Completes at `at`; never without one.
+pub(crate) async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -134,13 +134,16 @@ impl RedisLock {
             });
         }
         let keys = self.engine().config.layout.primitive_keys(name, ask.kind());
-        let waiting = self.wait_member(name, &keys, ask, options);
+        let wait = fencelock_core::WaitDeadline::new(options.wait_kind());
+        let waiting = self.wait_member(name, &keys, ask, options, wait);
         let span = tracing::debug_span!("fencelock.redis.acquire_member", name = name);
         let closed = self.engine().closed.clone();
         tokio::select! {
             biased;
             () = closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
             taken = waiting.instrument(span) => taken,
+            // A server that stopped answering: the whole request ends with the wait.
+            () = crate::lock::until(wait.bound()) => Err(wait.timed_out(name)),
         }
     }
 
@@ -150,9 +153,10 @@ impl RedisLock {
         keys: &PrimitiveKeys,
         ask: Ask,
         options: AcquireOptions,
+        wait: fencelock_core::WaitDeadline,
     ) -> Result<LockGuard, Error> {
-        // As for a lock: the wait bounds the time refused, not the round trips.
-        let wait = fencelock_core::WaitDeadline::new(options.wait_kind());
+        // As for a lock: the wait is looked at where this waits; the caller bounds the
+        // whole request.
         let engine = self.engine();
         let lease = options.lease_kind();
         let will_wait = options.wait_kind() != Wait::NoWait;

@@ -57,8 +57,8 @@ pub use lock::{DistributedLock, HolderInfo, ListedLock, LockInfo, downcast_lock}
 pub use memory::MemoryLock;
 pub use name::{MAX_NAME_LEN, validate_name, validate_prefix};
 pub use options::{
-    AcquireOptions, DEFAULT_LEASE, FOREVER, Lease, MAX_LEASE, SHORTEST_LEASE, Wait, WaitDeadline,
-    validate_lease,
+    AcquireOptions, DEFAULT_LEASE, FOREVER, Lease, MAX_LEASE, ROUND_TRIP_GRACE, SHORTEST_LEASE,
+    Wait, WaitDeadline, validate_lease,
 };
 pub use redact::redact_url;
 pub use renewal::{RENEWAL_SECONDS, RENEWALS_TOTAL, RenewalOutcome, record_renewal};

@@ -70,10 +70,10 @@ pub enum Wait {
     /// Do not wait: fail with [`Error::Contended`] if the lock is held.
     NoWait,
     /// Wait at most this long while the lock is held, then fail with
-    /// [`Error::Timeout`]. It bounds the waiting, not the round trips to the backend: a
-    /// free lock is granted even with a zero timeout (the requests themselves are
-    /// bounded by the backend's own timeouts). A timeout of [`FOREVER`] or more is taken
-    /// as [`Wait::Forever`] by [`AcquireOptions::wait`].
+    /// [`Error::Timeout`]. A free lock is granted even with a zero timeout if the backend
+    /// answers within [`ROUND_TRIP_GRACE`]; against a backend that stopped answering the
+    /// acquire ends after the timeout or that grace, the later. A timeout of [`FOREVER`]
+    /// or more is taken as [`Wait::Forever`] by [`AcquireOptions::wait`].
     Timeout(Duration),
     /// Wait until the lock is granted (or an error occurs). The default.
     #[default]
@@ -81,8 +81,9 @@ pub enum Wait {
 }
 
 /// The end of an acquire's wait, for backends and layers: [`Wait::Timeout`] bounds the
-/// time spent behind holders, not the round trips, so a backend looks at it only where it
-/// waits (and a free lock is granted with a zero wait).
+/// time spent behind holders, so a backend looks at it where it waits (and a free lock is
+/// granted with a zero wait); the whole acquire, round trips included, is bounded by
+/// [`bound`](Self::bound).
 ///
 /// # Examples
 ///
@@ -102,22 +103,39 @@ pub enum Wait {
 pub struct WaitDeadline {
     at: Option<tokio::time::Instant>,
     waited: Duration,
+    started: tokio::time::Instant,
 }
+
+/// How long an acquire's round trips may take when the caller's wait is shorter: with
+/// a zero wait a free lock is still granted if the backend answers within this, and an
+/// acquire against a server that stopped answering ends after the wait or this, the
+/// later (see [`WaitDeadline::bound`]).
+pub const ROUND_TRIP_GRACE: Duration = Duration::from_millis(500);
 
 impl WaitDeadline {
     /// The deadline of `wait` from now: none for [`Wait::NoWait`], [`Wait::Forever`] and a
     /// timeout too long to represent (a wait forever).
     pub fn new(wait: Wait) -> Self {
+        let started = tokio::time::Instant::now();
         match wait {
             Wait::Timeout(limit) => WaitDeadline {
-                at: tokio::time::Instant::now().checked_add(limit),
+                at: started.checked_add(limit),
                 waited: limit,
+                started,
             },
             Wait::NoWait | Wait::Forever => WaitDeadline {
                 at: None,
                 waited: Duration::ZERO,
+                started,
             },
         }
+    }
+
+    /// When the whole acquire gives up, round trips included (a server that stopped
+    /// answering): the end of the wait, or [`ROUND_TRIP_GRACE`] after the start if that
+    /// is later. `None` without an end.
+    pub fn bound(&self) -> Option<tokio::time::Instant> {
+        self.at.map(|at| at.max(self.started + ROUND_TRIP_GRACE))
     }
 
     /// The instant the wait ends, if it does.
