@@ -78,22 +78,36 @@ impl ZkSession {
         transport: &Transport,
         timeout: Duration,
     ) -> Result<Arc<Self>, Error> {
-        let mut connector = zk::Client::connector()
-            .with_session_timeout(timeout)
-            .with_fail_eagerly();
-        if let (Some(auth), AuthMethod::Digest) = (config.auth(), config.auth_method()) {
-            let credentials = format!("{}:{}", auth.user, auth.password);
-            connector = connector.with_auth("digest", credentials.as_bytes());
-        }
+        let connector = || {
+            let mut connector = zk::Client::connector()
+                .with_session_timeout(timeout)
+                .with_fail_eagerly();
+            if let (Some(auth), AuthMethod::Digest) = (config.auth(), config.auth_method()) {
+                let credentials = format!("{}:{}", auth.user, auth.password);
+                connector = connector.with_auth("digest", credentials.as_bytes());
+            }
+            connector
+        };
         let connecting = Instant::now();
+        let sasl = config.auth().is_some() && config.auth_method() == AuthMethod::SaslDigestMd5;
+        let attempts = async {
+            let mut outcome = transport.connect(connector(), config.hosts()).await;
+            // A server refusing SASL credentials answers and closes the connection; the
+            // client sometimes sees the close first and reports that no server took the
+            // session. Asked again, it learns the refusal (at most twice more).
+            for _ in 0..2 {
+                match &outcome {
+                    Err(zk::Error::NoHosts | zk::Error::ConnectionLoss) if sasl => {
+                        outcome = transport.connect(connector(), config.hosts()).await;
+                    }
+                    _ => break,
+                }
+            }
+            outcome
+        };
         // A server that accepts the connection but never answers would hold the connect
         // for 2/5 of the session timeout per host.
-        let client = match tokio::time::timeout(
-            config.connect_timeout(),
-            transport.connect(connector, config.hosts()),
-        )
-        .await
-        {
+        let client = match tokio::time::timeout(config.connect_timeout(), attempts).await {
             Ok(Ok(client)) => client,
             Ok(Err(err)) => {
                 return Err(transport.connect_failed(config, connecting, err).await);
