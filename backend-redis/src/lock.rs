@@ -110,7 +110,7 @@ impl RedisLock {
             () = self.engine.closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
             taken = waiting.instrument(span) => taken,
             // A server that stopped answering: the whole acquire ends with the wait.
-            () = until(wait.bound()) => Err(wait.timed_out(name)),
+            () = wait.bound_passed() => Err(wait.timed_out(name)),
         }
     }
 
@@ -266,14 +266,6 @@ impl RedisLock {
         } else {
             Ok(())
         }
-    }
-}
-
-/// Completes at `at`; never without one.
-pub(crate) async fn until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

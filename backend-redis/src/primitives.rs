@@ -143,7 +143,7 @@ impl RedisLock {
             () = closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
             taken = waiting.instrument(span) => taken,
             // A server that stopped answering: the whole request ends with the wait.
-            () = crate::lock::until(wait.bound()) => Err(wait.timed_out(name)),
+            () = wait.bound_passed() => Err(wait.timed_out(name)),
         }
     }
 

@@ -154,6 +154,23 @@ impl WaitDeadline {
             .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
     }
 
+    /// Completes at [`bound`](Self::bound), when the whole acquire gives up; never
+    /// without an end.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only sleeps.
+    ///
+    /// # Errors
+    ///
+    /// None.
+    pub async fn bound_passed(&self) {
+        match self.bound() {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Completes when the wait ends; never without an end.
     ///
     /// # Cancel safety
