@@ -123,17 +123,17 @@ impl EtcdLock {
         let mine = created.header().map_or(0, |h| h.revision());
         pending.get().state = KeyState::Created(mine);
 
+        // The keys a read or write request waits behind (none for permits, which count).
+        let blockers = match ask {
+            Ask::Read => format!("{dir}write/"),
+            Ask::Write => dir.clone(),
+            Ask::Permits { .. } => String::new(),
+        };
         // The first look: granted at once (no waiting, so within the steps' grace), or
         // refused (a request that cannot wait ends here).
         let first_look = async {
             match ask {
-                Ask::Read | Ask::Write => {
-                    let blockers = match ask {
-                        Ask::Read => format!("{dir}write/"),
-                        _ => dir.clone(),
-                    };
-                    Ok::<_, Error>(!self.earlier_key(&blockers, mine).await?)
-                }
+                Ask::Read | Ask::Write => Ok::<_, Error>(!self.earlier_key(&blockers, mine).await?),
                 Ask::Permits { count, limit } => {
                     self.permits_fit(&dir, mine, (count, limit), name).await
                 }
@@ -158,10 +158,6 @@ impl EtcdLock {
             }
             match ask {
                 Ask::Read | Ask::Write => {
-                    let blockers = match ask {
-                        Ask::Read => format!("{dir}write/"),
-                        _ => dir.clone(),
-                    };
                     // Confirms our key too: no separate check after it.
                     crate::wait::for_turn(&inner.client, (&blockers, &key), mine, &session, name)
                         .await
