@@ -95,11 +95,14 @@ fn split_userinfo(url: &str) -> (String, &str) {
             None => ("***@".to_owned(), &url[at + 1..]),
         };
     };
-    let mut limit = crate::urlparts::query_start(rest);
-    // A `?name=` right after something that is no host list (`:pa?ss=x@h`) is a raw `?`
-    // in a password, not the query.
-    if limit < rest.len() && !rest[..limit].is_empty() && !plausible_hosts(&rest[..limit]) {
-        limit = rest.len();
+    let limit = crate::urlparts::query_start(rest);
+    // A `?name=` after something that is no host list (`:pa?ss=x@h`) may be a raw `?` in
+    // a password rather than the query: where the user info ends cannot be told, so
+    // nothing after the scheme is shown.
+    let before = &rest[..limit];
+    let hosts = before.rsplit_once('@').map_or(before, |(_, hosts)| hosts);
+    if limit < rest.len() && !before.is_empty() && !plausible_hosts(hosts) {
+        return (format!("{scheme}://***"), "");
     }
     let Some(at) = rest[..limit].rfind('@') else {
         return (format!("{scheme}://"), rest);
@@ -182,7 +185,13 @@ mod tests {
             ("etcd:root:s3cret@h:2379/locks", "etcd:***@h:2379/locks"),
             ("no-at-sign:here", "no-at-sign:here"),
             // A raw `?` in a password that looks like the start of a query.
-            ("redis://:s3cr?et=x@h:6379", "redis://:***@h:6379"),
+            ("redis://:s3cr?et=x@h:6379", "redis://***"),
+            // User info with a host list: the query is the query, its secrets hidden.
+            ("redis://app@h/0?password=p@ss", "redis://app@h/0?password=***"),
+            ("redis://:pw@s1,s2/m?prefix=team@corp", "redis://:***@s1,s2/m?prefix=team@corp"),
+            // A host that is no host list and an `@` in the query: nothing shown.
+            ("redis://cache host?password=p@ss", "redis://***"),
+            ("redis:///0?password=a@b", "redis://***"),
             (
                 "redis://h1:1,h2:2/0?prefix=a@b",
                 "redis://h1:1,h2:2/0?prefix=a@b",
