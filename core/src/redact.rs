@@ -187,8 +187,14 @@ mod tests {
             // A raw `?` in a password that looks like the start of a query.
             ("redis://:s3cr?et=x@h:6379", "redis://***"),
             // User info with a host list: the query is the query, its secrets hidden.
-            ("redis://app@h/0?password=p@ss", "redis://app@h/0?password=***"),
-            ("redis://:pw@s1,s2/m?prefix=team@corp", "redis://:***@s1,s2/m?prefix=team@corp"),
+            (
+                "redis://app@h/0?password=p@ss",
+                "redis://app@h/0?password=***",
+            ),
+            (
+                "redis://:pw@s1,s2/m?prefix=team@corp",
+                "redis://:***@s1,s2/m?prefix=team@corp",
+            ),
             // A host that is no host list and an `@` in the query: nothing shown.
             ("redis://cache host?password=p@ss", "redis://***"),
             ("redis:///0?password=a@b", "redis://***"),
