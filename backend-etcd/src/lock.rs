@@ -697,10 +697,15 @@ impl EtcdLock {
         let span = tracing::debug_span!("fencelock.etcd.queue", lock = name, ask = ?ask);
         // Once more on a new session if the session turned out to be gone (revoked or
         // expired before its keepalive noticed), as for a lock (`take_fresh`).
+        // One deadline for both tries: the retry does not restart the caller's wait.
+        let deadline = match options.wait_kind() {
+            Wait::Timeout(limit) => Instant::now().checked_add(limit),
+            Wait::NoWait | Wait::Forever => None,
+        };
         let taken = async {
-            match self.queue(name, ask, options).await {
+            match self.queue(name, ask, options, deadline).await {
                 Err(error) if crate::error::is_stale_session(&error) => {
-                    self.queue(name, ask, options).await
+                    self.queue(name, ask, options, deadline).await
                 }
                 other => other,
             }

@@ -59,17 +59,15 @@ impl Ask {
 }
 
 impl EtcdLock {
-    /// Takes what `ask` asks for on `name`, waiting as `options` allow.
+    /// Takes what `ask` asks for on `name`, waiting as `options` allow until `deadline`
+    /// (`None`: no end), which a retry on a new session shares with the first try.
     pub(crate) async fn queue(
         &self,
         name: &str,
         ask: Ask,
         options: AcquireOptions,
+        deadline: Option<Instant>,
     ) -> Result<LockGuard, Error> {
-        let deadline = match options.wait_kind() {
-            Wait::Timeout(limit) => Instant::now().checked_add(limit),
-            Wait::NoWait | Wait::Forever => None,
-        };
         let timed_out = || Error::Timeout {
             name: name.to_owned(),
             waited: match options.wait_kind() {
