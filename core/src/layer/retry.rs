@@ -265,11 +265,29 @@ impl Retry {
         F: Fn(AcquireOptions) -> Fut,
         Fut: std::future::Future<Output = Result<LockGuard, Error>>,
     {
+        let wait = crate::WaitDeadline::new(options.wait_kind());
+        tokio::select! {
+            taken = self.attempts(name, options, attempt, wait) => taken,
+            // An attempt against a backend that stopped answering: the whole acquire
+            // still ends with the wait, or the round-trip grace.
+            () = wait.bound_passed() => Err(wait.timed_out(name)),
+        }
+    }
+
+    /// The attempts of [`retrying`](Self::retrying), until `wait` ends.
+    async fn attempts<F, Fut>(
+        &self,
+        name: &str,
+        options: AcquireOptions,
+        attempt: F,
+        wait: crate::WaitDeadline,
+    ) -> Result<LockGuard, Error>
+    where
+        F: Fn(AcquireOptions) -> Fut,
+        Fut: std::future::Future<Output = Result<LockGuard, Error>>,
+    {
         let first = options;
-        let deadline = match options.wait_kind() {
-            Wait::Timeout(wait) => Instant::now().checked_add(wait),
-            Wait::NoWait | Wait::Forever => None,
-        };
+        let deadline = wait.at();
         let mut delays = self.policy.delays();
         let mut attempts = 1;
         loop {
@@ -306,8 +324,9 @@ impl DistributedLock for Retry {
     /// Acquires through the inner lock, retrying retryable errors.
     ///
     /// With [`Wait::Timeout`], each attempt gets what is left of the caller's wait, and no
-    /// retry starts whose delay would end past it: the total wait never exceeds the one
-    /// asked for.
+    /// retry starts whose delay would end past it: the whole acquire ends after the wait
+    /// asked for, or [`ROUND_TRIP_GRACE`](crate::ROUND_TRIP_GRACE) if that is later (as
+    /// on every backend, see [`Wait::Timeout`]).
     ///
     /// # Cancel safety
     ///

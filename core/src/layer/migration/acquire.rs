@@ -66,10 +66,26 @@ pub(super) async fn both(
     options: AcquireOptions,
     second_wait: Duration,
 ) -> Result<LockGuard, Error> {
-    // The caller's wait bounds the time the legs spend behind holders, not the round
-    // trips: each leg is asked with what is left of it (a free leg is granted with a zero
-    // wait), and the pause between attempts ends with it.
     let wait = crate::WaitDeadline::new(options.wait_kind());
+    tokio::select! {
+        taken = attempts(name, (first, second), options, second_wait, wait) => taken,
+        // A leg that stopped answering (or a release that hangs between attempts): the
+        // whole acquire still ends with the wait, or the round-trip grace. What the
+        // dropped attempt held is released in the background, as for any cancellation.
+        () = wait.bound_passed() => Err(wait.timed_out(name)),
+    }
+}
+
+/// The attempts of [`both`]. The caller's wait bounds the time the legs spend behind
+/// holders: each leg is asked with what is left of it (a free leg is granted with a zero
+/// wait), and the pause between attempts ends with it.
+async fn attempts(
+    name: &str,
+    (first, second): (&Leg, &Leg),
+    options: AcquireOptions,
+    second_wait: Duration,
+    wait: crate::WaitDeadline,
+) -> Result<LockGuard, Error> {
     let no_wait = options.wait_kind() == Wait::NoWait;
     let mut attempt = 0;
     loop {
