@@ -574,13 +574,21 @@ struct MeteredHeld {
     record: Arc<HoldRecord>,
 }
 
+impl MeteredHeld {
+    /// Counts the loss the guard already reports (once: see [`HoldRecord::lost`]), at
+    /// the release or drop that ends the record.
+    fn count_loss_seen(&self) {
+        if self.liveness.is_lost() {
+            self.record.lost_by(&self.liveness);
+        }
+    }
+}
+
 #[async_trait]
 impl HeldLock for MeteredHeld {
     async fn release(&self) -> Result<(), Error> {
         let record = &self.record;
-        if self.liveness.is_lost() {
-            record.lost_by(&self.liveness);
-        }
+        self.count_loss_seen();
         record.releasing.store(true, Ordering::SeqCst);
         let span = tracing::info_span!(
             "fencelock.release",
@@ -602,9 +610,7 @@ impl HeldLock for MeteredHeld {
         // Dropped right after learning of a loss (as `with_lock` does), before this
         // layer's watch ran: the loss is counted here, before `end` takes the lock out
         // of the held gauge (after which a loss is not counted).
-        if self.liveness.is_lost() {
-            self.record.lost_by(&self.liveness);
-        }
+        self.count_loss_seen();
         let guard = self
             .guard
             .lock()
