@@ -2,7 +2,7 @@
 //!
 //! Each buyer connects on its own (as separate service instances would), takes the lock
 //! for the item, reads the stock, and writes it back decremented, passing its fencing
-//! token to the store. The store refuses writes with a token lower than one it has seen,
+//! token to the store with both. The store refuses reads and writes with a token lower than one it has seen,
 //! which is what protects it from the second half of the story: a holder that pauses past
 //! its lease ("zombie") and wakes up to write stale data.
 //!
@@ -45,7 +45,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         AcquireOptions::new().wait_timeout(Duration::from_secs(30)),
                     )
                     .await?;
-                let left = stock.read();
+                // A fenced read: it records the token, so an older holder that wakes up
+                // can no longer write back what it read before.
+                let Ok(left) = stock.read_fenced(guard.token()) else {
+                    guard.release().await?;
+                    continue;
+                };
                 if left == 0 {
                     guard.release().await?;
                     break;
@@ -103,7 +108,9 @@ async fn zombie_demo(stock: &FencedRegister<u32>) -> Result<bool, Error> {
     let zombie = locks
         .acquire(ITEM, AcquireOptions::new().fixed_lease(lease))
         .await?;
-    let seen = stock.read();
+    let seen = stock
+        .read_fenced(zombie.token())
+        .expect("no newer holder has read yet");
     println!(
         "zombie: holds token {} with a {lease:?} lease, reads stock {seen}, plans to restock to {}, then pauses",
         zombie.token(),

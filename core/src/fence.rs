@@ -21,6 +21,22 @@ pub struct StaleToken {
 /// compare in a transaction) to be safe against a holder that paused past its lease. It
 /// serves the examples and tests, and applications' own tests.
 ///
+/// Equal tokens pass: every grant's token is new, so an equal token is the same holder
+/// writing again.
+///
+/// # Read, then write
+///
+/// A write check alone protects blind writes. A holder that reads, computes and writes
+/// back must read with its token too ([`read_fenced`](Self::read_fenced), or
+/// [`update`](Self::update) in one step): a fenced read records the token, so a paused
+/// holder with an older token can no longer write a value computed from what it read
+/// before. With a plain [`read`](Self::read), a zombie that read 50, paused, and wrote 49
+/// after the new holder read 50 but before it wrote, would have its write accepted, and
+/// the new holder's 49 would then lose one update. In SQL, make the read and write one
+/// statement (`UPDATE stock SET n = n - 1, fence = $token WHERE ... AND fence <= $token`)
+/// or record the token in the row when reading it (`SELECT ... FOR UPDATE`, then the
+/// fenced `UPDATE` in the same transaction).
+///
 /// # Examples
 ///
 /// ```
@@ -62,9 +78,38 @@ impl<T: Clone> FencedRegister<T> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The current value.
+    /// The current value, without a token check: for observers, not for a holder that
+    /// writes back what it read (see [`read_fenced`](Self::read_fenced)).
     pub fn read(&self) -> T {
         self.register().value.clone()
+    }
+
+    /// The current value, read as the holder of `token`: refused if a larger token has
+    /// been seen; otherwise `token` is recorded, so a holder with an older token can no
+    /// longer write.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleToken`] if a larger token has been seen; nothing is recorded.
+    pub fn read_fenced(&self, token: FencingToken) -> Result<T, StaleToken> {
+        let mut reg = self.register();
+        reg.admit(token)?;
+        Ok(reg.value.clone())
+    }
+
+    /// Replaces the value with `f(current)` as the holder of `token`, in one step, and
+    /// returns the new value.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleToken`] if a larger token has been seen; the value is unchanged and `f` is
+    /// not called.
+    pub fn update(&self, token: FencingToken, f: impl FnOnce(&T) -> T) -> Result<T, StaleToken> {
+        let mut reg = self.register();
+        reg.admit(token)?;
+        reg.value = f(&reg.value);
+        reg.writes += 1;
+        Ok(reg.value.clone())
     }
 
     /// Stores `value` if `token` is at least the highest token seen.
@@ -74,13 +119,7 @@ impl<T: Clone> FencedRegister<T> {
     /// [`StaleToken`] if a larger token has been accepted; the value is unchanged.
     pub fn write(&self, token: FencingToken, value: T) -> Result<(), StaleToken> {
         let mut reg = self.register();
-        if let Some(highest) = reg.highest {
-            if token < highest {
-                reg.rejections += 1;
-                return Err(StaleToken { token, highest });
-            }
-        }
-        reg.highest = Some(token);
+        reg.admit(token)?;
         reg.value = value;
         reg.writes += 1;
         Ok(())
@@ -96,9 +135,23 @@ impl<T: Clone> FencedRegister<T> {
         self.register().writes
     }
 
-    /// How many writes were refused.
+    /// How many writes, fenced reads and updates were refused.
     pub fn rejections(&self) -> u64 {
         self.register().rejections
+    }
+}
+
+impl<T> Register<T> {
+    /// Records `token` if it is at least the highest seen, else counts a rejection.
+    fn admit(&mut self, token: FencingToken) -> Result<(), StaleToken> {
+        if let Some(highest) = self.highest {
+            if token < highest {
+                self.rejections += 1;
+                return Err(StaleToken { token, highest });
+            }
+        }
+        self.highest = Some(token);
+        Ok(())
     }
 }
 
@@ -114,5 +167,34 @@ mod tests {
         let err = reg.write(FencingToken::new(4), 3).unwrap_err();
         assert_eq!(err.highest, FencingToken::new(5));
         assert_eq!((reg.read(), reg.writes(), reg.rejections()), (2, 2, 1));
+    }
+
+    /// The zombie's read-modify-write: A (token 7) reads 50 and pauses; B (token 8)
+    /// reads 50; A wakes and writes 49. With fenced reads A's write is refused and B's
+    /// lands, so no update is lost.
+    #[test]
+    fn a_fenced_read_refuses_an_older_holders_later_write() {
+        let stock = FencedRegister::new(50u32);
+        let (a, b) = (FencingToken::new(7), FencingToken::new(8));
+        let seen_by_a = stock.read_fenced(a).unwrap();
+        let seen_by_b = stock.read_fenced(b).unwrap();
+        assert_eq!((seen_by_a, seen_by_b), (50, 50));
+        let err = stock.write(a, seen_by_a - 1).unwrap_err();
+        assert_eq!((err.token, err.highest), (a, b));
+        stock.write(b, seen_by_b - 1).unwrap();
+        assert_eq!(stock.read(), 49);
+        // A refused fenced read records nothing; update applies in one step.
+        assert!(stock.read_fenced(a).is_err());
+        assert_eq!(stock.highest_token(), Some(b));
+        assert_eq!(stock.update(b, |n| n - 1), Ok(48));
+        assert!(
+            stock
+                .update(a, |_| unreachable!("a stale update is not applied"))
+                .is_err()
+        );
+        assert_eq!(
+            (stock.read(), stock.writes(), stock.rejections()),
+            (48, 2, 3)
+        );
     }
 }
