@@ -26,6 +26,9 @@ use std::sync::Arc;
 use fencelock_core::{DistributedLock, Error};
 
 pub use config::{EtcdConfig, EtcdTls, MIN_LEASE};
+/// The `etcd-client` crate this backend is built on, for your own transactions with
+/// [`owner_compare`] (the same version, so its types fit).
+pub use etcd_client;
 pub use fence::owner_compare;
 pub use lock::EtcdLock;
 
@@ -44,3 +47,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
         EtcdLock::connect(EtcdConfig::from_url(url)?).await?,
     ))
 }
+
+/// The README's code blocks, compiled as doctests so they keep matching the code.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;

@@ -46,6 +46,9 @@
 //!   batched per node (per slot on Cluster). A key found gone or re-owned reports loss at
 //!   once; renewal errors lead to loss at the local deadline (renewal sent + lease −
 //!   1 % − 2 ms).
+//! - **Fenced data**: [`FencedValue`] is the resource-side check for data kept in Redis:
+//!   a value that refuses reads and writes with a token lower than the highest it has
+//!   seen, checked and written by one script. It takes the tokens of any backend.
 
 // The futures of `acquire` and `campaign` nest deeper than the default limit lets rustc
 // compute their layout.
@@ -54,6 +57,7 @@
 mod config;
 mod election;
 mod engine;
+mod fence;
 mod held;
 mod keys;
 mod lock;
@@ -67,9 +71,13 @@ mod subscriber;
 use std::sync::Arc;
 
 pub use config::{Endpoint, RedisConfig, RedisTls, Topology};
+pub use fence::{FenceError, FencedValue};
 use fencelock_core::{DistributedLock, Error};
 pub use keys::KeyLayout;
 pub use lock::{MIN_LEASE, RedisLock};
+/// The `redis` client crate this backend is built on, for connections to use with
+/// [`FencedValue`] (the same version, so its connection types fit).
+pub use redis;
 
 /// Connects to the Redis deployment named by `url` (see [`RedisConfig`] for the forms).
 ///
@@ -96,3 +104,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
     let config = RedisConfig::from_url(url)?;
     Ok(Arc::new(RedisLock::connect(config).await?))
 }
+
+/// The README's code blocks, compiled as doctests so they keep matching the code.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;
