@@ -35,6 +35,7 @@ use crate::error::{connection_broke, map, session_ended};
 #[derive(Debug, Clone)]
 pub struct ZkFence {
     client: zk::Client,
+    acls: zk::Acls<'static>,
     name: String,
     token: FencingToken,
     node: String,
@@ -44,6 +45,7 @@ pub struct ZkFence {
 impl ZkFence {
     pub(crate) fn new(
         client: zk::Client,
+        acls: zk::Acls<'static>,
         name: &str,
         token: FencingToken,
         node: String,
@@ -51,6 +53,7 @@ impl ZkFence {
     ) -> Self {
         ZkFence {
             client,
+            acls,
             name: name.to_owned(),
             token,
             node,
@@ -117,7 +120,9 @@ impl ZkFence {
         }
     }
 
-    /// Creates a persistent node `path` with `data` if the lock is still held.
+    /// Creates a persistent node `path` with `data` if the lock is still held, with the
+    /// client's ACL policy (`acl=creator`: only the client's digest identity may change
+    /// it, so others cannot write it without the fence either).
     ///
     /// # Cancel safety
     ///
@@ -128,7 +133,7 @@ impl ZkFence {
     /// As [`set_data`](Self::set_data).
     pub async fn create(&self, path: &str, data: &[u8]) -> Result<zk::Stat, Error> {
         let mut writer = self.writer()?;
-        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Persistent.with_acls(self.acls.clone());
         writer.add_create(path, data, &options).map_err(map)?;
         let mut results = self.commit(writer).await?;
         match results.pop() {

@@ -249,18 +249,32 @@ impl ZkLock {
     ///
     /// # Errors
     ///
-    /// [`Error::Lost`] if `guard`'s node is no longer the holder; backend errors as for
+    /// [`Error::Lost`] if `guard`'s node is no longer the holder;
+    /// [`Error::InvalidConfig`] if `guard` was not granted by this client (another
+    /// backend, another `ZkLock`, a layer such as `migrate://`); backend errors as for
     /// `acquire`.
     ///
     /// Any grant of this client has a fence: a lock, a write or read lock, an election's
     /// term, a semaphore's permits (fenced on its first permit's node). A granted node is
-    /// held for as long as it exists, so the fence checks the guard's own node.
+    /// held for as long as it exists, so the fence checks the guard's own node. The read
+    /// follows a `sync`, so a server behind the leader cannot report a held node gone.
     pub async fn fence(&self, guard: &LockGuard) -> Result<ZkFence, Error> {
+        let foreign = || {
+            Error::InvalidConfig(format!(
+                "a ZooKeeper fence needs a guard granted by this client; {:?} was granted by \
+                 another client or backend ({})",
+                guard.name(),
+                guard.backend()
+            ))
+        };
+        let (BACKEND, Some(path)) = (guard.backend(), guard.backend_key()) else {
+            return Err(foreign());
+        };
         let session = self.default_session().await?;
         let lost = || Error::lost(guard.name(), "the guard's node is not the holder any more");
-        let Some(path) = guard.backend_key() else {
-            return Err(lost());
-        };
+        // The node may live on another session of this client, connected to another
+        // server: without a sync this session's server may not have seen it yet.
+        retry(|| session.client.sync("/")).await.map_err(map)?;
         let found = match retry(|| session.client.check_stat(path)).await {
             Ok(found) => found,
             Err(err) => return Err(map(err)),
@@ -269,13 +283,16 @@ impl ZkLock {
             Some(stat) if stat.czxid as u64 == guard.token().get() => {
                 // Write through the session that owns the node: if that session
                 // expires, the node is gone and so is the right to write.
+                // A live node on a session this client does not have: another
+                // client's grant (ours are deleted with their sessions).
                 let owner = self
                     .pool
                     .find(stat.ephemeral_owner)
                     .await
-                    .ok_or_else(lost)?;
+                    .ok_or_else(foreign)?;
                 Ok(ZkFence::new(
                     owner.client.clone(),
+                    owner.acls(),
                     guard.name(),
                     guard.token(),
                     path.to_owned(),

@@ -73,3 +73,33 @@ async fn a_creator_acl_without_credentials_is_a_config_error() {
     );
     assert!(!shown.contains("s3cret"), "{shown}");
 }
+
+/// A node created through a fence gets the client's ACL policy, like the lock's own
+/// nodes: with `acl=creator`, another identity cannot overwrite fenced data without the
+/// fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_nodes_keep_the_creator_acl() {
+    let server = ZkServer::shared();
+    let root = format!("/acl-fence-{:x}", std::process::id());
+    let url = format!(
+        "zk://app:s3cret@{}{root}?acl=creator",
+        server.connect_string()
+    );
+    let locks = fencelock_zk::ZkLock::connect(fencelock_zk::ZkConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let guard = locks.lock("data").await.unwrap();
+    let fence = locks.fence(&guard).await.unwrap();
+    let data = format!("{root}-data");
+    fence.create(&data, b"1").await.unwrap();
+
+    let anonymous = zk::Client::connect(&server.connect_string()).await.unwrap();
+    let write = anonymous.set_data(&data, b"forged", None).await;
+    assert!(
+        matches!(write, Err(zk::Error::NoAuth)),
+        "an anonymous client overwrote fenced data: {write:?}"
+    );
+    fence.set_data(&data, b"2", None).await.unwrap();
+    fence.delete(&data, None).await.unwrap();
+    guard.release().await.unwrap();
+}

@@ -59,3 +59,36 @@ async fn every_kind_of_grant_has_a_fence() {
         );
     }
 }
+
+/// A fence is made only for this client's own ZooKeeper grants. A guard of another
+/// backend, or of another client, is a caller's mistake (`InvalidConfig`), not a lost
+/// lock: a caller reacting to `Lost` would drop work whose lock is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_refuses_guards_it_did_not_grant() {
+    let root = format!("/fence-foreign-{:x}", std::process::id());
+    let url = format!("zk://{}{root}", ZkServer::shared().connect_string());
+    let connect = || async {
+        ZkLock::connect(ZkConfig::from_url(&url).unwrap())
+            .await
+            .unwrap()
+    };
+    let (a, b) = (connect().await, connect().await);
+    let options = || AcquireOptions::new().no_wait();
+
+    let mem = fencelock_core::MemoryLock::new();
+    let mem_guard = mem.acquire("l", options()).await.unwrap();
+    let err = a.fence(&mem_guard).await.unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidConfig(_)),
+        "a mem guard: {err:?}"
+    );
+
+    let bs = b.acquire("l", options()).await.unwrap();
+    let err = a.fence(&bs).await.unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidConfig(_)),
+        "another client's held guard: {err:?}"
+    );
+    b.fence(&bs).await.expect("its own client fences it");
+    bs.release().await.unwrap();
+}
