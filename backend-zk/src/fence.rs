@@ -133,7 +133,7 @@ impl ZkFence {
     /// As [`set_data`](Self::set_data).
     pub async fn create(&self, path: &str, data: &[u8]) -> Result<zk::Stat, Error> {
         let mut writer = self.writer()?;
-        let options = zk::CreateMode::Persistent.with_acls(self.acls.clone());
+        let options = zk::CreateMode::Persistent.with_acls(self.acls);
         writer.add_create(path, data, &options).map_err(map)?;
         let mut results = self.commit(writer).await?;
         match results.pop() {
