@@ -117,8 +117,18 @@ pub(crate) async fn follow(
             let Ok(Some(response)) = message else {
                 break;
             };
-            if response.compact_revision() > 0 {
-                // History we have not seen is gone: read the candidates anew.
+            if response.compact_revision() > 0 || response.canceled() {
+                // History we have not seen is gone, or etcd ended the watch for another
+                // reason (a permission revoked meanwhile): it sends nothing more on it.
+                // Read the candidates anew and watch again from there; a read refused
+                // for good ends the observation with that error.
+                let compacted = response.compact_revision() > 0;
+                if !compacted {
+                    tracing::debug!(
+                        reason = response.cancel_reason(),
+                        "etcd cancelled the election watch; reading the candidates anew"
+                    );
+                }
                 match read(&client, &names).await {
                     Ok((fresh, at)) => {
                         (candidates, revision) = (fresh, at);
@@ -126,8 +136,19 @@ pub(crate) async fn follow(
                             return;
                         }
                     }
+                    Err(error) if !error.is_retryable() => {
+                        let _ = changes.send(Err(error));
+                        return;
+                    }
                     Err(error) => {
                         tracing::debug!(%error, "etcd election re-read failed; retrying");
+                    }
+                }
+                if !compacted {
+                    // Not at once: a watch etcd keeps refusing must not spin.
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
                     }
                 }
                 break;
