@@ -18,7 +18,7 @@
 //! pub/sub connection before its first read, and reads the holder again on every message.
 //! A lease that runs out publishes nothing in Redis, so the observer also reads again when
 //! the holder's key expires: it sleeps until the remaining lease (`PTTL`) of the read,
-//! which is a deadline, not polling. When the pub/sub connection was lost, its
+//! which is a deadline, not polling (a renewed leader costs one read per lease). When the pub/sub connection was lost, its
 //! reconnection wakes the observer too, since messages may have been missed.
 //!
 //! Redis keeps no history of the key: a term that begins and ends between two reads of an

@@ -259,7 +259,8 @@ impl Engine {
                 if recorded < self.quorum {
                     // The granting majority disagreed: make a majority remember the
                     // highest token before anyone relies on it.
-                    self.raise_token(keys, token, per_node).await?;
+                    let term = value.map(|value| (owner.as_str(), value));
+                    self.raise_token(keys, token, term, per_node).await?;
                     if sent.elapsed() + drift(lease) >= lease {
                         return Err(Error::unavailable(
                             BACKEND,
@@ -306,18 +307,25 @@ impl Engine {
         Ok(Attempt::Held(retry_after(&held, granted.len())))
     }
 
-    /// Redlock: makes a majority remember `token` before the guard is handed out.
+    /// Redlock: makes a majority remember `token` before the guard is handed out, and
+    /// for a campaign's `term` (owner, value) writes it into the term line observers
+    /// read.
     async fn raise_token(
         &self,
         keys: &LockKeys,
         token: u64,
+        term: Option<(&str, &str)>,
         per_node: Duration,
     ) -> Result<(), Error> {
         let mut invocation = scripts::RAISE_TOKEN.prepare_invoke();
-        invocation
-            .key(&keys.token)
-            .arg(token)
-            .arg(millis(self.config.token_ttl));
+        invocation.key(&keys.token);
+        if term.is_some() {
+            invocation.key(&keys.lock);
+        }
+        invocation.arg(token).arg(millis(self.config.token_ttl));
+        if let Some((owner, value)) = term {
+            invocation.arg(owner).arg(value).arg(&keys.election);
+        }
         let acks = on_every_node(&self.nodes, |node| {
             let invocation = &invocation;
             async move {

@@ -319,14 +319,28 @@ end
     )
 }
 
-/// KEYS: token. ARGV: token, token ttl ms. Raises the counter to at least `token`
-/// (Redlock: makes a majority remember the highest token granted).
+/// KEYS: token, and for a campaign the lock. ARGV: token, token ttl ms, and for a
+/// campaign the owner, the leader's value and the election channel. Raises the counter
+/// to at least `token` (Redlock: makes a majority remember the highest token granted).
+///
+/// A campaign's term line (see [`campaign_grant`]) was written with this instance's own
+/// answer: where the lock key still holds our owner line, it is rewritten with the
+/// guard's token (keeping its expiry) and published, so observers, who read the term
+/// line, report the token the leader's guard holds.
 pub(crate) static RAISE_TOKEN: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local c = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 if c < tonumber(ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+if KEYS[2] then
+  local v = redis.call('GET', KEYS[2])
+  local term = ARGV[3] .. '\n' .. ARGV[1] .. '\n' .. ARGV[4]
+  if v and v ~= term and string.sub(v, 1, #ARGV[3] + 1) == ARGV[3] .. '\n' then
+    redis.call('SET', KEYS[2], term, 'KEEPTTL')
+    redis.call('PUBLISH', ARGV[5], '1')
+  end
 end
 return 1
 ",

@@ -254,3 +254,55 @@ async fn a_resent_release_is_not_a_loss_but_a_taken_over_key_is() {
 async fn locks_raw(server: &RedisServer) -> RedisLock {
     locks(&format!("{}?layout=raw&prefix=lock:", server.url())).await
 }
+
+/// Redlock elections: when the granting instances answer different tokens (one counter
+/// ahead), the guard takes the highest and records it on a majority. The term line that
+/// observers read must carry that token on every granting instance too, or an observer
+/// reading a majority without the instance that was ahead reports a smaller token than
+/// the leader's guard holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_terms_record_the_guards_token_on_every_granting_instance() {
+    use fencelock_core::AcquireOptions;
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    let locks = locks(&format!("redlock://{}", hosts.join(","))).await;
+
+    let first = locks
+        .campaign("leader", "one", AcquireOptions::new().no_wait())
+        .await
+        .unwrap();
+    let first_token = first.token();
+    first.release().await.unwrap();
+    // One instance's counter far ahead of the others and of any client's clock.
+    let ahead = FencingToken::new(first_token.get() * 2);
+    set_counter(&servers[0], &counter_key(&servers[0]).await, ahead).await;
+
+    let term = locks
+        .campaign("leader", "two", AcquireOptions::new().no_wait())
+        .await
+        .unwrap();
+    assert_eq!(term.token().get(), ahead.get() + 1);
+    for (i, server) in servers.iter().enumerate() {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*{leader}")
+            .query_async(&mut raw(server).await)
+            .await
+            .unwrap();
+        let stored: String = redis::cmd("GET")
+            .arg(&keys[0])
+            .query_async(&mut raw(server).await)
+            .await
+            .unwrap();
+        let line: Vec<&str> = stored.splitn(3, '\n').collect();
+        assert_eq!(
+            line[1..],
+            [term.token().get().to_string().as_str(), "two"],
+            "instance {i}'s term line"
+        );
+    }
+    assert_eq!(
+        locks.leader("leader").await.unwrap().map(|l| l.token),
+        Some(term.token())
+    );
+    term.release().await.unwrap();
+}
