@@ -473,7 +473,10 @@ impl DistributedLock for MigrationLock {
                         .map(|l| Ok(Leader::new(l.value, era_token(epoch, l.token)?)))
                         .transpose()
                 });
-                if changes.send(mapped).is_err() {
+                // The stream ends after an error, as the trait says: also after one of
+                // ours (a token too large for the era bits) while the inner one goes on.
+                let failed = mapped.is_err();
+                if changes.send(mapped).is_err() || failed {
                     return;
                 }
             }

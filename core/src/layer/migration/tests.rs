@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::*;
-use crate::{DistributedLockExt, FencedRegister, Lease, Liveness, MemoryLock};
+use crate::{
+    DistributedLockExt, FencedRegister, FencingToken, LeaderChange, Lease, Liveness, MemoryLock,
+};
 
 /// A memory lock that keeps the liveness of every guard it hands out, so a test can make
 /// one leg lose its lock.
@@ -387,4 +389,71 @@ mod conformance {
     mod target {
         crate::conformance_suite!(super::over_memory(super::MigrationPhase::Target));
     }
+}
+
+/// A lock whose `observe` replays a fixed list of changes (a memory lock otherwise).
+#[derive(Debug, Default)]
+struct ReplayObserve {
+    inner: MemoryLock,
+    changes: Mutex<Vec<LeaderChange>>,
+}
+
+#[async_trait]
+impl DistributedLock for ReplayObserve {
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        self.inner.acquire(name, options).await
+    }
+    async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+        self.inner.inspect(name).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        self.inner.list(prefix).await
+    }
+    async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
+        self.inner.revoke(name).await
+    }
+    async fn close(&self) -> Result<(), Error> {
+        self.inner.close().await
+    }
+    async fn observe(&self, _election: &str) -> Result<LeaderChanges, Error> {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        for change in self.changes.lock().unwrap().drain(..) {
+            sender.send(change).unwrap();
+        }
+        // Kept open, like a live observation.
+        std::mem::forget(sender);
+        Ok(LeaderChanges::new(
+            receiver,
+            tokio_util::sync::CancellationToken::new(),
+        ))
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn backend(&self) -> &'static str {
+        "replay"
+    }
+}
+
+/// The stream ends after an error, as `LeaderChanges` promises, also after the layer's
+/// own error (a backend token too large to carry an epoch) while the inner stream goes
+/// on.
+#[tokio::test]
+async fn an_observation_ends_after_a_token_it_cannot_map() {
+    let legacy: Arc<dyn DistributedLock> = Arc::new(ReplayObserve {
+        changes: Mutex::new(vec![
+            Ok(Some(Leader::new("huge", FencingToken::new(1 << 60)))),
+            Ok(None),
+            Ok(Some(Leader::new("next", FencingToken::new(7)))),
+        ]),
+        ..ReplayObserve::default()
+    });
+    let lock = MigrationLock::new(MigrationPhase::Legacy, Some(legacy), None).unwrap();
+    let mut changes = lock.observe("e").await.unwrap();
+    let first = changes.next().await.expect("the first change");
+    assert!(first.is_err(), "{first:?}");
+    let after = tokio::time::timeout(Duration::from_secs(1), changes.next())
+        .await
+        .expect("the stream ends");
+    assert!(after.is_none(), "an item after the error: {after:?}");
 }
