@@ -18,7 +18,7 @@ use fencelock_core::{Error, FencingToken, Leader, LeaderChange};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::map;
+use crate::error::{BACKEND, map};
 
 /// The candidates of one election: key → (create revision, value).
 #[derive(Debug, Default)]
@@ -73,6 +73,32 @@ pub(crate) async fn read(client: &Client, names: &str) -> Result<(Candidates, i6
 /// is cancelled or nobody listens any more. A broken watch is reopened where it left off;
 /// one whose history was compacted away starts again from a fresh read.
 pub(crate) async fn follow(
+    client: Arc<Client>,
+    names: String,
+    candidates: Candidates,
+    revision: i64,
+    changes: UnboundedSender<LeaderChange>,
+    stop: CancellationToken,
+) {
+    follow_until_stopped(
+        client,
+        names,
+        candidates,
+        revision,
+        changes.clone(),
+        stop.clone(),
+    )
+    .await;
+    if stop.is_cancelled() {
+        // Stopped by the client's close: the stream ends with `Closed`, as on every
+        // backend. (A dropped stream cancels `stop` too, but has no receiver left.)
+        let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
+    }
+}
+
+/// [`follow`] until `stop` is cancelled, the session or client is gone, or nobody
+/// listens.
+async fn follow_until_stopped(
     client: Arc<Client>,
     names: String,
     mut candidates: Candidates,

@@ -170,6 +170,34 @@ const RESTART_PAUSE: Duration = Duration::from_millis(200);
 /// leader then is reported if it differs.
 pub(crate) async fn follow(
     pool: Arc<SessionPool>,
+    session: Arc<ZkSession>,
+    dir: String,
+    watcher: zk::PersistentWatcher,
+    candidates: Candidates,
+    changes: UnboundedSender<LeaderChange>,
+    stop: CancellationToken,
+) {
+    follow_until_stopped(
+        pool,
+        session,
+        dir,
+        watcher,
+        candidates,
+        changes.clone(),
+        stop.clone(),
+    )
+    .await;
+    if stop.is_cancelled() {
+        // Stopped by the client's close: the stream ends with `Closed`, as on every
+        // backend. (A dropped stream cancels `stop` too, but has no receiver left.)
+        let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
+    }
+}
+
+/// [`follow`] until `stop` is cancelled, the session or client is gone, or nobody
+/// listens.
+async fn follow_until_stopped(
+    pool: Arc<SessionPool>,
     mut session: Arc<ZkSession>,
     dir: String,
     mut watcher: zk::PersistentWatcher,

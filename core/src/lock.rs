@@ -125,8 +125,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// Closes the client gracefully: every lock held through it is released (its
     /// guard reports loss with [`LossCause::ClientClosed`](crate::LossCause::ClientClosed),
     /// since the holder can no longer rely on it), renewals stop, waiting acquires fail with
-    /// [`Error::Closed`], sessions and connections are closed, and every later call fails
-    /// with [`Error::Closed`]. Closing again does nothing. Clones and layers share the
+    /// [`Error::Closed`], observations of elections end with [`Error::Closed`], sessions
+    /// and connections are closed, and every later call fails with [`Error::Closed`].
+    /// Closing again does nothing. Clones and layers share the
     /// client they wrap: closing any of them closes it for all.
     ///
     /// Call it at shutdown so the names are free at once, instead of after the leases
@@ -271,6 +272,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
 
     /// Observes `election`: the leader now, then every change, in order, pushed by the
     /// backend (no polling). Observing does not take part in the election.
+    ///
+    /// The stream ends after an error: when observing fails for good, and when this
+    /// client is closed ([`close`](Self::close)), whose last item is [`Error::Closed`].
     ///
     /// # Cancel safety
     ///

@@ -243,7 +243,10 @@ pub async fn leadership_passes_when_the_leader_is_lost(
 ///
 /// Dropping it drops the case's terms and campaigns, which the backend cleans up as its
 /// own cancellation safety promises.
-pub async fn campaigns_are_checked_and_cancellable(a: &dyn DistributedLock) {
+pub async fn campaigns_are_checked_and_cancellable(
+    a: &dyn DistributedLock,
+    b: &dyn DistributedLock,
+) {
     if !has_elections(a).await {
         return;
     }
@@ -266,15 +269,27 @@ pub async fn campaigns_are_checked_and_cancellable(a: &dyn DistributedLock) {
         .campaign(&election, "first", AcquireOptions::new())
         .await
         .expect("campaign");
+    // On the other client, so that the refusal and the queued campaign reach the server
+    // (a client may refuse its own second campaign locally).
     assert!(matches!(
-        a.campaign(&election, "second", AcquireOptions::new().no_wait())
+        b.campaign(&election, "second", AcquireOptions::new().no_wait())
             .await,
         Err(Error::Contended { .. })
     ));
-    // A campaign dropped while it waits.
-    let waiting = a.campaign(&election, "dropped", AcquireOptions::new());
-    let _ = tokio::time::timeout(Duration::from_millis(200), waiting).await;
+    // A campaign dropped while it waits, after it had time to queue on the server.
+    let waiting = b.campaign(&election, "dropped", AcquireOptions::new());
+    let _ = tokio::time::timeout(Duration::from_millis(300), waiting).await;
     leader.release().await.expect("resign");
+    // Nothing of the dropped campaign leads once the leader resigned.
+    let watched = tokio::time::Instant::now();
+    while watched.elapsed() < Duration::from_millis(300) {
+        let now = a.leader(&election).await.expect("leader");
+        assert!(
+            now.as_ref().is_none_or(|l| l.value != "dropped"),
+            "a dropped campaign was elected: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let next = a
         .campaign(
             &election,
@@ -284,8 +299,67 @@ pub async fn campaigns_are_checked_and_cancellable(a: &dyn DistributedLock) {
         .await
         .expect("the dropped campaign does not block the next one");
     assert_eq!(
-        a.leader(&election).await.expect("leader"),
+        b.leader(&election).await.expect("leader"),
         Some(Leader::new("third", next.token()))
     );
     next.release().await.expect("resign");
+}
+
+/// How long a close and its effect on observers may take.
+const CLOSE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Closing a client ends its observations: the last item is [`Error::Closed`], then the
+/// stream ends, while another client's observation goes on.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's term and observations.
+pub async fn observations_end_when_the_client_closes(
+    a: &dyn DistributedLock,
+    b: &dyn DistributedLock,
+) {
+    if !has_elections(a).await {
+        return;
+    }
+    let election = unique_name("election-close");
+    let term = b
+        .campaign(&election, "sitting", AcquireOptions::new())
+        .await
+        .expect("campaign");
+    let mut closing = a.observe(&election).await.expect("observe");
+    let mut staying = b.observe(&election).await.expect("observe");
+    assert_eq!(next_leader(&mut closing, CLOSE_WITHIN).await.value, "sitting");
+    assert_eq!(next_leader(&mut staying, CLOSE_WITHIN).await.value, "sitting");
+    a.close().await.expect("close");
+    let last = tokio::time::timeout(CLOSE_WITHIN, async {
+        loop {
+            match closing.next().await {
+                Some(Ok(_)) => {}
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the closed client's observation ends");
+    assert!(
+        matches!(last, Some(Err(Error::Closed { .. }))),
+        "the last item of a closed client's observation: {last:?}"
+    );
+    let after = tokio::time::timeout(CLOSE_WITHIN, closing.next())
+        .await
+        .expect("nothing comes after Closed");
+    assert!(after.is_none(), "an item after Closed: {after:?}");
+    term.release().await.expect("resign");
+    assert_eq!(
+        tokio::time::timeout(CLOSE_WITHIN, staying.next())
+            .await
+            .expect("the other client's observation goes on")
+            .expect("not ended")
+            .expect("no error"),
+        None
+    );
 }

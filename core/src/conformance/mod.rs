@@ -30,7 +30,8 @@ pub use cancellation::{cancelled_acquires_leave_nothing, dropped_guard_frees_pro
 pub use clients::{exclusion_is_visible_across_clients, mutual_exclusion_across_clients};
 pub use election::{
     campaigns_are_checked_and_cancellable, leadership_passes_when_the_leader_is_lost,
-    observers_see_every_leader_in_order, one_leader_at_a_time,
+    observations_end_when_the_client_closes, observers_see_every_leader_in_order,
+    one_leader_at_a_time,
 };
 pub use exclusion::{
     fifo_order, locks_are_not_reentrant, mutual_exclusion, release_is_idempotent,
@@ -87,7 +88,6 @@ macro_rules! conformance_suite {
             odd_names_are_independent,
             invalid_input_is_rejected,
             locks_are_not_reentrant,
-            campaigns_are_checked_and_cancellable,
             rw_requests_are_checked_and_cancellable,
         );
         $crate::conformance_suite!(@pairs $setup;
@@ -101,6 +101,8 @@ macro_rules! conformance_suite {
             one_leader_at_a_time,
             observers_see_every_leader_in_order,
             leadership_passes_when_the_leader_is_lost,
+            campaigns_are_checked_and_cancellable,
+            observations_end_when_the_client_closes,
             never_more_permits_than_the_limit,
             permits_come_back_when_a_lease_ends,
             contended_fixed_lease_permits_start_at_grant,

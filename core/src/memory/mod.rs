@@ -497,18 +497,16 @@ impl DistributedLock for MemoryLock {
         self.check_open()?;
         let key: Arc<str> = Arc::from(election);
         let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
-        // A leader's lease runs out without anyone touching the name (nobody else
-        // campaigns): a keeper, observing too, wakes at the lease's end and looks, so the
-        // end of the term is pushed to the observer as etcd's deletion would be. It ends
-        // with the observation.
+        // The table tells a keeper task, which forwards to the caller's stream. The
+        // keeper also wakes at the end of the leader's lease, when nobody else may touch
+        // the name (nobody campaigns), and looks, so the end of the term is pushed as
+        // etcd's deletion would be; and it ends the stream with `Closed` when this client
+        // closes. It ends with the observation.
         let (keeper, mut kept) = tokio::sync::mpsc::unbounded_channel();
-        {
-            let mut table = self.shared.table();
-            table.observe(&key, changes);
-            table.observe(&key, keeper);
-        }
+        self.shared.table().observe(&key, keeper);
         let stop = CancellationToken::new();
         let stopped = stop.clone();
+        let closed = self.client.closed.clone();
         let shared = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
             loop {
@@ -516,9 +514,15 @@ impl DistributedLock for MemoryLock {
                     return;
                 };
                 tokio::select! {
+                    biased;
                     () = stopped.cancelled() => return,
+                    () = closed.cancelled() => {
+                        let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
+                        return;
+                    }
                     change = kept.recv() => {
-                        if change.is_none() {
+                        let Some(change) = change else { return };
+                        if changes.send(change).is_err() {
                             return;
                         }
                     }
