@@ -38,8 +38,8 @@ pub use fencelock_core::{
     AcquireOptions, BoxError, Capabilities, DEFAULT_LEASE, DistributedLock, DistributedLockExt,
     Error, FOREVER, FencedRegister, FencingStrength, FencingToken, HeldLock, HolderInfo, Leader,
     LeaderChange, LeaderChanges, Lease, ListedLock, Liveness, LockGuard, LockInfo, LossCause,
-    LossDetection, MAX_LEASE, MAX_NAME_LEN, MemoryLock, Permits, SHORTEST_LEASE, StaleToken, Wait,
-    downcast_lock, parse_duration, validate_name, validate_prefix,
+    LossDetection, MAX_LEADER_VALUE, MAX_LEASE, MAX_NAME_LEN, MemoryLock, Permits, SHORTEST_LEASE,
+    StaleToken, Wait, downcast_lock, parse_duration, validate_name, validate_prefix,
 };
 #[cfg(feature = "metrics")]
 pub use fencelock_core::{Metrics, MetricsOptions};

@@ -836,6 +836,7 @@ impl DistributedLock for EtcdLock {
         options: AcquireOptions,
     ) -> Result<LockGuard, Error> {
         validate_name(election)?;
+        fencelock_core::validate_leader_value(value)?;
         options.validate(MIN_LEASE)?;
         lease_seconds(options.lease_or(self.inner.config.lease).duration())?;
         self.check_open()?;

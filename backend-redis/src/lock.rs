@@ -312,6 +312,7 @@ impl DistributedLock for RedisLock {
         value: &str,
         options: AcquireOptions,
     ) -> Result<LockGuard, Error> {
+        fencelock_core::validate_leader_value(value)?;
         self.take(election, options, Some(value)).await
     }
 

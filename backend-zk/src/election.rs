@@ -27,22 +27,6 @@ use crate::error::{BACKEND, map, retry, session_ended};
 use crate::names::{self, Recipe};
 use crate::session::{SessionPool, ZkSession};
 
-/// The longest value a candidate may campaign with, in bytes. A ZooKeeper server drops
-/// the connection on a request larger than its `jute.maxbuffer` (1 MiB by default), so
-/// the value is bounded well below it and refused before any I/O.
-pub(crate) const MAX_VALUE: usize = 256 * 1024;
-
-/// Refuses a value longer than [`MAX_VALUE`].
-pub(crate) fn check_value(value: &str) -> Result<(), Error> {
-    if value.len() > MAX_VALUE {
-        return Err(Error::InvalidConfig(format!(
-            "a ZooKeeper election value is at most {MAX_VALUE} bytes, not {}",
-            value.len()
-        )));
-    }
-    Ok(())
-}
-
 /// The candidate (or other) nodes of one election directory, in Curator's order.
 #[derive(Debug, Default)]
 pub(crate) struct Candidates {

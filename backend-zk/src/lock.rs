@@ -412,7 +412,7 @@ impl DistributedLock for ZkLock {
         options: AcquireOptions,
     ) -> Result<LockGuard, Error> {
         validate_name(election)?;
-        election::check_value(value)?;
+        fencelock_core::validate_leader_value(value)?;
         self.take(election, options, Recipe::Latch, value.as_bytes())
             .await
     }

@@ -15,6 +15,30 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::{Error, FencingToken};
 
+/// The longest value a candidate may campaign with, in bytes, on every backend: a leader's
+/// value is an address or an identity, and the same limit everywhere keeps an
+/// application portable. (Each backend's own request limit lies above it: ZooKeeper's
+/// `jute.maxbuffer` and etcd's `--max-request-bytes` default to about 1 MiB and 1.5 MiB,
+/// and a request above them fails only after it was sent, on etcd retryably, so a retry
+/// layer would send it for ever.)
+pub const MAX_LEADER_VALUE: usize = 256 * 1024;
+
+/// Refuses a campaign value longer than [`MAX_LEADER_VALUE`], before any I/O. Backends
+/// call it first thing in [`campaign`](crate::DistributedLock::campaign).
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] naming the limit and the value's length.
+pub fn validate_leader_value(value: &str) -> Result<(), Error> {
+    if value.len() > MAX_LEADER_VALUE {
+        return Err(Error::InvalidConfig(format!(
+            "a leader's value is at most {MAX_LEADER_VALUE} bytes, not {}",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The leader of an election.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

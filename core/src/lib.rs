@@ -42,7 +42,7 @@ pub mod urlparts;
 
 pub use capabilities::{Capabilities, FencingStrength, LossDetection};
 pub use duration::parse_duration;
-pub use election::{Leader, LeaderChange, LeaderChanges};
+pub use election::{Leader, LeaderChange, LeaderChanges, MAX_LEADER_VALUE, validate_leader_value};
 pub use error::{BoxError, Error};
 pub use ext::DistributedLockExt;
 pub use fence::{FencedRegister, StaleToken};

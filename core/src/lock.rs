@@ -237,8 +237,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     ///
-    /// As [`acquire`](Self::acquire); [`Error::Unsupported`] on a backend without
-    /// elections.
+    /// As [`acquire`](Self::acquire); [`Error::InvalidConfig`] for a value longer than
+    /// [`MAX_LEADER_VALUE`](crate::MAX_LEADER_VALUE), before any I/O;
+    /// [`Error::Unsupported`] on a backend without elections.
     async fn campaign(
         &self,
         election: &str,

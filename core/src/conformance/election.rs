@@ -265,6 +265,28 @@ pub async fn campaigns_are_checked_and_cancellable(
         ));
     }
     let election = unique_name("election-cancel");
+    // The longest value is the same on every backend; one byte more is refused before
+    // any I/O, with nothing left behind.
+    let longest = "v".repeat(crate::MAX_LEADER_VALUE);
+    let term = a
+        .campaign(&election, &longest, AcquireOptions::new().no_wait())
+        .await
+        .expect("a campaign with the longest value");
+    assert_eq!(
+        b.leader(&election)
+            .await
+            .expect("leader")
+            .map(|l| l.value.len()),
+        Some(crate::MAX_LEADER_VALUE)
+    );
+    term.release().await.expect("resign");
+    let too_long = longest + "v";
+    assert!(matches!(
+        a.campaign(&election, &too_long, AcquireOptions::new().no_wait())
+            .await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert_eq!(b.leader(&election).await.expect("leader"), None);
     let leader = a
         .campaign(&election, "first", AcquireOptions::new())
         .await
@@ -332,8 +354,14 @@ pub async fn observations_end_when_the_client_closes(
         .expect("campaign");
     let mut closing = a.observe(&election).await.expect("observe");
     let mut staying = b.observe(&election).await.expect("observe");
-    assert_eq!(next_leader(&mut closing, CLOSE_WITHIN).await.value, "sitting");
-    assert_eq!(next_leader(&mut staying, CLOSE_WITHIN).await.value, "sitting");
+    assert_eq!(
+        next_leader(&mut closing, CLOSE_WITHIN).await.value,
+        "sitting"
+    );
+    assert_eq!(
+        next_leader(&mut staying, CLOSE_WITHIN).await.value,
+        "sitting"
+    );
     a.close().await.expect("close");
     let last = tokio::time::timeout(CLOSE_WITHIN, async {
         loop {

@@ -445,6 +445,7 @@ impl DistributedLock for MemoryLock {
         value: &str,
         options: AcquireOptions,
     ) -> Result<LockGuard, Error> {
+        crate::validate_leader_value(value)?;
         self.take(election, options, Some(Arc::from(value))).await
     }
 
