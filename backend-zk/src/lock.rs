@@ -274,7 +274,7 @@ impl ZkLock {
         let lost = || Error::lost(guard.name(), "the guard's node is not the holder any more");
         // The node may live on another session of this client, connected to another
         // server: without a sync this session's server may not have seen it yet.
-        retry(|| session.client.sync("/")).await.map_err(map)?;
+        synced(&session).await?;
         let found = match retry(|| session.client.check_stat(path)).await {
             Ok(found) => found,
             Err(err) => return Err(map(err)),
@@ -322,6 +322,13 @@ enum What<'a> {
 }
 
 /// The holder node of `dir` (path, stat, number of waiters), if any.
+/// A `sync` before a read, so that it sees every write completed before it began, on
+/// any server (ZooKeeper's plain reads may lag behind the leader): `inspect`, `list`,
+/// `revoke` and `leader` then agree with the grants and releases that have returned.
+pub(crate) async fn synced(session: &ZkSession) -> Result<(), Error> {
+    retry(|| session.client.sync("/")).await.map_err(map)
+}
+
 async fn holder(
     session: &ZkSession,
     dir: &str,
@@ -421,6 +428,7 @@ impl DistributedLock for ZkLock {
         validate_name(election)?;
         let session = self.default_session().await?;
         let dir = names::lock_dir(session.root(), election);
+        synced(&session).await?;
         election::leader(&session, &dir).await
     }
 
@@ -459,6 +467,7 @@ impl DistributedLock for ZkLock {
         validate_name(name)?;
         let session = self.default_session().await?;
         let dir = names::lock_dir(session.root(), name);
+        synced(&session).await?;
         Ok(match holder(&session, &dir).await? {
             None => LockInfo::free(Some(0)),
             Some(found) => describe(found),
@@ -470,6 +479,7 @@ impl DistributedLock for ZkLock {
         let session = self.default_session().await?;
         let root = session.root();
         let at_root = root.is_empty();
+        synced(&session).await?;
         let children = match retry(|| {
             session
                 .client
@@ -503,6 +513,7 @@ impl DistributedLock for ZkLock {
         validate_name(name)?;
         let session = self.default_session().await?;
         let dir = names::lock_dir(session.root(), name);
+        synced(&session).await?;
         let Some(found) = holder(&session, &dir).await? else {
             return Ok(None);
         };
