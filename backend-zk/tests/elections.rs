@@ -145,9 +145,13 @@ async fn dropping_or_closing_ends_the_watch() {
     let mut changes = observer.observe("watched").await.unwrap();
     assert_eq!(next(&mut changes).await, None);
     observer.close().await.unwrap();
-    let ended = tokio::time::timeout(STEP, changes.next())
+    let last = tokio::time::timeout(STEP, changes.next())
         .await
         .expect("the observation ends when the client is closed");
+    assert!(matches!(last, Some(Err(Error::Closed { .. }))), "{last:?}");
+    let ended = tokio::time::timeout(STEP, changes.next())
+        .await
+        .expect("nothing after Closed");
     assert!(ended.is_none(), "{ended:?}");
     assert!(matches!(
         observer.observe("watched").await,
