@@ -211,9 +211,12 @@ impl ZkLock {
         };
         match wait {
             // The waiter gives up by itself at the deadline (deleting its node first); this
-            // outer bound only covers a connect or create that hangs.
+            // outer bound only covers a connect or create that hangs. It is never shorter
+            // than `ROUND_TRIP_GRACE`, so the round trips of a free lock or semaphore
+            // (about ten for permits) fit in a zero or tiny wait, as on every backend.
             Wait::Timeout(limit) => {
-                match tokio::time::timeout(limit + acquire::GIVE_UP_DELETE, attempt).await {
+                let bound = limit.max(fencelock_core::ROUND_TRIP_GRACE) + acquire::GIVE_UP_DELETE;
+                match tokio::time::timeout(bound, attempt).await {
                     Ok(Err(Error::Timeout { .. })) | Err(_) => Err(timed_out(limit)),
                     Ok(result) => result,
                 }

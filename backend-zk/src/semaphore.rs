@@ -307,7 +307,11 @@ async fn create_leases(
                 });
             }
             Err(zk::MultiWriteError::RequestFailed { source }) if connection_broke(&source) => {
-                // Applied or not: a multi-op is all or nothing, so look for our nodes.
+                // Applied or not: a multi-op is all or nothing, so look for our nodes,
+                // after a `sync`: the session may have reconnected to a server that has
+                // not applied the multi yet, and sending it again would then create a
+                // second set of leases (past the limit, the first set never released).
+                retry(|| session.client.sync("/")).await?;
                 let children = retry(|| session.client.list_children(&pending.dir)).await?;
                 let mut own: Vec<String> = children
                     .into_iter()
@@ -382,7 +386,11 @@ impl Drop for PendingLeases {
         let dir = std::mem::take(&mut self.dir);
         let prefix_name = std::mem::take(&mut self.prefix_name);
         self.session.runtime().spawn(async move {
-            // Repeated until answered or the session ends (see `acquire::Pending`).
+            // Repeated until answered or the session ends (see `acquire::Pending`). After
+            // a `sync`, so that a server behind the leader cannot hide nodes of ours.
+            if retry(|| session.client.sync("/")).await.is_err() {
+                return;
+            }
             let children = match retry(|| session.client.list_children(&dir)).await {
                 Ok(children) => children,
                 Err(_) => return,

@@ -177,8 +177,10 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Takes the read lock of read-write lock `name`: held together with every other
-    /// reader, never with a writer. Waiting is FIFO: a reader that comes after a waiting
-    /// writer waits behind it, so a stream of readers never starves a writer. The guard
+    /// reader, never with a writer. A reader that comes after a waiting writer waits
+    /// behind it, so a stream of readers never starves a writer (on backends with FIFO
+    /// waiting, [`Capabilities::fifo`], every request is served in order; on the others,
+    /// Redis, a waiting writer holds back later readers, and writers race each other). The guard
     /// has a token larger than every earlier grant's of `name`, and the lock's lease,
     /// wait, loss and cancellation rules. Read-write locks are a namespace of their own:
     /// unrelated to the lock or the semaphore of the same name. Capabilities say whether
