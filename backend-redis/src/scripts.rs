@@ -480,7 +480,7 @@ return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET
 /// limit, the holders' key prefix, the writer's intent id.
 ///
 /// Returns `{1, token}` when granted, `{0, retry ms}` when refused, `{-1, limit}` when
-/// the semaphore has holders and another limit.
+/// the semaphore has holders, or a waiting request, with another limit.
 ///
 /// Each holder has a key of its own (`holders` + owner, value `owner \r index \r token`,
 /// PX = lease), renewed and released by [`RENEW`] and [`RELEASE`] like a lock key; the
@@ -495,8 +495,11 @@ return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET
 /// its latest holder.
 ///
 /// A writer or semaphore request that will wait and is refused records its intent
-/// (`id \n count`, a key with a 3 s expiry, refreshed on each try, deleted by its grant
-/// or its cancellation) unless another request's intent is there. While a writer's
+/// (`id \n count`, and `\n limit` for a semaphore; a key with a 3 s expiry, refreshed on
+/// each try, deleted by its grant or its cancellation) unless another request's intent
+/// is there. A semaphore request with another limit than a waiting request's is refused
+/// like one with another limit than the holders': the limit is kept while anyone holds
+/// or waits. While a writer's
 /// intent is there, no reader and no other writer is granted: writer-preferring. While
 /// a semaphore request's intent is there, others are granted only what leaves its
 /// permits free, so smaller requests cannot starve it. Tokens are
@@ -532,15 +535,19 @@ for i = 1, #all, 2 do
     end
   end
 end
-local intent, mine, ahead = redis.call('GET', KEYS[5]), false, 0
+local intent, mine, ahead, waiting = redis.call('GET', KEYS[5]), false, 0, nil
 if intent then
-  local id, n = string.match(intent, '^(.*)\n(%d+)$')
-  if id == ARGV[9] then mine = true else ahead = tonumber(n) or 1 end
+  local id, n, l = string.match(intent, '^(.*)\n(%d+)\n(%d+)$')
+  if not id then id, n = string.match(intent, '^(.*)\n(%d+)$') end
+  if id == ARGV[9] then mine = true else ahead, waiting = tonumber(n) or 1, tonumber(l) end
 end
 local ok
 if mode == 's' then
   if used > 0 and stored and stored ~= limit then
     return {-1, stored}
+  end
+  if waiting and waiting ~= limit then
+    return {-1, waiting}
   end
   ok = used + count + ahead <= limit
 elseif mode == 'r' then
@@ -571,7 +578,9 @@ if ok then
   return {1, tok}
 end
 if mode ~= 'r' and ARGV[4] == '1' and (not intent or mine) then
-  redis.call('SET', KEYS[5], ARGV[9] .. '\n' .. count, 'PX', 3000)
+  local v = ARGV[9] .. '\n' .. count
+  if mode == 's' then v = v .. '\n' .. limit end
+  redis.call('SET', KEYS[5], v, 'PX', 3000)
 end
 if soonest < 0 then
   soonest = intent and redis.call('PTTL', KEYS[5]) or 100

@@ -124,6 +124,58 @@ async fn another_limit_is_refused_while_held_and_accepted_when_idle() {
     five.release().await.unwrap();
 }
 
+/// The limit is kept while anyone *waits* too (`Permits`' docs): a request waiting for 2
+/// of 5 while the semaphore's holders vanish, and before it tries again, keeps a request
+/// for 1 of 3 from making the semaphore one of 3 under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_limit_is_refused_while_a_request_waits() {
+    let server = RedisServer::start();
+    let (a, b, c) = (
+        locks(&server.url()).await,
+        locks(&server.url()).await,
+        locks(&server.url()).await,
+    );
+    let held = a
+        .acquire_permits(
+            "pool",
+            of(4, 5),
+            AcquireOptions::new().lease(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        b.acquire_permits(
+            "pool",
+            of(2, 5),
+            AcquireOptions::new().wait_timeout(Duration::from_secs(20)),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the request for 2 of 5 waits");
+    // The holder's grant vanishes without a release message (an operator's delete, an
+    // eviction): the waiter sleeps on, its intent recorded.
+    let mut conn = raw(&server).await;
+    for key in keys(&server, "fencelock:{pool}:sem*").await {
+        if !key.ends_with(":intent") && !key.ends_with(":token") {
+            let _: () = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+    let other = c
+        .acquire_permits("pool", of(1, 3), AcquireOptions::new().no_wait())
+        .await;
+    match other {
+        Err(Error::InvalidConfig(message)) => assert!(message.contains('5'), "{message}"),
+        other => panic!("a request for 1 of 3 while one for 2 of 5 waits: {other:?}"),
+    }
+    waiting.abort();
+    drop(held);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewed_permits_outlive_their_first_lease() {
     let server = RedisServer::start();
