@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{Client, LeaseGrantOptions, LeaseKeepAliveStream, LeaseKeeper};
 use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, SharedDeadline, record_renewal};
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
@@ -41,6 +41,46 @@ pub(crate) fn drift_margin(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(50)
 }
 
+/// A lease being granted: revoked in the background when dropped before
+/// [`keep`](Unkept::keep) (the grant was cancelled or failed, maybe after etcd applied
+/// it). Its ID is random and positive; a collision with a live lease fails the grant
+/// (retryably), and the revoke then does not run.
+struct Unkept {
+    client: Client,
+    id: i64,
+    armed: bool,
+}
+
+impl Unkept {
+    fn new(client: &Client) -> Self {
+        Unkept {
+            client: client.clone(),
+            id: fastrand::i64(1..i64::MAX),
+            armed: true,
+        }
+    }
+
+    fn keep(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unkept {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (mut leases, id) = (self.client.lease_client(), self.id);
+        runtime.spawn(async move {
+            // A lease etcd never granted answers "not found": nothing to undo.
+            let _ = tokio::time::timeout(Duration::from_secs(5), leases.revoke(id)).await;
+        });
+    }
+}
+
 impl Session {
     /// Grants a lease of `ttl` and, when `keep_alive`, starts its keepalive stream.
     ///
@@ -56,9 +96,24 @@ impl Session {
         let mut lease = client.lease_client();
         let sent = Instant::now();
         let seconds = crate::config::lease_seconds(ttl)?;
-        let granted = lease.grant(seconds, None).await.map_err(map)?;
+        // The lease's ID is chosen here, before the request: a grant dropped in flight
+        // (the acquire cancelled), or failing after etcd applied it, is then revoked in
+        // the background instead of living out its TTL unseen.
+        let mut unkept = Unkept::new(client);
+        let granted = match lease
+            .grant(seconds, Some(LeaseGrantOptions::new().with_id(unkept.id)))
+            .await
+        {
+            Ok(granted) => granted,
+            Err(error) => {
+                if error.to_string().contains("lease already exists") {
+                    // Someone else's lease has this ID: never revoke it.
+                    unkept.keep();
+                }
+                return Err(map(error));
+            }
+        };
         if granted.ttl() != seconds {
-            let _ = lease.revoke(granted.id()).await;
             return Err(Error::InvalidConfig(format!(
                 "etcd granted a {} s lease when {seconds} s was asked; the server's minimum TTL is higher",
                 granted.ttl()
@@ -88,6 +143,7 @@ impl Session {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
         }
+        unkept.keep();
         Ok(session)
     }
 

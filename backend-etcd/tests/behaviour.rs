@@ -625,3 +625,49 @@ fn a_session_outlives_the_runtime_of_the_acquire_that_granted_it() {
         guard.release().await.unwrap();
     });
 }
+
+/// Acquires dropped at every point of their first steps, a lease grant in flight
+/// included, leave no lease behind (a fixed lease is granted for a no-wait try, and at
+/// the grant of a waiting one; a session's lease at a client's first acquire). On a
+/// server of its own, so that every lease on it is this test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_dropped_during_a_lease_grant_leave_no_lease() {
+    let server = EtcdServer::start();
+    let config = EtcdConfig {
+        endpoints: vec![server.endpoint()],
+        prefix: "dropped-grants".into(),
+        lease: Duration::from_secs(30),
+        ..EtcdConfig::default()
+    };
+    let fixed = AcquireOptions::new().fixed_lease(Duration::from_secs(60));
+    for step in 0..60u64 {
+        let lock = EtcdLock::connect(config.clone()).await.expect("connect");
+        let name = format!("n{}", step % 3);
+        let dropped_after = Duration::from_micros(step * 150);
+        let options = match step % 3 {
+            0 => fixed.no_wait(),
+            1 => fixed.wait_timeout(Duration::from_secs(5)),
+            _ => AcquireOptions::new().no_wait(),
+        };
+        if let Ok(Ok(guard)) =
+            tokio::time::timeout(dropped_after, lock.acquire(&name, options)).await
+        {
+            guard.release().await.expect("release");
+        }
+        lock.close().await.expect("close");
+    }
+    let mut leases = lease_count(&server).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while leases > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        leases = lease_count(&server).await;
+    }
+    assert_eq!(leases, 0, "leases left by dropped acquires");
+}
+
+async fn lease_count(server: &EtcdServer) -> usize {
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    client.leases().await.unwrap().leases().len()
+}
