@@ -27,7 +27,10 @@ mod semaphore;
 mod support;
 
 pub use cancellation::{cancelled_acquires_leave_nothing, dropped_guard_frees_promptly};
-pub use clients::{exclusion_is_visible_across_clients, mutual_exclusion_across_clients};
+pub use clients::{
+    exclusion_is_visible_across_clients, mutual_exclusion_across_clients,
+    try_lock_races_across_clients,
+};
 pub use election::{
     campaigns_are_checked_and_cancellable, leadership_passes_when_the_leader_is_lost,
     observations_end_when_the_client_closes, observers_see_every_leader_in_order,
@@ -93,6 +96,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@pairs $setup;
             mutual_exclusion_across_clients,
             exclusion_is_visible_across_clients,
+            try_lock_races_across_clients,
             cancelled_release_frees_the_name,
             cancelled_give_up_leaves_no_waiter,
             list_finds_held_and_waited_names,
