@@ -330,3 +330,121 @@ async fn leader_killed_during_contention() {
 fn tokio_util_stop() -> Arc<std::sync::atomic::AtomicBool> {
     Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
+
+/// F7: the server killed (SIGKILL) and restarted from the same data directory, once
+/// within the session timeout and once after three of them. Tokens are czxids, which
+/// survive the restart: every token after it is larger than every token before. A lock
+/// held across the short outage is either kept (its session lives on) or reported lost,
+/// never held by another client meanwhile; one held across the long outage is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f7_tokens_keep_growing_across_a_server_restart() {
+    let server = ZkServer::start();
+    let session = Duration::from_secs(4);
+    let url = format!(
+        "zk://{}/f7-restart?session_timeout=4s",
+        server.connect_string()
+    );
+    let connect = || async {
+        ZkLock::connect(ZkConfig::from_url(&url).unwrap())
+            .await
+            .unwrap()
+    };
+    let (locks, other) = (connect().await, connect().await);
+    let mut before = 0;
+    for _ in 0..10 {
+        let guard = locks.lock("restart").await.unwrap();
+        before = before.max(guard.token().get());
+        guard.release().await.unwrap();
+    }
+    // Grants work again after the restart, with a larger token than any before.
+    let grant_again = |before: u64| {
+        let locks = &locks;
+        async move {
+            let guard = tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    match locks
+                        .acquire(
+                            "restart",
+                            AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+                        )
+                        .await
+                    {
+                        Ok(guard) => return guard,
+                        Err(e) => {
+                            assert!(e.is_retryable(), "{e:?}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            })
+            .await
+            .expect("locks work again after the restart");
+            let token = guard.token().get();
+            assert!(
+                token > before,
+                "token {token} after the restart, {before} before"
+            );
+            guard.release().await.unwrap();
+            token
+        }
+    };
+
+    // Killed for half a session timeout.
+    let held = locks.lock("held-across").await.unwrap();
+    server.kill();
+    tokio::time::sleep(session / 2).await;
+    server.restart();
+    let after = grant_again(before).await;
+    let taken = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match other.try_lock("held-across").await {
+                Ok(taken) => return taken,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("the other client reaches the server");
+    match taken {
+        Some(guard) => {
+            assert!(
+                held.is_lost(),
+                "two holders: the other client took a held lock"
+            );
+            assert!(guard.token() > held.token());
+            guard.release().await.unwrap();
+        }
+        None => {}
+    }
+    if held.is_lost() {
+        assert!(held.release().await.is_err(), "the release of a lost lock");
+    } else {
+        let info = other.inspect("held-across").await.unwrap();
+        assert_eq!(info.holder.map(|h| h.token), Some(held.token()));
+        held.release()
+            .await
+            .expect("a lock kept across the restart releases");
+    }
+
+    // Killed for three session timeouts: a lock held across it is lost.
+    let held = locks.lock("held-across-long").await.unwrap();
+    server.kill();
+    tokio::time::sleep(session * 3).await;
+    assert!(
+        held.is_lost(),
+        "a lock held while the server was down for 3 session timeouts"
+    );
+    server.restart();
+    grant_again(after).await;
+    let held_token = held.token();
+    assert!(held.release().await.is_err(), "the release of a lost lock");
+    let next = other
+        .acquire(
+            "held-across-long",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(15)),
+        )
+        .await
+        .expect("the lost holder's node goes with its session");
+    assert!(next.token() > held_token);
+    next.release().await.unwrap();
+}
