@@ -405,16 +405,13 @@ async fn f7_tokens_keep_growing_across_a_server_restart() {
     })
     .await
     .expect("the other client reaches the server");
-    match taken {
-        Some(guard) => {
-            assert!(
-                held.is_lost(),
-                "two holders: the other client took a held lock"
-            );
-            assert!(guard.token() > held.token());
-            guard.release().await.unwrap();
-        }
-        None => {}
+    if let Some(guard) = taken {
+        assert!(
+            held.is_lost(),
+            "two holders: the other client took a held lock"
+        );
+        assert!(guard.token() > held.token());
+        guard.release().await.unwrap();
     }
     if held.is_lost() {
         assert!(held.release().await.is_err(), "the release of a lost lock");
