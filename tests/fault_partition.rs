@@ -22,7 +22,7 @@
 use std::time::Duration;
 
 use fencelock::{AcquireOptions, DistributedLock, Error};
-use fencelock_testkit::checker::Checker;
+use fencelock_testkit::checker::{Checker, LOSS_BOUND};
 use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer};
 use tokio::time::Instant;
 
@@ -62,6 +62,10 @@ async fn partition_of_a_running_holder(
     tokio::time::sleep(LEASE / 2).await;
     assert!(!guard.is_lost(), "lost before the partition");
 
+    // Nothing passes the cut, so no renewal can move the deadline past this one: an
+    // independent bound for the loss report (C6 against the guard's own deadline only
+    // would measure the guard against itself).
+    let valid_at_cut = guard.valid_until();
     for proxy in proxies {
         proxy.set(Fault::Blackhole);
     }
@@ -95,6 +99,22 @@ async fn partition_of_a_running_holder(
     assert!(
         lost_after < PARTITION,
         "loss reported {lost_after:?} into the partition, not before the heal"
+    );
+    assert!(
+        lost_at <= valid_at_cut + LOSS_BOUND,
+        "loss reported {:?} after the deadline the guard had at the cut",
+        lost_at - valid_at_cut
+    );
+    assert!(
+        lost_at <= partitioned_at + LEASE + LOSS_BOUND,
+        "loss reported {lost_after:?} into the partition, more than a lease"
+    );
+    // C1 by the clock, not only by the order the two were recorded in: the other
+    // client's grant came after the holder's deadline.
+    assert!(
+        granted_at >= guard.valid_until(),
+        "the other client was granted {:?} before the holder's deadline",
+        guard.valid_until() - granted_at
     );
     let granted_after = granted_at - partitioned_at;
     assert!(

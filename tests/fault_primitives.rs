@@ -43,7 +43,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use fencelock::{AcquireOptions, Capabilities, DistributedLock, Error, LockGuard, Permits};
-use fencelock_testkit::checker::Checker;
+use fencelock_testkit::checker::{Checker, LOSS_BOUND};
 use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer, leftovers};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -592,6 +592,9 @@ async fn partitioned(
     tokio::time::sleep(LEASE / 2).await;
     assert!(!guard.is_lost(), "lost before the partition");
 
+    // Nothing passes the cut: no renewal moves the deadline past this one (an
+    // independent bound for the loss report).
+    let valid_at_cut = guard.valid_until();
     for proxy in proxies {
         proxy.set(Fault::Blackhole);
     }
@@ -616,10 +619,20 @@ async fn partitioned(
         lost_after < FAULT,
         "loss reported {lost_after:?} into the partition, not before the heal"
     );
+    assert!(
+        lost_at <= valid_at_cut + LOSS_BOUND && lost_at <= partitioned_at + LEASE + LOSS_BOUND,
+        "loss reported {lost_after:?} into the partition, past the deadline at the cut or a lease"
+    );
     let granted_after = granted_at - partitioned_at;
     assert!(
         granted_after <= LEASE + Duration::from_secs(1),
         "another client got it {granted_after:?} into the partition"
+    );
+    // C1 by the clock: the other client's grant came after the holder's deadline.
+    assert!(
+        granted_at >= guard.valid_until(),
+        "another client got it {:?} before the holder's deadline",
+        guard.valid_until() - granted_at
     );
     let next_token = next.token().get();
     assert!(next_token > token, "token {next_token} after {token}");
