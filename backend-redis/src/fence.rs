@@ -18,7 +18,7 @@ const FENCED: &str = r"
 local seen = redis.call('HGET', KEYS[1], 'fence')
 local t = ARGV[1]
 if seen then
-  if not string.match(seen, '^%d+$') then
+  if not string.match(seen, '^%d+$') or (#seen > 1 and string.sub(seen, 1, 1) == '0') then
     return redis.error_reply('ERR fencelock: the fence field of this key is not a token')
   end
   if #seen > #t or (#seen == #t and seen > t) then
@@ -34,10 +34,13 @@ if ARGV[2] == 'c' then
   redis.call('HDEL', KEYS[1], 'value')
   return {1}
 end
-return {1, redis.call('HGET', KEYS[1], 'value')}
+local v = redis.call('HGET', KEYS[1], 'value')
+if v then return {1, v} end
+return {1}
 ";
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FENCED));
+/// The script's SHA1, for `EVALSHA`.
+static HASH: LazyLock<String> = LazyLock::new(|| Script::new(FENCED).get_hash().to_owned());
 
 /// A value in Redis that only accepts reads and writes carrying a fencing token at least
 /// as large as every token it has seen: the resource-side check that makes a lock safe
@@ -240,18 +243,30 @@ impl FencedValue {
         op: &str,
         value: Option<&[u8]>,
     ) -> Result<Option<Vec<u8>>, FenceError> {
-        let mut invocation = SCRIPT.key(&self.key);
-        invocation.arg(token.get().to_string()).arg(op);
-        if let Some(value) = value {
-            invocation.arg(value);
+        // `EVALSHA`, and on `NOSCRIPT` (a new, restarted or promoted server) the same
+        // call as `EVAL` with the text, as the lock scripts do: the least-privilege ACL
+        // has `evalsha` and `eval`, not `script load`, and both are routed by the key.
+        let call = |command: &str, script: &str| {
+            let mut cmd = redis::cmd(command);
+            cmd.arg(script)
+                .arg(1)
+                .arg(&self.key)
+                .arg(token.get().to_string())
+                .arg(op);
+            if let Some(value) = value {
+                cmd.arg(value);
+            }
+            cmd
+        };
+        let answer: Vec<Value> = match call("EVALSHA", &HASH).query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                call("EVAL", FENCED).query_async(conn).await
+            }
+            other => other,
         }
-        let answer: Vec<Value> = invocation
-            .invoke_async(conn)
-            .await
-            .map_err(|e| FenceError::Backend(map_err(e)))?;
+        .map_err(|e| FenceError::Backend(map_err(e)))?;
         match answer.as_slice() {
             [Value::Int(1)] => Ok(None),
-            [Value::Int(1), Value::Nil] => Ok(None),
             [Value::Int(1), Value::BulkString(bytes)] => Ok(Some(bytes.clone())),
             [Value::Int(0), Value::BulkString(seen)] => {
                 let highest = parse_token(&String::from_utf8_lossy(seen))?;

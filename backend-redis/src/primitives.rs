@@ -206,7 +206,7 @@ impl RedisLock {
                 }
                 Reply::OtherLimit(limit) => {
                     return Err(Error::InvalidConfig(format!(
-                        "semaphore {name:?} is held with a limit of {limit}, not {}",
+                        "semaphore {name:?} is held or awaited with a limit of {limit}, not {}",
                         match ask {
                             Ask::Permits { limit, .. } => limit,
                             _ => 0,

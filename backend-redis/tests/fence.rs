@@ -193,3 +193,53 @@ async fn works_on_a_cluster_for_keys_on_every_master() {
         );
     }
 }
+
+/// The documented ACL is enough, on a server that does not know the script yet (the
+/// first call gets `NOSCRIPT` and is sent again as `EVAL`, never `SCRIPT LOAD`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_is_enough_on_a_fresh_server() {
+    let server = RedisServer::start();
+    let mut admin = raw(&server).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("fencer")
+        .arg("reset")
+        .arg("on")
+        .arg(">s3cret")
+        .arg("~data:*")
+        .arg("-@all")
+        .arg("+evalsha")
+        .arg("+eval")
+        .arg("+hget")
+        .arg("+hset")
+        .arg("+hdel")
+        .arg("+hmget")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let mut conn = redis::Client::open(format!("redis://fencer:s3cret@{}", server.addr()))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let value = FencedValue::new("data:stock");
+    assert_eq!(value.read(&mut conn, t(1)).await.unwrap(), None);
+    value.write(&mut conn, t(2), b"v").await.unwrap();
+    stale(value.write(&mut conn, t(1), b"w").await.unwrap_err());
+    value.clear(&mut conn, t(3)).await.unwrap();
+    assert_eq!(value.peek(&mut conn).await.unwrap(), (None, Some(t(3))));
+    // A leading zero is not a token (it would compare as longer than it is).
+    let _: () = redis::cmd("HSET")
+        .arg("data:zero")
+        .arg("fence")
+        .arg("007")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(matches!(
+        FencedValue::new("data:zero")
+            .write(&mut conn, t(8), b"v")
+            .await,
+        Err(FenceError::Backend(_))
+    ));
+}
