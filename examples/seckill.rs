@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sold = sold.load(Ordering::SeqCst);
     let oversold = sold.saturating_sub(STOCK);
     println!(
-        "stock left: {}, rejected writes: {}",
+        "stock left: {}, refused reads and writes: {}",
         stock.read(),
         stock.rejections()
     );

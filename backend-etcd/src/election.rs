@@ -80,7 +80,7 @@ pub(crate) async fn follow(
     changes: UnboundedSender<LeaderChange>,
     stop: CancellationToken,
 ) {
-    follow_until_stopped(
+    let stopped = follow_until_stopped(
         client,
         names,
         candidates,
@@ -89,9 +89,10 @@ pub(crate) async fn follow(
         stop.clone(),
     )
     .await;
-    if stop.is_cancelled() {
+    if stopped {
         // Stopped by the client's close: the stream ends with `Closed`, as on every
-        // backend. (A dropped stream cancels `stop` too, but has no receiver left.)
+        // backend. (A dropped stream cancels `stop` too, but has no receiver left.) Not
+        // after an error of its own: the stream ends with that one.
         let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
     }
 }
@@ -105,7 +106,7 @@ async fn follow_until_stopped(
     mut revision: i64,
     changes: UnboundedSender<LeaderChange>,
     stop: CancellationToken,
-) {
+) -> bool {
     let mut last = candidates.leader();
     let announce = |candidates: &Candidates, last: &mut Option<Leader>| {
         let now = candidates.leader();
@@ -122,7 +123,7 @@ async fn follow_until_stopped(
             .with_prev_key();
         let mut watcher = client.watch_client();
         let opened = tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => return true,
             opened = watcher.watch(names.as_str(), Some(options)) => opened,
         };
         let mut stream = match opened {
@@ -130,14 +131,14 @@ async fn follow_until_stopped(
             Err(error) => {
                 tracing::debug!(%error, "etcd election watch failed to open; retrying");
                 tokio::select! {
-                    () = stop.cancelled() => return,
+                    () = stop.cancelled() => return true,
                     () = tokio::time::sleep(Duration::from_millis(200)) => continue,
                 }
             }
         };
         loop {
             let message = tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => return true,
                 message = stream.message() => message,
             };
             let Ok(Some(response)) = message else {
@@ -159,12 +160,12 @@ async fn follow_until_stopped(
                     Ok((fresh, at)) => {
                         (candidates, revision) = (fresh, at);
                         if !announce(&candidates, &mut last) {
-                            return;
+                            return false;
                         }
                     }
                     Err(error) if !error.is_retryable() => {
                         let _ = changes.send(Err(error));
-                        return;
+                        return false;
                     }
                     Err(error) => {
                         tracing::debug!(%error, "etcd election re-read failed; retrying");
@@ -173,7 +174,7 @@ async fn follow_until_stopped(
                 if !compacted {
                     // Not at once: a watch etcd keeps refusing must not spin.
                     tokio::select! {
-                        () = stop.cancelled() => return,
+                        () = stop.cancelled() => return true,
                         () = tokio::time::sleep(Duration::from_millis(200)) => {}
                     }
                 }
@@ -189,7 +190,7 @@ async fn follow_until_stopped(
                 }
                 revision = revision.max(kv.mod_revision());
                 if !announce(&candidates, &mut last) {
-                    return;
+                    return false;
                 }
             }
             // Not the header's revision: etcd stamps the current revision on the `created`
@@ -199,7 +200,7 @@ async fn follow_until_stopped(
             // that history was compacted, reads the candidates anew).
         }
         if changes.is_closed() {
-            return;
+            return false;
         }
     }
 }

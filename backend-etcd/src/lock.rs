@@ -293,8 +293,9 @@ impl EtcdLock {
             // The create's own bound starts now, after the wait at this client's gate: a
             // waiter let through the gate at its deadline would otherwise have its
             // create cut in flight and return while the key is still being made (the
-            // background clean-up deletes it a moment later). Created, it finds its
-            // deadline passed below and deletes its key before returning.
+            // background clean-up deletes it a moment later). Created, it is granted if
+            // the lock is free (the wait bounds only time behind holders), and otherwise
+            // finds its deadline passed below and deletes its key before returning.
             let (mine, first) = within(
                 step_deadline(deadline),
                 self.create_and_read_first(&key, &names, session.lease_id(), value, &mut pending),

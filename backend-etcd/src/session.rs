@@ -75,8 +75,16 @@ impl Drop for Unkept {
         };
         let (mut leases, id) = (self.client.lease_client(), self.id);
         runtime.spawn(async move {
-            // A lease etcd never granted answers "not found": nothing to undo.
-            let _ = tokio::time::timeout(Duration::from_secs(5), leases.revoke(id)).await;
+            // "Not found" may mean the cancelled grant has not reached etcd yet (the
+            // revoke travels on another stream), so it is asked again a little later;
+            // a grant that never arrives leaves nothing to undo.
+            for _ in 0..3 {
+                let revoked = tokio::time::timeout(Duration::from_secs(5), leases.revoke(id)).await;
+                if matches!(revoked, Ok(Ok(_))) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         });
     }
 }

@@ -161,7 +161,7 @@ pub(crate) async fn follow(
     changes: UnboundedSender<LeaderChange>,
     stop: CancellationToken,
 ) {
-    follow_until_stopped(
+    let stopped = follow_until_stopped(
         pool,
         session,
         dir,
@@ -171,9 +171,10 @@ pub(crate) async fn follow(
         stop.clone(),
     )
     .await;
-    if stop.is_cancelled() {
+    if stopped {
         // Stopped by the client's close: the stream ends with `Closed`, as on every
-        // backend. (A dropped stream cancels `stop` too, but has no receiver left.)
+        // backend. (A dropped stream cancels `stop` too, but has no receiver left.) Not
+        // after an error of its own: the stream ends with that one.
         let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
     }
 }
@@ -188,7 +189,7 @@ async fn follow_until_stopped(
     mut candidates: Candidates,
     changes: UnboundedSender<LeaderChange>,
     stop: CancellationToken,
-) {
+) -> bool {
     let mut last = candidates.leader();
     let announce = |candidates: &Candidates, last: &mut Option<Leader>| {
         let now = candidates.leader();
@@ -203,7 +204,7 @@ async fn follow_until_stopped(
         // Wait for the next event; after a terminal session state the watcher must not
         // be polled again, so it is replaced before the loop comes back here.
         let event = tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => return true,
             event = watcher.changed() => event,
         };
         let outcome = match event.event_type {
@@ -261,7 +262,7 @@ async fn follow_until_stopped(
                         Ok::<_, Error>((fresh, w, c))
                     };
                     let restarted = tokio::select! {
-                        () = stop.cancelled() => return,
+                        () = stop.cancelled() => return true,
                         restarted = restarted => restarted,
                     };
                     match restarted {
@@ -269,11 +270,11 @@ async fn follow_until_stopped(
                             (session, watcher, candidates) = (fresh, w, c);
                             break;
                         }
-                        Err(Error::Closed { .. }) => return,
+                        Err(Error::Closed { .. }) => return true,
                         Err(error) => {
                             tracing::debug!(%error, dir, "zookeeper election watch: restarting");
                             tokio::select! {
-                                () = stop.cancelled() => return,
+                                () = stop.cancelled() => return true,
                                 () = tokio::time::sleep(RESTART_PAUSE) => {}
                             }
                         }
@@ -283,11 +284,11 @@ async fn follow_until_stopped(
             Err(err) => {
                 // A read failed for another reason (permissions, say): observing ends.
                 let _ = changes.send(Err(map(err)));
-                return;
+                return false;
             }
         }
         if !announce(&candidates, &mut last) {
-            return;
+            return false;
         }
     }
 }

@@ -324,7 +324,6 @@ enum What<'a> {
     Permits(Permits),
 }
 
-/// The holder node of `dir` (path, stat, number of waiters), if any.
 /// A `sync` before a read, so that it sees every write completed before it began, on
 /// any server (ZooKeeper's plain reads may lag behind the leader): `inspect`, `list`,
 /// `revoke` and `leader` then agree with the grants and releases that have returned.
@@ -332,6 +331,7 @@ pub(crate) async fn synced(session: &ZkSession) -> Result<(), Error> {
     retry(|| session.client.sync("/")).await.map_err(map)
 }
 
+/// The holder node of `dir` (path, stat, number of waiters), if any.
 async fn holder(
     session: &ZkSession,
     dir: &str,
@@ -440,6 +440,8 @@ impl DistributedLock for ZkLock {
         let session = self.default_session().await?;
         let dir = names::lock_dir(session.root(), election);
         let stop = self.pool.closed().child_token();
+        // The first item is "the leader now": as fresh as `leader()`.
+        synced(&session).await?;
         // Dropped (and the watch removed) if this call is cancelled before it returns.
         let (watcher, candidates) = tokio::select! {
             () = stop.cancelled() => return Err(closed()),

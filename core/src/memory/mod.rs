@@ -518,6 +518,11 @@ impl DistributedLock for MemoryLock {
                     biased;
                     () = stopped.cancelled() => return,
                     () = closed.cancelled() => {
+                        // The changes told before the close (its own releases among
+                        // them) come first, in order.
+                        while let Ok(change) = kept.try_recv() {
+                            let _ = changes.send(change);
+                        }
                         let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
                         return;
                     }
