@@ -62,14 +62,16 @@ async fn partition_of_a_running_holder(
     tokio::time::sleep(LEASE / 2).await;
     assert!(!guard.is_lost(), "lost before the partition");
 
-    // Nothing passes the cut, so no renewal can move the deadline past this one: an
-    // independent bound for the loss report (C6 against the guard's own deadline only
-    // would measure the guard against itself).
-    let valid_at_cut = guard.valid_until();
     for proxy in proxies {
         proxy.set(Fault::Blackhole);
     }
     let partitioned_at = Instant::now();
+    // Nothing passes the cut, so once a reply already past the proxy has been handled,
+    // no renewal can move the deadline past this one: an independent bound for the
+    // loss report (C6 against the guard's own deadline only would measure the guard
+    // against itself).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let valid_at_cut = guard.valid_until();
 
     let loss = async {
         guard.lost().await;

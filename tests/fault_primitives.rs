@@ -592,13 +592,15 @@ async fn partitioned(
     tokio::time::sleep(LEASE / 2).await;
     assert!(!guard.is_lost(), "lost before the partition");
 
-    // Nothing passes the cut: no renewal moves the deadline past this one (an
-    // independent bound for the loss report).
-    let valid_at_cut = guard.valid_until();
     for proxy in proxies {
         proxy.set(Fault::Blackhole);
     }
     let partitioned_at = Instant::now();
+    // Nothing passes the cut: once a reply already past the proxy has been handled, no
+    // renewal moves the deadline past this one (an independent bound for the loss
+    // report).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let valid_at_cut = guard.valid_until();
     let loss = async {
         guard.lost().await;
         checker.lost("cut", token, guard.valid_until().into_std());

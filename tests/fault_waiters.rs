@@ -34,11 +34,13 @@ const AT_ONCE: Duration = Duration::from_millis(500);
 /// One phase: `WAITERS` acquires of `lock` on the held `name`; returns how many ended in
 /// `TooManyWaiters` (asserting every other one timed out in time).
 async fn wait_all(backend: &str, lock: &Arc<dyn DistributedLock>, name: &str) -> usize {
-    let started = Instant::now();
     let mut waiters = tokio::task::JoinSet::new();
     for _ in 0..WAITERS {
         let (lock, name) = (lock.clone(), name.to_owned());
         waiters.spawn(async move {
+            // Each acquire's own start: spawning a thousand tasks on two threads takes
+            // time of its own.
+            let started = Instant::now();
             let outcome = lock
                 .acquire(&name, AcquireOptions::new().wait_timeout(WAIT))
                 .await;
