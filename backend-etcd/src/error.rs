@@ -61,6 +61,11 @@ pub(crate) fn is_lease_not_found(error: &etcd_client::Error) -> bool {
     matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease not found"))
 }
 
+/// Whether etcd refused a lease grant because a lease with the requested ID exists.
+pub(crate) fn is_lease_exists(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease already exists"))
+}
+
 /// Whether a mapped error came from [`is_lease_not_found`].
 pub(crate) fn is_stale_session(error: &Error) -> bool {
     use std::error::Error as _;

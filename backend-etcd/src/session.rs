@@ -114,7 +114,7 @@ impl Session {
         {
             Ok(granted) => granted,
             Err(error) => {
-                if error.to_string().contains("lease already exists") {
+                if crate::error::is_lease_exists(&error) {
                     // Someone else's lease has this ID: never revoke it.
                     unkept.keep();
                 }
