@@ -1,6 +1,7 @@
-//! The lock's fault scenarios applied to the other primitives: an election term
-//! (`campaign`), a semaphore permit (`acquire_permits`), a read lock and a write lock
-//! (`acquire_read`, `acquire_write`). Leases are 2 s; a semaphore has [`LIMIT`] permits.
+//! The fault scenarios applied to every primitive: the plain lock (`acquire`), an
+//! election term (`campaign`), a semaphore permit (`acquire_permits`), a read lock and a
+//! write lock (`acquire_read`, `acquire_write`). Leases are 2 s; a semaphore has
+//! [`LIMIT`] permits. (The plain lock's F4 is `tests/fault_partition.rs`.)
 //!
 //! - **F3, a paused holder**: the holder is a child process (this test binary, run as
 //!   `holder_child`) that writes through the fenced register every 50 ms; it is
@@ -30,8 +31,8 @@
 //! the expectation table ([`expected`]), at once (one after the other behind the shared
 //! proxies of Sentinel and Cluster), each on a name of its own, and fails naming every
 //! primitive that failed. A backend whose capabilities disagree with its row fails
-//! loudly instead of skipping. F3 and F8 run on etcd, ZooKeeper and Redis single; F4 on
-//! Redlock (elections only), Sentinel and Cluster too.
+//! loudly instead of skipping. F3 and F8 run on every remote backend and on the
+//! migration layer (in its two mixed phases); F4 on every remote backend.
 #![cfg(all(feature = "etcd", feature = "zookeeper", feature = "redis"))]
 
 use std::future::Future;
@@ -42,9 +43,13 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use fencelock::{AcquireOptions, Capabilities, DistributedLock, Error, LockGuard, Permits};
+use fencelock::{
+    AcquireOptions, Capabilities, DistributedLock, Error, LockGuard, MigrationPhase, Permits,
+};
 use fencelock_testkit::checker::{Checker, LOSS_BOUND};
-use fencelock_testkit::{EtcdServer, Fault, FaultProxy, RedisServer, ZkServer, leftovers};
+use fencelock_testkit::{
+    EtcdServer, Fault, FaultProxy, RedisCluster, RedisSentinelSet, RedisServer, ZkServer, leftovers,
+};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -66,9 +71,11 @@ const HOLDER: &str = "FENCELOCK_FAULT_PRIMITIVES_HOLDER";
 
 type Lock = Arc<dyn DistributedLock>;
 
-/// A primitive of the trait besides the plain lock.
+/// A primitive of the trait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Primitive {
+    /// The plain lock (`acquire`).
+    Plain,
     /// A term of `campaign`.
     Election,
     /// One permit of a semaphore of [`LIMIT`].
@@ -79,9 +86,9 @@ enum Primitive {
     WriteLock,
 }
 
-use Primitive::{Election, ReadLock, Semaphore, WriteLock};
+use Primitive::{Election, Plain, ReadLock, Semaphore, WriteLock};
 
-const ALL: [Primitive; 4] = [Election, Semaphore, ReadLock, WriteLock];
+const ALL: [Primitive; 5] = [Plain, Election, Semaphore, ReadLock, WriteLock];
 
 /// The expectation table: the primitives each backend must have, all of which this file
 /// runs on it. A capability that is false for a primitive listed here, or true for one
@@ -93,7 +100,8 @@ fn expected(backend: &str) -> &'static [Primitive] {
         "zookeeper" => &ALL,
         // Semaphore and read-write rows: since commit 6a3f8ea (single, Sentinel, Cluster).
         "redis" | "sentinel" | "cluster" => &ALL,
-        "redlock" => &[Election],
+        "redlock" => &[Plain, Election],
+        "migration" => &[Plain],
         _ => &[],
     }
 }
@@ -101,6 +109,7 @@ fn expected(backend: &str) -> &'static [Primitive] {
 impl Primitive {
     fn claimed(self, caps: &Capabilities) -> bool {
         match self {
+            Plain => true,
             Election => caps.election,
             Semaphore => caps.semaphore,
             ReadLock | WriteLock => caps.rw_lock,
@@ -109,6 +118,7 @@ impl Primitive {
 
     fn label(self) -> &'static str {
         match self {
+            Plain => "lock",
             Election => "election",
             Semaphore => "semaphore",
             ReadLock => "read",
@@ -134,6 +144,7 @@ impl Primitive {
         value: &str,
     ) -> Result<LockGuard, Error> {
         match self {
+            Plain => lock.acquire(name, options).await,
             Election => lock.campaign(name, value, options).await,
             Semaphore => {
                 let one = Permits::one_of(LIMIT)?;
@@ -567,6 +578,48 @@ async fn f3_redis() {
     paused_each("redis", &url, other, &Servers::redis(server, &prefix)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_redlock() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let prefix = common::unique("f3p-redlock");
+    let url = redlock_url(&servers, &prefix);
+    let other = connect(&url).await;
+    let ports = servers.iter().map(RedisServer::port).collect();
+    paused_each("redlock", &url, other, &Servers::Redis(ports, &prefix)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_redis_sentinel() {
+    let set = tokio::task::block_in_place(RedisSentinelSet::start);
+    let prefix = common::unique("f3p-sentinel");
+    let url = format!("{}?prefix={prefix}:", set.url());
+    let other = connect(&url).await;
+    let servers = Servers::redis(set.master(), &prefix);
+    paused_each("sentinel", &url, other, &servers).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_redis_cluster() {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
+    let prefix = common::unique("f3p-cluster");
+    let url = format!("{}?prefix={prefix}:", cluster.url());
+    let other = connect(&url).await;
+    let ports = cluster.nodes().iter().map(RedisServer::port).collect();
+    paused_each("cluster", &url, other, &Servers::Redis(ports, &prefix)).await;
+}
+
+/// The migration layer in its mixed phases (Redis legacy leg, etcd target leg): the
+/// paused holder holds both legs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_migration() {
+    for phase in MIXED {
+        let prefix = common::unique("f3p-migrate");
+        let url = migration_url(phase, &prefix);
+        let other = connect(&url).await;
+        paused_each("migration", &url, other, &migration_servers(&prefix)).await;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // F4: a partition of a running holder.
 
@@ -680,6 +733,11 @@ async fn partitioned(
     checker.assert_loss_reported_in_time();
 }
 
+/// The primitives F4 runs on here: the plain lock's F4 is `tests/fault_partition.rs`.
+fn but_the_lock(row: &[Primitive]) -> Vec<Primitive> {
+    row.iter().copied().filter(|&p| p != Plain).collect()
+}
+
 /// F4 for every primitive of `backend`: each holder a client of its own through a proxy
 /// of its own to `upstream` (`url(proxy address)`), the others on `other`.
 async fn partitioned_each<U>(
@@ -691,8 +749,8 @@ async fn partitioned_each<U>(
 ) where
     U: Fn(&str) -> String,
 {
-    let primitives = primitives_of(backend, &*other);
-    for_each(&format!("{backend} F4"), primitives, false, |p| {
+    let primitives = but_the_lock(primitives_of(backend, &*other));
+    for_each(&format!("{backend} F4"), &primitives, false, |p| {
         let proxy = FaultProxy::start(upstream);
         let url = url(&proxy.addr());
         let other = other.clone();
@@ -748,7 +806,7 @@ async fn f4_redlock_election() {
     let via = |addrs: Vec<String>| format!("redlock://{}?prefix={prefix}:", addrs.join(","));
     let holder = connect(&via(proxies.iter().map(FaultProxy::addr).collect())).await;
     let other = connect(&via(servers.iter().map(RedisServer::addr).collect())).await;
-    assert_eq!(primitives_of("redlock", &*other), [Election]);
+    assert_eq!(primitives_of("redlock", &*other), [Plain, Election]);
     let proxies: Vec<&FaultProxy> = proxies.iter().collect();
     partitioned(
         Election,
@@ -770,9 +828,9 @@ async fn partitioned_behind_proxies(deployment: Proxied, backend: &'static str) 
     let other = connect(&deployment.url(&prefix)).await;
     deployment.exempt();
     let holder = connect(&deployment.cut_url(&prefix)).await;
-    let primitives = primitives_of(backend, &*other);
+    let primitives = but_the_lock(primitives_of(backend, &*other));
     let deployment = Arc::new(deployment);
-    for_each(&format!("{backend} F4"), primitives, true, |p| {
+    for_each(&format!("{backend} F4"), &primitives, true, |p| {
         let (deployment, holder, other) = (deployment.clone(), holder.clone(), other.clone());
         async move {
             let proxies = deployment.proxies();
@@ -865,6 +923,7 @@ async fn storm(p: Primitive, a: Lock, b: Lock, c: Lock, name: String) {
     let released_at = Instant::now();
     let within = Duration::from_secs(1);
     let fresh = match p {
+        Plain => c.acquire(name, options().wait_timeout(within)).await,
         Election => c.campaign(name, "c", options().wait_timeout(within)).await,
         Semaphore => {
             let all = Permits::new(LIMIT, LIMIT).expect("valid");
@@ -938,7 +997,74 @@ async fn f8_redis() {
     storm_each("redis", &url, &Servers::redis(server, &prefix)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f8_redlock() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let prefix = common::unique("f8p-redlock");
+    let url = redlock_url(&servers, &prefix);
+    let ports = servers.iter().map(RedisServer::port).collect();
+    storm_each("redlock", &url, &Servers::Redis(ports, &prefix)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f8_redis_sentinel() {
+    let set = tokio::task::block_in_place(RedisSentinelSet::start);
+    let prefix = common::unique("f8p-sentinel");
+    let url = format!("{}?prefix={prefix}:", set.url());
+    storm_each("sentinel", &url, &Servers::redis(set.master(), &prefix)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f8_redis_cluster() {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
+    let prefix = common::unique("f8p-cluster");
+    let url = format!("{}?prefix={prefix}:", cluster.url());
+    let ports = cluster.nodes().iter().map(RedisServer::port).collect();
+    storm_each("cluster", &url, &Servers::Redis(ports, &prefix)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f8_migration() {
+    for phase in MIXED {
+        let prefix = common::unique("f8p-migrate");
+        let url = migration_url(phase, &prefix);
+        storm_each("migration", &url, &migration_servers(&prefix)).await;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
+
+/// The migration layer's phases that hold both legs.
+const MIXED: [MigrationPhase; 2] = [MigrationPhase::LegacyFirst, MigrationPhase::TargetFirst];
+
+/// A `migrate://` URL: the shared Redis server (raw layout) as the legacy leg, the shared
+/// etcd server as the target.
+fn migration_url(phase: MigrationPhase, prefix: &str) -> String {
+    fencelock::migration_url(
+        phase,
+        &format!(
+            "{}?layout=raw&prefix={prefix}:",
+            RedisServer::shared().url()
+        ),
+        &format!(
+            "etcd://{}/{prefix}?lease=2s",
+            EtcdServer::shared().endpoint()
+        ),
+    )
+}
+
+/// Both legs of [`migration_url`].
+fn migration_servers(prefix: &str) -> Servers<'_> {
+    Servers::Both(
+        Box::new(Servers::redis(RedisServer::shared(), prefix)),
+        Box::new(Servers::Etcd(EtcdServer::shared(), prefix)),
+    )
+}
+
+fn redlock_url(servers: &[RedisServer], prefix: &str) -> String {
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    format!("redlock://{}?prefix={prefix}:", hosts.join(","))
+}
 
 fn zk_url(hosts: &str, chroot: &str) -> String {
     format!("zk://{hosts}/{chroot}?session_timeout=2s&min_lease=2s")
