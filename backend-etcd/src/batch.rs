@@ -38,11 +38,12 @@ pub(crate) enum Created {
     /// delete it.
     Taken { ours: Option<i64> },
     /// The name was taken, and the request asked to queue then: the same transaction put
-    /// our key (keeping a stale key's create revision, `stale`) and read the first-created
-    /// key under the name. One proposal for a queued acquire, not a failed create and a
-    /// queueing put.
+    /// our key unless a stale key of ours was there (`stale`: left as it was, never given
+    /// our value, which would pair it with the stale incarnation's token) and read the
+    /// first-created key under the name. One proposal for a queued acquire, not a failed
+    /// create and a queueing put.
     Queued {
-        /// Our key's incarnation: created by this transaction, or a stale one's.
+        /// Our key's incarnation: created by this transaction, or the stale one found.
         revision: i64,
         /// Whether our key existed before (a stale key: never a grant, to be deleted).
         stale: bool,
@@ -331,11 +332,7 @@ impl Batcher {
     ) -> Result<Created, etcd_client::Error> {
         let otherwise = if queue {
             vec![
-                TxnOp::put(
-                    key,
-                    value,
-                    Some(PutOptions::new().with_lease(lease).with_prev_key()),
-                ),
+                crate::lock::put_if_absent(key, put(key, lease, value)),
                 TxnOp::get(names, Some(crate::lock::first_created())),
             ]
         } else {
@@ -353,7 +350,7 @@ impl Batcher {
         if queue {
             let ops = response.op_responses();
             let stale = match ops.first() {
-                Some(TxnOpResponse::Put(put)) => put.prev_key().map(|kv| kv.create_revision()),
+                Some(TxnOpResponse::Txn(created)) => crate::lock::stale_of(created),
                 _ => None,
             };
             return Ok(Created::Queued {

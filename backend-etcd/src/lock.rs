@@ -467,22 +467,23 @@ impl EtcdLock {
             // Cannot happen (our own key is under the name); queue again below.
             Created::Queued { .. } | Created::Taken { .. } => {}
         }
-        let put = |options: PutOptions| TxnOp::put(key, value, Some(options.with_lease(lease_id)));
+        let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease_id)));
         loop {
-            let txn = Txn::new().and_then([
-                put(PutOptions::new().with_prev_key()),
-                TxnOp::get(names, Some(first_created())),
-            ]);
+            // Never a put over a stale key of ours: it would keep the stale incarnation's
+            // create revision, and an observer would see our value with its token.
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .and_then([put.clone(), TxnOp::get(names, Some(first_created()))])
+                .or_else([TxnOp::get(key, None)]);
             let response = self.send_create(txn, pending).await?;
             let ops = response.op_responses();
-            if let Some(TxnOpResponse::Put(put)) = ops.first() {
-                if let Some(stale) = put.prev_key() {
-                    let stale = stale.create_revision();
+            if !response.succeeded() {
+                if let Some(stale) = stale_of(&response) {
                     pending.get().state = KeyState::Created(stale);
                     crate::held::delete_incarnation(&self.inner.client, key, stale).await?;
-                    pending.get().state = KeyState::Absent;
-                    continue;
                 }
+                pending.get().state = KeyState::Absent;
+                continue;
             }
             let revision = response.header().map_or(0, |h| h.revision());
             pending.get().state = KeyState::Created(revision);
@@ -495,10 +496,11 @@ impl EtcdLock {
     /// Sends a transaction that may create our key: until its answer arrives, whether the
     /// key exists is unknown (and a clean-up must delete by key).
     ///
-    /// The transaction runs in its own task, recorded in the clean-up: if this future is
-    /// dropped before the answer, the clean-up waits for it and deletes exactly the
-    /// incarnation it made (our put keeps a stale key's create revision, or creates one
-    /// at the transaction's revision).
+    /// The transaction must put our key only when its compares succeed, and read our
+    /// key in its `or_else` if it reads anything there. It runs in its own task,
+    /// recorded in the clean-up: if this future is dropped before the answer, the
+    /// clean-up waits for it and deletes exactly the incarnation it made (created at the
+    /// transaction's revision) or found (a stale key of ours the failed compare read).
     pub(crate) async fn send_create(
         &self,
         txn: Txn,
@@ -508,15 +510,14 @@ impl EtcdLock {
         self.create_in_task(
             pending,
             async move { client.kv_client().txn(txn).await },
-            // Our put keeps a stale key's create revision, or creates one now.
+            // Our put creates the key now; a compare that failed on a key of ours read it
+            // (to be deleted all the same).
             |response| {
-                let now = response.header().map_or(0, |h| h.revision());
-                Some(match response.op_responses().first() {
-                    Some(TxnOpResponse::Put(put)) => {
-                        put.prev_key().map_or(now, |stale| stale.create_revision())
-                    }
-                    _ => now,
-                })
+                if response.succeeded() {
+                    response.header().map(|h| h.revision())
+                } else {
+                    stale_of(response)
+                }
             },
         )
         .await
@@ -776,6 +777,30 @@ pub(crate) fn first_created() -> GetOptions {
 
 pub(crate) fn get_first(ops: &[TxnOpResponse], index: usize) -> Option<i64> {
     match ops.get(index) {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
+        _ => None,
+    }
+}
+
+/// A nested transaction that runs `put` (of `key`) only if `key` does not exist, and
+/// otherwise reads it: a put over a stale key of ours would keep that incarnation's
+/// create revision (its token) and give it our value. [`stale_of`] reads the answer.
+pub(crate) fn put_if_absent(key: &str, put: TxnOp) -> TxnOp {
+    TxnOp::txn(
+        Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([put])
+            .or_else([TxnOp::get(key, None)]),
+    )
+}
+
+/// The create revision of the stale key of ours that kept a transaction made like
+/// [`put_if_absent`] from putting (`None`: the put happened).
+pub(crate) fn stale_of(response: &TxnResponse) -> Option<i64> {
+    if response.succeeded() {
+        return None;
+    }
+    match response.op_responses().first() {
         Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
         _ => None,
     }

@@ -384,6 +384,82 @@ async fn a_leftover_key_of_ours_is_replaced_never_adopted() {
     assert!(keys_under(ours).await.is_empty());
 }
 
+/// A campaign that finds a leftover candidate key of its own (a release whose delete
+/// never happened) never puts its new value into that key: observers would see the new
+/// value with the old incarnation's token, a term that never existed. The key is deleted
+/// and the campaign's own key made afresh, with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leftover_candidate_of_ours_never_shows_the_new_value_with_its_old_token() {
+    let clients = futures_join(2, "leftover-candidate").await;
+    let (ours, observer) = (&clients[0], &clients[1]);
+    let first = ours
+        .campaign("e", "old", AcquireOptions::new())
+        .await
+        .unwrap();
+    let key = first.backend_key().unwrap().to_owned();
+    first.release().await.unwrap();
+    let lease = i64::from_str_radix(key.rsplit('/').next().unwrap(), 16).unwrap();
+    let stale = ours
+        .client()
+        .kv_client()
+        .put(
+            key.as_str(),
+            "old",
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let stale = u64::try_from(stale).unwrap();
+
+    let mut changes = observer.observe("e").await.unwrap();
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let collecting = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            while let Some(change) = changes.next().await {
+                seen.lock().unwrap().push(change.unwrap());
+            }
+        }
+    });
+    let guard = ours
+        .campaign("e", "new", AcquireOptions::new())
+        .await
+        .unwrap();
+    assert!(guard.token().get() > stale, "{} <= {stale}", guard.token());
+    let leader = observer.leader("e").await.unwrap().unwrap();
+    assert_eq!(
+        (leader.value.as_str(), leader.token),
+        ("new", guard.token())
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    collecting.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.first(),
+        Some(&Some(fencelock_core::Leader::new(
+            "old",
+            fencelock_core::FencingToken::new(stale)
+        ))),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.last(),
+        Some(&Some(fencelock_core::Leader::new("new", guard.token()))),
+        "{seen:?}"
+    );
+    let mixed: Vec<_> = seen
+        .iter()
+        .flatten()
+        .filter(|l| l.value == "new" && l.token != guard.token())
+        .collect();
+    assert!(mixed.is_empty(), "a term that never existed: {mixed:?}");
+    guard.release().await.unwrap();
+    assert!(keys_under(ours).await.is_empty());
+}
+
 /// Group commit: tasks of one client locking and releasing distinct names at the same
 /// time share transactions (guards granted together carry the same create revision), and
 /// every request still gets the answer a transaction of its own would give: a taken name
