@@ -274,8 +274,7 @@ impl Engine {
                 Ok::<_, Error>(())
             };
             if let Err(e) = checked.await {
-                self.release(keys, &owner, None, election).await.ok();
-                in_flight.armed = false;
+                self.undo(&mut in_flight, per_node).await;
                 return Err(e);
             }
             in_flight.armed = false;
@@ -288,8 +287,7 @@ impl Engine {
         }
         if !granted.is_empty() {
             // Redlock without a majority (or too slow): undo the partial grant now.
-            self.release(keys, &owner, None, election).await.ok();
-            in_flight.armed = false;
+            self.undo(&mut in_flight, per_node).await;
             if granted.len() >= self.quorum {
                 // Granted, but the answer came after the lease had run out: the lock was
                 // free, so this is the servers' slowness, not contention.
@@ -305,6 +303,18 @@ impl Engine {
             return Err(errors.swap_remove(0));
         }
         Ok(Attempt::Held(retry_after(&held, granted.len())))
+    }
+
+    /// Undoes an attempt that did not become a guard: its release on every node, waited
+    /// for no longer than `bound` (an instance's answer to the acquire: the slow ones are
+    /// why it failed, and the caller must not wait on them again). If the bound runs out,
+    /// `in_flight` stays armed and its drop sends the release again in the background
+    /// (a compare-and-delete: sent twice, it deletes nothing of anyone else's).
+    async fn undo(&self, in_flight: &mut InFlight<'_>, bound: Duration) {
+        let release = self.release(in_flight.keys, &in_flight.owner, None, in_flight.election);
+        if tokio::time::timeout(bound, release).await.is_ok() {
+            in_flight.armed = false;
+        }
     }
 
     /// Redlock: makes a majority remember `token` before the guard is handed out, and

@@ -253,6 +253,148 @@ async fn redlock_survives_one_loss_and_fails_cleanly_on_two() {
     );
 }
 
+/// Whether `key` exists on `server` (a connection of its own).
+async fn exists_on(server: &RedisServer, key: &str) -> bool {
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    conn.exists(key).await.unwrap()
+}
+
+/// F17(c): two of three instances so slow (1.5 s each way, a lease of 1 s) that no
+/// majority can answer within the lease: the acquire gives up on them after its
+/// per-instance bound (half the lease), fails with a retryable error within the lease
+/// (its undo waits no longer than that bound either), and removes its key everywhere,
+/// also from the slow instances where its request lands late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_slower_than_its_lease_fails_and_leaves_no_partial_key() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<fencelock_testkit::FaultProxy> = servers[1..]
+        .iter()
+        .map(|s| fencelock_testkit::FaultProxy::start(&s.addr()))
+        .collect();
+    let hosts = [servers[0].addr(), proxies[0].addr(), proxies[1].addr()];
+    let locks = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(1);
+    let opts = AcquireOptions::new().fixed_lease(lease).no_wait();
+    // Connected and the scripts loaded while answers are quick.
+    let warm = locks.acquire("slow", opts).await.unwrap();
+    let key = warm.backend_key().unwrap().to_owned();
+    warm.release().await.unwrap();
+    let slow = Duration::from_millis(1500);
+    for proxy in &proxies {
+        proxy.set(fencelock_testkit::Fault::Delay {
+            min: slow,
+            max: slow,
+        });
+    }
+    let started = Instant::now();
+    let outcome = locks.acquire("slow", opts).await;
+    let took = started.elapsed();
+    match &outcome {
+        Err(e) => assert!(e.is_retryable(), "{e:?}"),
+        Ok(guard) => panic!("granted by a majority slower than the lease: {guard:?}"),
+    }
+    // Half the lease for the answers, at most half for the undo.
+    assert!(
+        took < lease + Duration::from_millis(200),
+        "the acquire took {took:?}, past its lease"
+    );
+    // The late requests land (1.5 s), then the release behind them on the same
+    // connections (another 1.5 s at most): nothing is left anywhere after.
+    tokio::time::sleep(slow * 2 + Duration::from_millis(500)).await;
+    for (i, server) in servers.iter().enumerate() {
+        assert!(
+            !exists_on(server, &key).await,
+            "a partial grant's key was left on instance {i}"
+        );
+    }
+    for proxy in &proxies {
+        proxy.set(fencelock_testkit::Fault::Pass);
+    }
+    let again = locks.acquire("slow", opts).await.expect("free again");
+    again.release().await.unwrap();
+}
+
+/// F17(d): an instance restarted without persistence within the lease forgets the
+/// holder's key. Where that key was on a bare majority (here the third instance lost it
+/// too: deleted, as if it had never granted it), another client then gets a majority
+/// while the holder still counts on its lease: Redlock's known gap, which fencelock does
+/// not close (it does not watch `run_id` to hold a restarted instance back for a lease).
+/// What must hold: the second holder's token is larger, the fenced register refuses the
+/// first holder's writes after the second's, the first holder learns of the loss at its
+/// next renewal, and its release is `Err(Lost)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_restart_within_the_lease_gives_a_second_holder_that_fencing_stops() {
+    let (servers, first) = redlock_over_three().await;
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    let second = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(3);
+    let register = FencedRegister::new(0u64);
+    let a = first
+        .acquire("restarted", AcquireOptions::new().lease(lease).no_wait())
+        .await
+        .unwrap();
+    register.update(a.token(), |n| n + 1).expect("A's write");
+    let key = a.backend_key().unwrap().to_owned();
+    let mut third = redis::Client::open(servers[2].url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deleted: u64 = third.del(&key).await.unwrap();
+    assert_eq!(deleted, 1);
+    tokio::task::block_in_place(|| servers[1].restart());
+    let restarted = Instant::now();
+
+    let b = second
+        .acquire(
+            "restarted",
+            AcquireOptions::new()
+                .lease(lease)
+                .wait_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("a majority (the restarted instance and the third) grants B");
+    let overlapped = !a.is_lost();
+    assert!(b.token() > a.token(), "{} after {}", b.token(), a.token());
+    register.update(b.token(), |n| n + 1).expect("B's write");
+    assert!(
+        register.update(a.token(), |n| n + 1).is_err(),
+        "A's write after B's was accepted"
+    );
+    assert_eq!(register.read(), 2);
+    tokio::time::timeout(lease / 3 + Duration::from_millis(500), a.lost())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "A was not told of the loss within a renewal interval ({:?} after the restart)",
+                restarted.elapsed()
+            )
+        });
+    eprintln!(
+        "F17(d): B granted {:?} after the restart, while A still counted on its lease: \
+         {overlapped}; A told {:?} after the restart",
+        b.token(),
+        restarted.elapsed()
+    );
+    assert!(matches!(
+        a.release().await,
+        Err(fencelock_core::Error::Lost { .. })
+    ));
+    assert!(!b.is_lost());
+    b.release().await.unwrap();
+    for (i, server) in servers.iter().enumerate() {
+        assert!(!exists_on(server, &key).await, "key left on instance {i}");
+    }
+}
+
 async fn counters(servers: &[RedisServer], key: &str) -> Vec<Option<u64>> {
     let mut out = Vec::new();
     for server in servers {
