@@ -104,7 +104,16 @@ pub struct ZkServer {
     /// JVM options for TLS and SASL (`-D...`), and whether the Netty jars are needed.
     jvm_options: Vec<String>,
     netty: bool,
+    /// The file libfaketime reads the server's clock offset from, if it runs under it
+    /// ([`ZkServer::start_with_fake_clock`]).
+    fake_clock: Option<PathBuf>,
 }
+
+/// Where Debian's `libfaketime` puts the library, per architecture.
+const LIBFAKETIME: [&str; 2] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+];
 
 impl ZkServer {
     /// Starts a standalone server and waits until `srvr` reports `Mode: standalone`.
@@ -141,6 +150,7 @@ impl ZkServer {
                 "",
                 None,
                 Some((security, tls_port)),
+                false,
             )?;
             server.wait_up(|mode| mode == "standalone")?;
             Ok(server)
@@ -168,6 +178,48 @@ impl ZkServer {
                 .map(|(user, password)| (user.to_string(), password.to_string()))
                 .collect(),
         })
+    }
+
+    /// A standalone server whose clocks [`ZkServer::jump_clock`] can move forward while
+    /// it runs (F14): the JVM runs under libfaketime (Debian's `libfaketime`), whose
+    /// offset moves its wall clock and its monotonic clock alike, so the session tracker
+    /// sees time pass at once.
+    ///
+    /// Panics as [`ZkServer::start`] does, or if libfaketime is not installed.
+    pub fn start_with_fake_clock() -> Self {
+        with_retries("ZooKeeper (fake clock)", || {
+            let port = free_port();
+            let server = ZkServer::spawn_with(
+                Ipv4Addr::LOCALHOST,
+                None,
+                port,
+                "org.apache.zookeeper.server.ZooKeeperServerMain",
+                "",
+                None,
+                None,
+                true,
+            )?;
+            server.wait_up(|mode| mode == "standalone")?;
+            Ok(server)
+        })
+    }
+
+    /// Moves the server's clocks `by` further forward (offsets add up), as a clock that
+    /// jumps would: sessions whose timeout has passed by the new time are expired at the
+    /// tracker's next tick.
+    ///
+    /// Panics if the server was not started with [`ZkServer::start_with_fake_clock`].
+    pub fn jump_clock(&self, by: Duration) {
+        let file = self
+            .fake_clock
+            .as_ref()
+            .expect("jump_clock needs ZkServer::start_with_fake_clock");
+        let now: f64 = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|text| text.trim().trim_start_matches('+').parse().ok())
+            .unwrap_or(0.0);
+        let offset = now + by.as_secs_f64();
+        std::fs::write(file, format!("+{offset:.3}\n")).expect("write the clock offset");
     }
 
     /// One server per test process, started on first use and shared by every test in
@@ -215,11 +267,12 @@ impl ZkServer {
         extra_config: &str,
         myid: Option<usize>,
     ) -> Result<ZkServer, String> {
-        Self::spawn_with(ip, netns, port, main_class, extra_config, myid, None)
+        Self::spawn_with(ip, netns, port, main_class, extra_config, myid, None, false)
     }
 
     /// [`ZkServer::spawn_member_at`] with TLS on the port given (if any) and SASL as
-    /// `security` says.
+    /// `security` says, under libfaketime if `fake_clock`.
+    #[allow(clippy::too_many_arguments)]
     fn spawn_with(
         ip: Ipv4Addr,
         netns: Option<&str>,
@@ -228,6 +281,7 @@ impl ZkServer {
         extra_config: &str,
         myid: Option<usize>,
         security: Option<(&ZkSecurity<'_>, Option<u16>)>,
+        fake_clock: bool,
     ) -> Result<ZkServer, String> {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-zk-")
@@ -259,6 +313,13 @@ impl ZkServer {
             }
         }
         std::fs::write(&config, text).map_err(|e| format!("cannot write {config:?}: {e}"))?;
+        let fake_clock = if fake_clock {
+            let file = dir.path().join("faketime");
+            std::fs::write(&file, "+0\n").map_err(|e| format!("cannot write {file:?}: {e}"))?;
+            Some(file)
+        } else {
+            None
+        };
         let server = ZkServer {
             core: Server::new(dir, "zookeeper.log"),
             ip,
@@ -270,6 +331,7 @@ impl ZkServer {
             netty: tls_port.is_some(),
             tls_port,
             jvm_options,
+            fake_clock,
         };
         server.spawn()?;
         Ok(server)
@@ -315,6 +377,14 @@ impl ZkServer {
             .current_dir(self.core.dir.path())
             .env_remove("JAVA_TOOL_OPTIONS")
             .env_remove("JDK_JAVA_OPTIONS");
+        if let Some(file) = &self.fake_clock {
+            // Wall clock and `nanoTime` (the session tracker's clock) both follow the
+            // offset in `file`, read anew at every clock read.
+            command
+                .env("LD_PRELOAD", libfaketime())
+                .env("FAKETIME_TIMESTAMP_FILE", file)
+                .env("FAKETIME_NO_CACHE", "1");
+        }
         if let Some(namespace) = &self.netns {
             command = in_namespace(namespace, &command);
         }
@@ -415,6 +485,15 @@ impl ZkServer {
             }
         });
     }
+}
+
+/// The libfaketime library (panics naming the package if it is not installed).
+fn libfaketime() -> PathBuf {
+    LIBFAKETIME
+        .iter()
+        .map(PathBuf::from)
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| require_file(LIBFAKETIME[0], "libfaketime"))
 }
 
 /// The JVM options that serve TLS with `certs` (key store: the server key and
