@@ -6,7 +6,8 @@
 //! - **F3, a paused holder**: the holder is a child process (this test binary, run as
 //!   `holder_child`) that writes through the fenced register every 50 ms; it is
 //!   SIGSTOPped for 3 × lease. Another client gets the primitive (the next term, a
-//!   permit, the write lock) with a larger token once the lease runs out; the zombie's
+//!   permit, the write lock) with a larger token once the lease runs out (within lease
+//!   + 1 s of the pause); the zombie's
 //!   writes after SIGCONT are refused (C2); it reports loss within 1 s of SIGCONT; its
 //!   release is `Err(Lost)`. Semaphore: with all [`LIMIT`] permits held and two
 //!   contenders waiting, the pause lets exactly one contender in, never `LIMIT + 1`.
@@ -478,6 +479,11 @@ async fn paused(p: Primitive, url: String, other: Lock, name: String) {
         .await
         .expect("another client gets it once the paused holder's lease runs out");
     let waited = paused_at.elapsed();
+    // F3's liveness bound: the lease (session timeout) + 1 s after the pause began.
+    assert!(
+        waited <= LEASE + Duration::from_secs(1),
+        "another client got it {waited:?} into the pause"
+    );
     let next_token = next.token().get();
     checker.enter("next", next_token);
     assert!(checker.write("next", next_token), "the next holder's write");

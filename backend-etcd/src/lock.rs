@@ -429,11 +429,12 @@ impl EtcdLock {
     ///
     /// Uncontended (the name has no key at all) this is one round trip whose transaction
     /// is just that compare and the put: the same work, and the same bytes in etcd's log,
-    /// as the raw floor, and we are the holder. Otherwise a second transaction queues us:
-    /// it puts our key and reads the first-created key under the name. That put returns
-    /// any earlier value of our key, which can only be a key of ours from an earlier grant
-    /// whose deletion never got through: that one is never reused (its token would not be
-    /// new) but deleted, and we queue again.
+    /// as the raw floor, and we are the holder. Otherwise the same transaction queues us:
+    /// it puts our key, if it does not exist, and reads the first-created key under the
+    /// name. A key of ours that exists already can only be left from an earlier grant
+    /// whose deletion never got through: it is never reused (its token would not be new)
+    /// nor given our value (an observer would pair that value with its old token), but
+    /// deleted, and we queue again with a put under the same condition.
     async fn create_and_read_first(
         &self,
         key: &str,

@@ -118,6 +118,14 @@ impl EtcdLock {
                 Some(PutOptions::new().with_lease(session.lease_id())),
             )]);
         let created = within(steps, self.send_create(txn, &mut pending), timed_out).await??;
+        if !created.succeeded() {
+            // The key is this process's and sequence-numbered: it cannot exist already.
+            return Err(Error::backend(
+                crate::error::BACKEND,
+                false,
+                "unexpected etcd answer: a new queue key existed already",
+            ));
+        }
         let mine = created.header().map_or(0, |h| h.revision());
         pending.get().state = KeyState::Created(mine);
 

@@ -434,7 +434,13 @@ async fn a_leftover_candidate_of_ours_never_shows_the_new_value_with_its_old_tok
         (leader.value.as_str(), leader.token),
         ("new", guard.token())
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let newest = Some(fencelock_core::Leader::new("new", guard.token()));
+    let caught_up = async {
+        while seen.lock().unwrap().last() != Some(&newest) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), caught_up).await;
     collecting.abort();
     let seen = seen.lock().unwrap().clone();
     assert_eq!(

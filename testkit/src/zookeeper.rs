@@ -109,11 +109,8 @@ pub struct ZkServer {
     fake_clock: Option<PathBuf>,
 }
 
-/// Where Debian's `libfaketime` puts the library, per architecture.
-const LIBFAKETIME: [&str; 2] = [
-    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-];
+/// Where Debian's `libfaketime` puts the library: `/usr/lib/<multiarch>/faketime/`.
+const LIBFAKETIME: &str = "faketime/libfaketime.so.1";
 
 impl ZkServer {
     /// Starts a standalone server and waits until `srvr` reports `Mode: standalone`.
@@ -380,10 +377,14 @@ impl ZkServer {
         if let Some(file) = &self.fake_clock {
             // Wall clock and `nanoTime` (the session tracker's clock) both follow the
             // offset in `file`, read anew at every clock read.
+            // libfaketime leaves the monotonic clock alone by default on ARM builds;
+            // `FAKETIME`, if inherited, would override the file.
             command
                 .env("LD_PRELOAD", libfaketime())
                 .env("FAKETIME_TIMESTAMP_FILE", file)
-                .env("FAKETIME_NO_CACHE", "1");
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "0")
+                .env_remove("FAKETIME");
         }
         if let Some(namespace) = &self.netns {
             command = in_namespace(namespace, &command);
@@ -487,13 +488,16 @@ impl ZkServer {
     }
 }
 
-/// The libfaketime library (panics naming the package if it is not installed).
+/// The libfaketime library, in whichever multiarch directory of `/usr/lib` holds it
+/// (panics naming the package if none does).
 fn libfaketime() -> PathBuf {
-    LIBFAKETIME
-        .iter()
-        .map(PathBuf::from)
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|dir| dir.path().join(LIBFAKETIME))
         .find(|path| path.is_file())
-        .unwrap_or_else(|| require_file(LIBFAKETIME[0], "libfaketime"))
+        .unwrap_or_else(|| require_file(&format!("/usr/lib/<arch>/{LIBFAKETIME}"), "libfaketime"))
 }
 
 /// The JVM options that serve TLS with `certs` (key store: the server key and
