@@ -510,13 +510,25 @@ impl DistributedLock for MemoryLock {
         let closed = self.client.closed.clone();
         let shared = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
+            // Every handle of the client is gone (never closed): the stream ends as a
+            // closed client's does.
+            let gone = |changes: &tokio::sync::mpsc::UnboundedSender<crate::LeaderChange>| {
+                let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
+            };
             loop {
                 let Some(at) = shared.upgrade().map(|s| s.table().expiry_of(&key)) else {
-                    return;
+                    return gone(&changes);
                 };
                 tokio::select! {
                     biased;
-                    () = stopped.cancelled() => return,
+                    () = stopped.cancelled() => {
+                        // Dropped: the name's entry goes if nothing else keeps it.
+                        drop(kept);
+                        if let Some(shared) = shared.upgrade() {
+                            shared.table().unobserve(&key);
+                        }
+                        return;
+                    }
                     () = closed.cancelled() => {
                         // The changes told before the close (its own releases among
                         // them) come first, in order.
@@ -527,7 +539,8 @@ impl DistributedLock for MemoryLock {
                         return;
                     }
                     change = kept.recv() => {
-                        let Some(change) = change else { return };
+                        // The table let go of our sender: it is gone with the client.
+                        let Some(change) = change else { return gone(&changes) };
                         if changes.send(change).is_err() {
                             return;
                         }

@@ -178,6 +178,14 @@ impl Semaphores {
             Some(holder) => {
                 holder.expires_at = holder.expires_at.max(now + lease);
                 holder.liveness.extend(holder.expires_at);
+                if holder.liveness.is_lost() {
+                    // Its deadline passed between our look at the clock and the guard's
+                    // (a starved renewal): the guard counts it lost, so it goes.
+                    semaphore.holders.retain(|h| h.id != id);
+                    semaphore.wake_front();
+                    self.forget_if_idle(name);
+                    return Renewal::Gone;
+                }
                 Renewal::Renewed
             }
             None => {

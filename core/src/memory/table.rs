@@ -167,6 +167,16 @@ impl Table {
             Some(holder) if holder.id == id => {
                 holder.expires_at = holder.expires_at.max(now + lease);
                 holder.liveness.extend(holder.expires_at);
+                if holder.liveness.is_lost() {
+                    // Its deadline passed between our look at the clock and the guard's
+                    // (a starved renewal), or it was marked lost: the guard counts the
+                    // lock lost, so the table must not keep it held.
+                    entry.holder = None;
+                    entry.announce();
+                    entry.wake_front();
+                    self.forget_if_idle(name);
+                    return Renewal::Gone;
+                }
                 Renewal::Renewed
             }
             _ => {
@@ -214,7 +224,6 @@ impl Table {
     /// waiter of it is taken off its queue and woken (to find [`Attempt::Closed`]), and
     /// it is granted nothing more.
     pub(super) fn close_client(&mut self, client: &Client) {
-        client.closed.cancel();
         let now = Instant::now();
         self.names.retain(|_, entry| {
             entry.expire(now);
@@ -239,6 +248,10 @@ impl Table {
             }
             !entry.is_idle()
         });
+        // Last, still under the table's lock (so nothing is granted to it after): an
+        // observation of this client ends on this cancel, and must find the ends of
+        // this client's own terms, told above, already queued before its `Closed`.
+        client.closed.cancel();
     }
 
     /// The names starting with `prefix` that are held or waited for, sorted, with what
@@ -315,6 +328,24 @@ impl Table {
             entry.expire(now);
             !entry.is_idle()
         });
+        // A name only observed is kept for its observers, but nobody holds or awaits it.
+        self.names
+            .values()
+            .filter(|entry| entry.holder.is_some() || !entry.waiters.is_empty())
+            .count()
+    }
+
+    /// An observation of `name` ended: its entry goes if nothing else keeps it.
+    pub(super) fn unobserve(&mut self, name: &str) {
+        if let Some(entry) = self.names.get_mut(name) {
+            entry.observers.retain(|observer| !observer.is_closed());
+        }
+        self.forget_if_idle(name);
+    }
+
+    /// How many names have an entry (held, awaited, observed, or not yet forgotten).
+    #[cfg(test)]
+    pub(super) fn entries(&self) -> usize {
         self.names.len()
     }
 

@@ -587,3 +587,63 @@ async fn observers_learn_of_a_term_that_ran_out_untouched() {
     assert!(matches!(next, Some(Ok(None))), "{next:?}");
     assert!(term.is_lost());
 }
+
+/// An observation whose client goes away (every handle and guard dropped, never closed)
+/// ends with an error item, as every stream of `observe` does, not silently.
+#[tokio::test]
+async fn an_observation_ends_with_an_error_when_its_client_is_gone() {
+    let locks = MemoryLock::new();
+    let mut changes = locks.observe("e").await.unwrap();
+    assert!(matches!(changes.next().await, Some(Ok(None))));
+    drop(locks);
+    let last = tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("the stream ends");
+    assert!(matches!(last, Some(Err(Error::Closed { .. }))), "{last:?}");
+    assert!(changes.next().await.is_none());
+}
+
+/// A name only observed is not active (nobody holds or waits), and a dropped observation
+/// leaves no state for its name.
+#[tokio::test]
+async fn observed_names_are_not_active_and_dropped_observations_leave_nothing() {
+    let locks = MemoryLock::new();
+    let changes = locks.observe("e").await.unwrap();
+    assert_eq!(locks.active_names(), 0);
+    drop(changes);
+    let gone = async {
+        while locks.shared.table().entries() != 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), gone)
+        .await
+        .expect("the observed name's entry is forgotten once the observation is dropped");
+}
+
+/// `close` tells an observer of this client's own term that it ended before the stream
+/// ends with `Closed`, also when the relay runs on another worker while `close` is still
+/// going through many names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_own_terms_end_is_told_before_closed() {
+    for _ in 0..10 {
+        let locks = MemoryLock::new();
+        let mut held = Vec::new();
+        for i in 0..20_000 {
+            let name = format!("n{i}");
+            let options = AcquireOptions::new().fixed_lease(Duration::from_secs(60));
+            held.push(locks.acquire(&name, options).await.unwrap());
+        }
+        let _term = locks
+            .campaign("e", "v", AcquireOptions::new())
+            .await
+            .unwrap();
+        let mut changes = locks.observe("e").await.unwrap();
+        assert!(matches!(changes.next().await, Some(Ok(Some(_)))));
+        locks.close().await.unwrap();
+        let next = changes.next().await;
+        assert!(matches!(next, Some(Ok(None))), "the term's end: {next:?}");
+        let last = changes.next().await;
+        assert!(matches!(last, Some(Err(Error::Closed { .. }))), "{last:?}");
+    }
+}
