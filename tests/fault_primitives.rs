@@ -6,10 +6,9 @@
 //! - **F3, a paused holder**: the holder is a child process (this test binary, run as
 //!   `holder_child`) that writes through the fenced register every 50 ms; it is
 //!   SIGSTOPped for 3 × lease. Another client gets the primitive (the next term, a
-//!   permit, the write lock) with a larger token once the lease runs out (within lease
-//!   + 1 s of the pause); the zombie's
-//!   writes after SIGCONT are refused (C2); it reports loss within 1 s of SIGCONT; its
-//!   release is `Err(Lost)`. Semaphore: with all [`LIMIT`] permits held and two
+//!   permit, the write lock) with a larger token once the lease runs out, within the
+//!   lease and 1 s of the pause; the zombie's writes after SIGCONT are refused (C2); it
+//!   reports loss within 1 s of SIGCONT; its release is `Err(Lost)`. Semaphore: with all [`LIMIT`] permits held and two
 //!   contenders waiting, the pause lets exactly one contender in, never `LIMIT + 1`.
 //! - **F4, a partition of a running holder**: the holder's connections are blackholed
 //!   by a [`FaultProxy`] for 3 × lease, then healed. It reports loss before the heal, on
