@@ -510,52 +510,50 @@ impl DistributedLock for MemoryLock {
         let closed = self.client.closed.clone();
         let shared = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
-            // Every handle of the client is gone (never closed): the stream ends as a
-            // closed client's does.
-            let gone = |changes: &tokio::sync::mpsc::UnboundedSender<crate::LeaderChange>| {
-                let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
-            };
-            loop {
-                let Some(at) = shared.upgrade().map(|s| s.table().expiry_of(&key)) else {
-                    return gone(&changes);
-                };
-                tokio::select! {
-                    biased;
-                    () = stopped.cancelled() => {
-                        // Dropped: the name's entry goes if nothing else keeps it.
-                        drop(kept);
-                        if let Some(shared) = shared.upgrade() {
-                            shared.table().unobserve(&key);
+            // Forwards until the observation ends: `true` when it ends with `Closed`
+            // (this client closed, or every handle of it is gone without a close).
+            let closing = async {
+                loop {
+                    let Some(at) = shared.upgrade().map(|s| s.table().expiry_of(&key)) else {
+                        return true;
+                    };
+                    tokio::select! {
+                        biased;
+                        () = stopped.cancelled() => return false,
+                        () = closed.cancelled() => return true,
+                        change = kept.recv() => {
+                            // The table let go of our sender: it is gone with the client.
+                            let Some(change) = change else { return true };
+                            if changes.send(change).is_err() {
+                                return false;
+                            }
                         }
-                        return;
-                    }
-                    () = closed.cancelled() => {
-                        // The changes told before the close (its own releases among
-                        // them) come first, in order.
-                        while let Ok(change) = kept.try_recv() {
-                            let _ = changes.send(change);
-                        }
-                        let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
-                        return;
-                    }
-                    change = kept.recv() => {
-                        // The table let go of our sender: it is gone with the client.
-                        let Some(change) = change else { return gone(&changes) };
-                        if changes.send(change).is_err() {
-                            return;
-                        }
-                    }
-                    () = async {
-                        match at {
-                            Some(at) => tokio::time::sleep_until(at).await,
-                            None => std::future::pending().await,
-                        }
-                    } => {
-                        if let Some(shared) = shared.upgrade() {
-                            shared.table().leader(&key);
+                        () = async {
+                            match at {
+                                Some(at) => tokio::time::sleep_until(at).await,
+                                None => std::future::pending().await,
+                            }
+                        } => {
+                            if let Some(shared) = shared.upgrade() {
+                                shared.table().leader(&key);
+                            }
                         }
                     }
                 }
+            }
+            .await;
+            if closing {
+                // The changes told before the end (its own releases among them) come
+                // first, in order.
+                while let Ok(change) = kept.try_recv() {
+                    let _ = changes.send(change);
+                }
+                let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
+            }
+            // The name's entry goes if nothing else keeps it.
+            drop(kept);
+            if let Some(shared) = shared.upgrade() {
+                shared.table().unobserve(&key);
             }
         });
         Ok(LeaderChanges::new(receiver, stop))

@@ -647,3 +647,30 @@ async fn the_own_terms_end_is_told_before_closed() {
         assert!(matches!(last, Some(Err(Error::Closed { .. }))), "{last:?}");
     }
 }
+
+/// The changes queued when the client's last handle goes (its own term's end among them)
+/// come before the closing `Closed`.
+#[tokio::test]
+async fn changes_queued_when_the_client_goes_come_before_closed() {
+    let locks = MemoryLock::new();
+    let mut changes = locks.observe("e").await.unwrap();
+    assert!(matches!(changes.next().await, Some(Ok(None))));
+    let options = AcquireOptions::new().fixed_lease(Duration::from_secs(60));
+    let term = locks.campaign("e", "v", options).await.unwrap();
+    drop(term);
+    drop(locks);
+    let mut seen = Vec::new();
+    while let Some(change) = tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("the stream ends")
+    {
+        seen.push(change);
+    }
+    assert!(
+        matches!(
+            seen.as_slice(),
+            [Ok(Some(_)), Ok(None), Err(Error::Closed { .. })]
+        ),
+        "{seen:?}"
+    );
+}
