@@ -3,6 +3,8 @@
 //! holding it, read a counter kept by this process, sleep a millisecond, and write the
 //! counter plus one with their token through the fenced register. Then:
 //!
+//! - C1: no process enters (is granted) while another is between its `enter` and its
+//!   `leave` (told, and acknowledged, before its release);
 //! - C3: the counter equals the number of acknowledged writes, which is
 //!   `PROCESSES × ROUNDS` (two holders at once would lose an increment or have one
 //!   refused);
@@ -30,6 +32,8 @@ use common::Servers;
 const PROCESSES: usize = 8;
 /// Acquisitions per process.
 const ROUNDS: usize = 50;
+/// How long the contenders may take in all before they are killed.
+const BOUND: Duration = Duration::from_secs(120);
 /// How long what the run left on the servers may take to go (C5).
 const LEFT_BOUND: Duration = Duration::from_secs(3);
 /// The environment variable that makes `contender_child` a contender: `NAME|URL`.
@@ -37,7 +41,8 @@ const CONTENDER: &str = "FENCELOCK_F1_CONTENDER";
 
 /// A contender, when run as a child with [`CONTENDER`] set: [`ROUNDS`] times, takes the
 /// lock, prints `enter TOKEN`, reads the counter from stdin, sleeps 1 ms, prints
-/// `write TOKEN VALUE+1`, reads `ok` or `stale`, releases; prints `done` at the end.
+/// `write TOKEN VALUE+1`, reads `ok` or `stale`, prints `leave TOKEN`, reads `left`,
+/// releases; prints `done` at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contender_child() {
     let Ok(setting) = std::env::var(CONTENDER) else {
@@ -66,6 +71,11 @@ async fn contender_child() {
         println!("write {token} {}", value + 1);
         let answer = rx.recv().await.expect("the write's outcome");
         assert!(answer == "ok" || answer == "stale", "{answer}");
+        // Out of the critical section, acknowledged before the release, so the parent
+        // has seen it before anyone's next `enter`.
+        println!("leave {token}");
+        let answer = rx.recv().await.expect("the leave's acknowledgement");
+        assert_eq!(answer, "left");
         guard.release().await.expect("release");
     }
     lock.close().await.expect("close");
@@ -79,6 +89,10 @@ struct History {
     accepted: Vec<u64>,
     /// Refused writes: (token, holder index).
     refused: Vec<(u64, usize)>,
+    /// The process inside its critical section (between `enter` and `leave`), if any.
+    inside: Option<(usize, u64)>,
+    /// Entries while another process was inside (C1): (entering, already inside).
+    overlaps: Vec<((usize, u64), (usize, u64))>,
 }
 
 /// Runs [`PROCESSES`] contenders on `url`, each with its own connection.
@@ -111,8 +125,27 @@ fn contend(backend: &str, url: &str) {
                 // libtest prints `test contender_child ... ` before the first line.
                 let line = line.trim_start_matches("test contender_child ... ");
                 let words: Vec<&str> = line.split_whitespace().collect();
+                // A contender that died leaves a broken pipe: its exit status says more.
                 match words.as_slice() {
-                    ["enter", _] => writeln!(stdin, "{}", register.read()).expect("answer"),
+                    ["enter", token] => {
+                        let token: u64 = token.parse().expect("a token");
+                        let mut history = history.lock().unwrap();
+                        if let Some(other) = history.inside {
+                            history.overlaps.push(((index, token), other));
+                        }
+                        history.inside = Some((index, token));
+                        drop(history);
+                        let _ = writeln!(stdin, "{}", register.read());
+                    }
+                    ["leave", token] => {
+                        let token: u64 = token.parse().expect("a token");
+                        let mut history = history.lock().unwrap();
+                        if history.inside == Some((index, token)) {
+                            history.inside = None;
+                        }
+                        drop(history);
+                        let _ = writeln!(stdin, "left");
+                    }
                     ["write", token, value] => {
                         let token: u64 = token.parse().expect("a token");
                         let value: u64 = value.parse().expect("a value");
@@ -128,7 +161,7 @@ fn contend(backend: &str, url: &str) {
                             }
                         };
                         drop(history);
-                        writeln!(stdin, "{answer}").expect("answer");
+                        let _ = writeln!(stdin, "{answer}");
                     }
                     ["done"] => done = true,
                     _ => {}
@@ -139,13 +172,32 @@ fn contend(backend: &str, url: &str) {
         children.push(child);
     }
     let started = std::time::Instant::now();
+    // A contender that hangs (a release or close that never returns) is killed after
+    // [`BOUND`], so the run fails instead of hanging.
+    let pids: Vec<u32> = children.iter().map(std::process::Child::id).collect();
+    let (finish, finished_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if finished_rx.recv_timeout(BOUND).is_err() {
+            for pid in pids {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    });
     let finished: Vec<bool> = readers
         .into_iter()
         .map(|reader| reader.join().expect("a reader thread"))
         .collect();
-    for mut child in children {
-        let status = child.wait().expect("wait for a contender");
-        assert!(status.success(), "{backend}: a contender failed: {status}");
+    let statuses: Vec<_> = children
+        .iter_mut()
+        .map(|child| child.wait().expect("wait for a contender"))
+        .collect();
+    let _ = finish.send(());
+    watchdog.join().expect("the watchdog");
+    for status in statuses {
+        assert!(
+            status.success(),
+            "{backend}: a contender failed (killed if it ran past {BOUND:?}): {status}"
+        );
     }
     assert!(
         finished.iter().all(|done| *done),
@@ -153,6 +205,13 @@ fn contend(backend: &str, url: &str) {
     );
     let history = history.lock().unwrap();
     let total = PROCESSES * ROUNDS;
+    assert!(
+        history.overlaps.is_empty(),
+        "{backend}: {} entries while another process was inside (C1), the first \
+         ((process, token) entering, inside): {:?}",
+        history.overlaps.len(),
+        &history.overlaps[..history.overlaps.len().min(10)]
+    );
     assert!(
         history.refused.is_empty(),
         "{backend}: {} writes refused (C2: a holder wrote after a newer one), the first \
