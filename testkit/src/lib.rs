@@ -12,7 +12,8 @@
 //! [`leftovers`] reads what a scenario left on the servers.
 //! [`EtcdCluster::start_isolated`] and [`ZkEnsemble::start_isolated`] put each member in
 //! its own network namespace ([`NetLab`]), so a member can be cut from its peers while
-//! its clients stay connected.
+//! its clients stay connected. [`ZkServer::start_with_fake_clock`] runs ZooKeeper under
+//! libfaketime, so [`ZkServer::jump_clock`] can move its clocks forward.
 //!
 //! [`bench`](mod@bench) is the shared harness of the backend benchmarks: hdrhistogram latencies,
 //! kinds interleaved round by round, medians and ratios over repeats, and the process's

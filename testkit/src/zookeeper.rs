@@ -136,9 +136,15 @@ impl ZkServer {
     ///
     /// Panics as [`ZkServer::start`] does.
     pub fn start_secure(security: &ZkSecurity<'_>) -> Self {
-        with_retries("ZooKeeper (TLS/SASL)", || {
+        Self::start_standalone("ZooKeeper (TLS/SASL)", Some(security), false)
+    }
+
+    /// A standalone server on 127.0.0.1 with `security` (if any), under libfaketime if
+    /// `fake_clock`, waited for until it serves.
+    fn start_standalone(what: &str, security: Option<&ZkSecurity<'_>>, fake_clock: bool) -> Self {
+        with_retries(what, || {
             let port = free_port();
-            let tls_port = security.tls.map(|_| free_port());
+            let security = security.map(|security| (security, security.tls.map(|_| free_port())));
             let server = ZkServer::spawn_with(
                 Ipv4Addr::LOCALHOST,
                 None,
@@ -146,8 +152,8 @@ impl ZkServer {
                 "org.apache.zookeeper.server.ZooKeeperServerMain",
                 "",
                 None,
-                Some((security, tls_port)),
-                false,
+                security,
+                fake_clock,
             )?;
             server.wait_up(|mode| mode == "standalone")?;
             Ok(server)
@@ -184,21 +190,7 @@ impl ZkServer {
     ///
     /// Panics as [`ZkServer::start`] does, or if libfaketime is not installed.
     pub fn start_with_fake_clock() -> Self {
-        with_retries("ZooKeeper (fake clock)", || {
-            let port = free_port();
-            let server = ZkServer::spawn_with(
-                Ipv4Addr::LOCALHOST,
-                None,
-                port,
-                "org.apache.zookeeper.server.ZooKeeperServerMain",
-                "",
-                None,
-                None,
-                true,
-            )?;
-            server.wait_up(|mode| mode == "standalone")?;
-            Ok(server)
-        })
+        Self::start_standalone("ZooKeeper (fake clock)", None, true)
     }
 
     /// Moves the server's clocks `by` further forward (offsets add up), as a clock that
