@@ -21,15 +21,15 @@
 use std::time::Duration;
 
 use fencelock::{
-    AcquireOptions, DistributedLock, DistributedLockExt, Error, MAX_LEADER_VALUE, MAX_LEASE,
-    MAX_NAME_LEN, Permits,
+    AcquireOptions, DistributedLock, DistributedLockExt, Error, LockGuard, MAX_LEADER_VALUE,
+    MAX_LEASE, MAX_NAME_LEN, Permits,
 };
 use fencelock_testkit::{EtcdServer, FaultProxy, RedisServer, ZkServer};
 
 mod common;
 
 /// Every bad call, each checked for its typed error.
-async fn bad_calls(lock: &dyn DistributedLock) {
+async fn bad_calls(backend: &str, lock: &dyn DistributedLock, held: &LockGuard) {
     let too_long = "x".repeat(MAX_NAME_LEN + 1);
     let huge = "y".repeat(2 << 20);
     let names = [
@@ -71,6 +71,17 @@ async fn bad_calls(lock: &dyn DistributedLock) {
                 .await
                 .unwrap_err();
             assert!(matches!(err, Error::InvalidName { .. }), "{what}: {err:?}");
+            let err = lock
+                .acquire_write(name, AcquireOptions::new().no_wait())
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::InvalidName { .. }), "{what}: {err:?}");
+        }
+        let err = lock.revoke(name).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidName { .. }), "{what}: {err:?}");
+        if lock.capabilities().election {
+            let err = lock.observe(name).await.unwrap_err();
+            assert!(matches!(err, Error::InvalidName { .. }), "{what}: {err:?}");
         }
     }
     let name = "f22-good-name";
@@ -89,6 +100,10 @@ async fn bad_calls(lock: &dyn DistributedLock) {
         leases.push(AcquireOptions::new().fixed_lease(min / 2));
         leases.push(AcquireOptions::new().lease(min / 2));
     }
+    if backend == "etcd" {
+        // Whole seconds only: never rounded in silence.
+        leases.push(AcquireOptions::new().lease(Duration::from_millis(2500)));
+    }
     for options in leases {
         let err = lock.acquire(name, options).await.unwrap_err();
         assert!(
@@ -105,6 +120,18 @@ async fn bad_calls(lock: &dyn DistributedLock) {
         assert!(
             matches!(err, Error::InvalidConfig(_)),
             "leader value: {err:?}"
+        );
+    }
+    // A held guard (a fixed lease: no renewals to count) asked to extend by a bad lease.
+    for bad in [
+        Duration::ZERO,
+        Duration::MAX,
+        MAX_LEASE + Duration::from_secs(1),
+    ] {
+        let err = held.extend(bad).await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidConfig(_)),
+            "extend {bad:?}: {err:?}"
         );
     }
     let err = lock.list(&too_long).await.unwrap_err();
@@ -178,12 +205,17 @@ async fn before_any_io(backend: &str, url: &str, proxies: &[&FaultProxy]) {
         take(&*lock, name).await;
     }
     good_calls(&*lock).await;
+    let fixed = AcquireOptions::new().fixed_lease(Duration::from_secs(60));
+    let held = lock
+        .acquire("f22-held", fixed.no_wait())
+        .await
+        .expect("held");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let sent = || proxies.iter().map(|p| p.bytes_up()).sum::<u64>();
     let mut tries = Vec::new();
     for _ in 0..3 {
         let before = sent();
-        bad_calls(&*lock).await;
+        bad_calls(backend, &*lock, &held).await;
         // Anything a bad call started without waiting for it reaches the proxy too.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let bytes = sent() - before;
@@ -199,6 +231,8 @@ async fn before_any_io(backend: &str, url: &str, proxies: &[&FaultProxy]) {
     );
     // Still working, and the refused calls left nothing in the way.
     take(&*lock, "f22-good-name").await;
+    assert!(!held.is_lost(), "{backend}: the held guard was lost");
+    held.release().await.expect("release the held guard");
     lock.close().await.expect("close");
 }
 
