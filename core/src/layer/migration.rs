@@ -255,12 +255,21 @@ impl MigrationLock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a zero duration.
+    /// [`Error::InvalidConfig`] for a zero duration, or one of [`FOREVER`](crate::FOREVER)
+    /// or longer: a second leg waited for without end would let two clients in opposite
+    /// phases wait on each other for ever, the cycle this wait is there to break.
     pub fn with_second_leg_wait(mut self, wait: Duration) -> Result<Self, Error> {
         if wait.is_zero() {
             return Err(Error::InvalidConfig(
                 "migration: the second-leg wait must be longer than zero".into(),
             ));
+        }
+        if wait >= crate::FOREVER {
+            return Err(Error::InvalidConfig(format!(
+                "migration: a second-leg wait of {wait:?} would never end; it must be \
+                 shorter than {:?}",
+                crate::FOREVER
+            )));
         }
         self.second_leg_wait = wait;
         Ok(self)

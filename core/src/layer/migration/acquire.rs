@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::BACKEND;
 use super::held::{MigrationHeld, follow_legs};
 use super::token::era_token;
-use crate::{AcquireOptions, DistributedLock, Error, Liveness, LockGuard, Wait};
+use crate::{AcquireOptions, DistributedLock, Error, Lease, Liveness, LockGuard, Wait};
 
 /// One leg of a migration: a lock service, its role, and the epoch of its tokens.
 #[derive(Clone, Debug)]
@@ -87,7 +87,7 @@ async fn attempts(
     wait: crate::WaitDeadline,
 ) -> Result<LockGuard, Error> {
     let no_wait = options.wait_kind() == Wait::NoWait;
-    let mut attempt = 0;
+    let mut attempt: u32 = 0;
     loop {
         let first_options = match (no_wait, wait.left()) {
             (true, _) => options,
@@ -106,7 +106,35 @@ async fn attempts(
         };
         match second.lock.acquire(name, second_options).await {
             Ok(second_guard) => {
-                return combine(name, first, first_guard, second, second_guard).await;
+                if let Some(first_guard) = restarted(first_guard, &second_guard, options).await {
+                    if !second_guard.is_lost() {
+                        return combine(name, first, first_guard, second, second_guard).await;
+                    }
+                    release_quietly(first_guard).await;
+                }
+                // A leg was lost while the other was taken (revoked, its session ended,
+                // its lease ran out): not a grant, though the other leg looks fine. Both
+                // go, and the attempt starts again.
+                release_quietly(second_guard).await;
+                if no_wait {
+                    return Err(Error::Contended {
+                        name: name.to_owned(),
+                    });
+                }
+                if wait.left().is_some_and(|left| left.is_zero()) {
+                    return Err(wait.timed_out(name));
+                }
+                attempt = attempt.saturating_add(1);
+                tracing::debug!(
+                    lock = name,
+                    attempt,
+                    "migration: a leg was lost while the other was taken; trying again"
+                );
+                let pause = backoff(attempt);
+                tokio::time::sleep(wait.left().map_or(pause, |left| pause.min(left))).await;
+                if wait.left().is_some_and(|left| left.is_zero()) {
+                    return Err(wait.timed_out(name));
+                }
             }
             Err(Error::Contended { .. } | Error::Timeout { .. }) => {
                 release_quietly(first_guard).await;
@@ -118,7 +146,7 @@ async fn attempts(
                 if wait.left().is_some_and(|left| left.is_zero()) {
                     return Err(wait.timed_out(name));
                 }
-                attempt += 1;
+                attempt = attempt.saturating_add(1);
                 tracing::debug!(
                     lock = name,
                     attempt,
@@ -138,6 +166,38 @@ async fn attempts(
             }
         }
     }
+}
+
+/// The first leg's guard, still held, once the second is granted: `None` (released) if
+/// it was lost meanwhile. A fixed lease starts at the grant, and the first leg's ran
+/// while the second was waited for; when that wait used more than a twentieth of it, the
+/// first leg is extended to a whole lease again (one round trip). A leg that cannot
+/// extend ([`Error::Unsupported`]) keeps the deadline it has, which the guard reports.
+async fn restarted(
+    first_guard: LockGuard,
+    second_guard: &LockGuard,
+    options: AcquireOptions,
+) -> Option<LockGuard> {
+    if let Lease::Fixed(lease) = options.lease_kind() {
+        let behind = second_guard
+            .valid_until()
+            .saturating_duration_since(first_guard.valid_until());
+        if behind > lease / 20 && !first_guard.is_lost() {
+            match first_guard.extend(lease).await {
+                Ok(()) | Err(Error::Unsupported { .. }) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "migration: the first leg could not be extended");
+                    release_quietly(first_guard).await;
+                    return None;
+                }
+            }
+        }
+    }
+    if first_guard.is_lost() {
+        release_quietly(first_guard).await;
+        return None;
+    }
+    Some(first_guard)
 }
 
 /// Makes one guard of two leg guards: the token of the first leg in its epoch, a

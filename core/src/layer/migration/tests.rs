@@ -457,3 +457,102 @@ async fn an_observation_ends_after_a_token_it_cannot_map() {
         .expect("the stream ends");
     assert!(after.is_none(), "an item after the error: {after:?}");
 }
+
+/// A first leg lost while the second is waited for (revoked, here) is not a grant: the
+/// acquire does not hand out a guard that looks live while another client holds that
+/// leg; it starts again, and gets the lock once it is free on both.
+#[tokio::test]
+async fn a_first_leg_lost_while_waiting_for_the_second_is_not_granted() {
+    let (legacy, target) = (mem(), mem());
+    let blocker = target.lock("x").await.unwrap();
+    let locks = MigrationLock::new(
+        MigrationPhase::LegacyFirst,
+        Some(legacy.clone()),
+        Some(target.clone()),
+    )
+    .unwrap()
+    .with_second_leg_wait(Duration::from_secs(5))
+    .unwrap();
+    let acquire = locks.acquire(
+        "x",
+        AcquireOptions::new().wait_timeout(Duration::from_secs(10)),
+    );
+    let meddle = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The migrating client holds the legacy leg and waits for the target one.
+        assert!(legacy.revoke("x").await.unwrap().is_some());
+        let direct = legacy
+            .try_lock("x")
+            .await
+            .unwrap()
+            .expect("the legacy leg is free");
+        blocker.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Both looked valid at once before the fix; now the acquire waits for it.
+        let direct_token = direct.token();
+        direct.release().await.unwrap();
+        direct_token
+    };
+    let (guard, direct_token) = tokio::join!(acquire, meddle);
+    let guard = guard.expect("granted once both legs are free");
+    assert!(!guard.is_lost());
+    assert!(
+        guard.token() > era_token(0, direct_token).unwrap(),
+        "granted before the direct legacy holder released"
+    );
+    guard.release().await.unwrap();
+}
+
+/// A fixed lease starts when the lock is granted: the first leg's lease ran while the
+/// second leg was waited for, so it is started again; the guard gets a whole lease.
+#[tokio::test(start_paused = true)]
+async fn a_fixed_lease_is_whole_after_waiting_for_the_second_leg() {
+    let (legacy, target) = (mem(), mem());
+    let blocker = target.lock("x").await.unwrap();
+    let locks = MigrationLock::new(
+        MigrationPhase::LegacyFirst,
+        Some(legacy.clone()),
+        Some(target.clone()),
+    )
+    .unwrap();
+    let free = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        blocker.release().await.unwrap();
+    };
+    let lease = Duration::from_secs(1);
+    let (guard, ()) = tokio::join!(
+        locks.acquire("x", AcquireOptions::new().fixed_lease(lease)),
+        free
+    );
+    let guard = guard.expect("granted");
+    assert!(!guard.is_lost(), "lost at birth");
+    assert!(
+        guard.valid_until() >= Instant::now() + lease - Duration::from_millis(100),
+        "the guard's lease is {:?}, not a whole one",
+        guard
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+    );
+    tokio::time::sleep(lease / 2).await;
+    assert!(!guard.is_lost());
+    assert!(
+        legacy.try_lock("x").await.unwrap().is_none(),
+        "the legacy leg expired early"
+    );
+    guard.release().await.unwrap();
+}
+
+/// A second-leg wait too long to represent would wait for ever, and two clients in
+/// opposite phases would then wait on each other for ever: refused.
+#[test]
+fn an_endless_second_leg_wait_is_refused() {
+    let (legacy, target) = (mem(), mem());
+    let locks = migration(MigrationPhase::LegacyFirst, &legacy, &target);
+    assert!(locks.clone().with_second_leg_wait(Duration::MAX).is_err());
+    assert!(locks.clone().with_second_leg_wait(crate::FOREVER).is_err());
+    assert!(
+        locks
+            .with_second_leg_wait(Duration::from_secs(3600))
+            .is_ok()
+    );
+}
