@@ -104,7 +104,7 @@ async fn attempts(
             (false, Some(left)) => options.wait_timeout(left.min(second_wait)),
             (false, None) => options.wait_timeout(second_wait),
         };
-        match second.lock.acquire(name, second_options).await {
+        let why = match second.lock.acquire(name, second_options).await {
             Ok(second_guard) => {
                 if let Some(first_guard) = restarted(first_guard, &second_guard, options).await {
                     if !second_guard.is_lost() {
@@ -116,54 +116,37 @@ async fn attempts(
                 // its lease ran out): not a grant, though the other leg looks fine. Both
                 // go, and the attempt starts again.
                 release_quietly(second_guard).await;
-                if no_wait {
-                    return Err(Error::Contended {
-                        name: name.to_owned(),
-                    });
-                }
-                if wait.left().is_some_and(|left| left.is_zero()) {
-                    return Err(wait.timed_out(name));
-                }
-                attempt = attempt.saturating_add(1);
-                tracing::debug!(
-                    lock = name,
-                    attempt,
-                    "migration: a leg was lost while the other was taken; trying again"
-                );
-                let pause = backoff(attempt);
-                tokio::time::sleep(wait.left().map_or(pause, |left| pause.min(left))).await;
-                if wait.left().is_some_and(|left| left.is_zero()) {
-                    return Err(wait.timed_out(name));
-                }
+                "a leg was lost while the other was taken"
             }
             Err(Error::Contended { .. } | Error::Timeout { .. }) => {
                 release_quietly(first_guard).await;
-                if no_wait {
-                    return Err(Error::Contended {
-                        name: name.to_owned(),
-                    });
-                }
-                if wait.left().is_some_and(|left| left.is_zero()) {
-                    return Err(wait.timed_out(name));
-                }
-                attempt = attempt.saturating_add(1);
-                tracing::debug!(
-                    lock = name,
-                    attempt,
-                    "migration: the {} leg is held; released the {} leg and trying again",
-                    second.role,
-                    first.role
-                );
-                let pause = backoff(attempt);
-                tokio::time::sleep(wait.left().map_or(pause, |left| pause.min(left))).await;
-                if wait.left().is_some_and(|left| left.is_zero()) {
-                    return Err(wait.timed_out(name));
-                }
+                "the second leg is held"
             }
             Err(error) => {
                 release_quietly(first_guard).await;
                 return Err(error);
             }
+        };
+        if no_wait {
+            return Err(Error::Contended {
+                name: name.to_owned(),
+            });
+        }
+        if wait.left().is_some_and(|left| left.is_zero()) {
+            return Err(wait.timed_out(name));
+        }
+        attempt = attempt.saturating_add(1);
+        tracing::debug!(
+            lock = name,
+            attempt,
+            first = first.role,
+            second = second.role,
+            "migration: {why}; released the legs taken and trying again"
+        );
+        let pause = backoff(attempt);
+        tokio::time::sleep(wait.left().map_or(pause, |left| pause.min(left))).await;
+        if wait.left().is_some_and(|left| left.is_zero()) {
+            return Err(wait.timed_out(name));
         }
     }
 }
