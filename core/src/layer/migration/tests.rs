@@ -465,14 +465,9 @@ async fn an_observation_ends_after_a_token_it_cannot_map() {
 async fn a_first_leg_lost_while_waiting_for_the_second_is_not_granted() {
     let (legacy, target) = (mem(), mem());
     let blocker = target.lock("x").await.unwrap();
-    let locks = MigrationLock::new(
-        MigrationPhase::LegacyFirst,
-        Some(legacy.clone()),
-        Some(target.clone()),
-    )
-    .unwrap()
-    .with_second_leg_wait(Duration::from_secs(5))
-    .unwrap();
+    let locks = migration(MigrationPhase::LegacyFirst, &legacy, &target)
+        .with_second_leg_wait(Duration::from_secs(5))
+        .unwrap();
     let acquire = locks.acquire(
         "x",
         AcquireOptions::new().wait_timeout(Duration::from_secs(10)),
@@ -509,12 +504,9 @@ async fn a_first_leg_lost_while_waiting_for_the_second_is_not_granted() {
 async fn a_fixed_lease_is_whole_after_waiting_for_the_second_leg() {
     let (legacy, target) = (mem(), mem());
     let blocker = target.lock("x").await.unwrap();
-    let locks = MigrationLock::new(
-        MigrationPhase::LegacyFirst,
-        Some(legacy.clone()),
-        Some(target.clone()),
-    )
-    .unwrap();
+    let locks = migration(MigrationPhase::LegacyFirst, &legacy, &target)
+        .with_second_leg_wait(MigrationLock::DEFAULT_SECOND_LEG_WAIT)
+        .unwrap();
     let free = async {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         blocker.release().await.unwrap();
