@@ -12,6 +12,7 @@ use crate::net::http;
 use crate::netns::in_namespace;
 use crate::port::free_ports;
 use crate::process::at_exit;
+use crate::scratch::Scratch;
 use crate::server::Server;
 
 /// How long a start or restart may take before it counts as failed.
@@ -137,10 +138,7 @@ impl EtcdServer {
 
     /// Creates the member's directory and spawns it, without waiting.
     pub(crate) fn spawn_member(spec: &MemberSpec<'_>) -> Result<EtcdServer, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("fencelock-etcd-")
-            .tempdir()
-            .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+        let dir = Scratch::new("fencelock-etcd-")?;
         let client_url = format!("http://{}:{}", spec.ip, spec.client_port);
         let peer_url = format!("http://{}:{}", spec.ip, spec.peer_port);
         let mut args: Vec<String> = [

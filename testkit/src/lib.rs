@@ -39,6 +39,7 @@ mod proxy;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;
+mod scratch;
 mod server;
 mod tls;
 mod zk_ensemble;

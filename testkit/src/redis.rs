@@ -10,6 +10,7 @@ use crate::launch::with_retries;
 use crate::net::exchange;
 use crate::port::{free_port, port_open};
 use crate::process::at_exit;
+use crate::scratch::Scratch;
 use crate::server::Server;
 use crate::tls::TestCertificates;
 
@@ -108,10 +109,7 @@ impl RedisServer {
     fn start_on(what: &str, tls: bool, extra: impl Fn(u16) -> Vec<String>) -> Self {
         let program = require_program("redis-server", "redis-server");
         with_retries(what, || {
-            let dir = tempfile::Builder::new()
-                .prefix("fencelock-redis-")
-                .tempdir()
-                .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+            let dir = Scratch::new("fencelock-redis-")?;
             let port = free_port();
             let mut full = vec![
                 "--port".to_string(),

@@ -4,14 +4,13 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
-
 use crate::binaries::require_program;
 use crate::launch::{wait_ready, with_retries};
 use crate::net::exchange;
 use crate::port::free_port;
 use crate::process::ServerProcess;
 use crate::redis::cli_tls_args;
+use crate::scratch::Scratch;
 use crate::{FaultProxy, RedisServer, TestCertificates};
 
 /// The master name the Sentinels monitor.
@@ -26,7 +25,7 @@ pub struct RedisSentinel {
     /// `redis-cli`'s TLS options, for a Sentinel that listens only on TLS (empty
     /// otherwise).
     cli_tls: Vec<String>,
-    _dir: TempDir,
+    _dir: Scratch,
 }
 
 /// How the servers and Sentinels of a TLS set are started.
@@ -49,10 +48,7 @@ impl RedisSentinel {
     fn start(master_port: u16, auth: SentinelAuth<'_>, tls: Option<SetTls<'_>>) -> Self {
         let program = require_program("redis-server", "redis-server");
         with_retries("redis sentinel", || {
-            let dir = tempfile::Builder::new()
-                .prefix("fencelock-sentinel-")
-                .tempdir()
-                .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+            let dir = Scratch::new("fencelock-sentinel-")?;
             let port = free_port();
             let conf: PathBuf = dir.path().join("sentinel.conf");
             let listen = match tls {

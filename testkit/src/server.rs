@@ -5,10 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tempfile::TempDir;
-
 use crate::launch::{log_tail, wait_ready};
 use crate::process::ServerProcess;
+use crate::scratch::Scratch;
 
 /// One server's process, directory and log. Reached through `Deref` from
 /// [`EtcdServer`](crate::EtcdServer), [`ZkServer`](crate::ZkServer) and
@@ -16,12 +15,12 @@ use crate::process::ServerProcess;
 pub struct Server {
     pub(crate) process: ServerProcess,
     pub(crate) log: PathBuf,
-    pub(crate) dir: TempDir,
+    pub(crate) dir: Scratch,
 }
 
 impl Server {
     /// No process yet; the log is the file `log_name` in `dir`.
-    pub(crate) fn new(dir: TempDir, log_name: &str) -> Self {
+    pub(crate) fn new(dir: Scratch, log_name: &str) -> Self {
         Server {
             process: ServerProcess::new(),
             log: dir.path().join(log_name),

@@ -3,9 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tempfile::TempDir;
-
 use crate::binaries::require_program;
+use crate::scratch::Scratch;
 
 /// A private CA, a server certificate for `127.0.0.1` and `localhost` (SAN `IP:127.0.0.1`,
 /// `DNS:localhost`) and a client certificate (`CN=fencelock test client`), all signed by
@@ -19,7 +18,7 @@ use crate::binaries::require_program;
 /// println!("trust {}", certs.ca().display());
 /// ```
 pub struct TestCertificates {
-    dir: TempDir,
+    dir: Scratch,
 }
 
 impl TestCertificates {
@@ -40,10 +39,8 @@ impl TestCertificates {
     /// A new CA, a server certificate with `server_subject` and `server_names` as its
     /// subject alternative names, and the client certificate.
     fn make(server_subject: &str, server_names: &str) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("fencelock-certs-")
-            .tempdir()
-            .expect("fencelock-testkit: cannot create a temporary directory");
+        let dir =
+            Scratch::new("fencelock-certs-").unwrap_or_else(|e| panic!("fencelock-testkit: {e}"));
         let certs = TestCertificates { dir };
         certs.openssl(&[
             "req",

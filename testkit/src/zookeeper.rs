@@ -13,6 +13,7 @@ use crate::net::exchange_at;
 use crate::netns::in_namespace;
 use crate::port::free_port;
 use crate::process::at_exit;
+use crate::scratch::Scratch;
 use crate::server::Server;
 use crate::tls::TestCertificates;
 
@@ -272,10 +273,7 @@ impl ZkServer {
         security: Option<(&ZkSecurity<'_>, Option<u16>)>,
         fake_clock: bool,
     ) -> Result<ZkServer, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("fencelock-zk-")
-            .tempdir()
-            .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+        let dir = Scratch::new("fencelock-zk-")?;
         let data = dir.path().join("data");
         std::fs::create_dir(&data).map_err(|e| format!("cannot create {data:?}: {e}"))?;
         if let Some(id) = myid {
