@@ -26,6 +26,9 @@ use std::time::Duration;
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(format!("`{text}` is empty: write a duration such as 250ms, 30s or 2m"));
+    }
     if trimmed == "0" {
         return Ok(Duration::ZERO);
     }
@@ -34,14 +37,51 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "`{text}` has no unit: write {trimmed}ms or {trimmed}s, for example"
         ));
     }
-    let duration = humantime::parse_duration(trimmed)
-        .map_err(|e| format!("`{text}` is not a duration such as 250ms, 30s or 2m ({e})"))?;
-    // Nothing configured is meant to be longer, and a longer one overflows the arithmetic
-    // on it (a doubled timeout, a deadline) instead of meaning anything.
-    if duration > crate::FOREVER {
-        return Err(format!("`{text}` is longer than 100 years"));
+    // Each `<number><unit>` term is parsed alone and the sum is ours: `humantime` 2.4
+    // panics when a later term carries exactly one second into a total of `u64::MAX`
+    // seconds (`18446744073709551615s 1000ms`).
+    let mut duration = Duration::ZERO;
+    for term in terms(trimmed) {
+        if !term.chars().any(char::is_alphabetic) {
+            return Err(format!(
+                "`{text}` has a number without a unit (`{}`)",
+                term.trim()
+            ));
+        }
+        let value = humantime::parse_duration(term.trim())
+            .map_err(|e| format!("`{text}` is not a duration such as 250ms, 30s or 2m ({e})"))?;
+        duration = duration.saturating_add(value);
+        // Nothing configured is meant to be longer, and a longer one overflows the
+        // arithmetic on it (a doubled timeout, a deadline) instead of meaning anything.
+        if duration > crate::FOREVER {
+            return Err(format!("`{text}` is longer than 100 years"));
+        }
     }
     Ok(duration)
+}
+
+/// Splits `1h 30m`, `1h30m` or `1.5 s 20ms` into its terms as `humantime` reads them: a
+/// term ends with its unit, at the first whitespace or digit after a letter.
+fn terms(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.trim().is_empty() {
+            return None;
+        }
+        let mut in_unit = false;
+        let mut end = rest.len();
+        for (at, c) in rest.char_indices() {
+            if c.is_alphabetic() {
+                in_unit = true;
+            } else if in_unit {
+                end = at;
+                break;
+            }
+        }
+        let (term, tail) = rest.split_at(end);
+        rest = tail;
+        Some(term)
+    })
 }
 
 #[cfg(test)]
@@ -69,8 +109,39 @@ mod tests {
             "99999999999999999999h",
             "10000000000000000000s",
             "101y",
+            "5s 0",
+            "1s 2",
+            "1s -1s",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn terms_are_read_as_humantime_reads_them() {
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1h 30m 15s"), Ok(Duration::from_secs(5415)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1.5 s 20ms"), Ok(Duration::from_millis(1520)));
+        assert_eq!(parse_duration(" 2 0s "), Ok(Duration::from_secs(20)));
+        assert_eq!(parse_duration("500µs"), Ok(Duration::from_micros(500)));
+        assert_eq!(parse_duration("1min 1sec"), Ok(Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn no_panic_when_a_term_carries_into_a_full_total() {
+        for bad in [
+            "18446744073709551615s 1000ms",
+            "18446744073709551615s1000000000ns",
+            "18446744073709551615s 999ms 1ms",
+            "18446744073709551615s 1000000us",
+            "1000000000ns 18446744073709551615s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_duration("999ms 1000000us"),
+            Ok(Duration::from_millis(1999))
+        );
     }
 }
