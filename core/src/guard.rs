@@ -349,8 +349,9 @@ impl LockGuard {
     /// - [`Error::Lost`] when the lock was no longer held (expired, deleted by someone
     ///   else) or the guard had already reported loss: anything done under it since then
     ///   may have overlapped with another holder. The lock is freed if still ours.
+    ///   That holds whatever the backend answered, even when it could not be reached.
     /// - [`Error::Unavailable`] or [`Error::Backend`] when the backend could not be
-    ///   told; the lock then frees itself when its lease expires.
+    ///   told and the lease had not ended; the lock then frees itself when it does.
     ///
     /// # Examples
     ///
@@ -366,10 +367,14 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         let was_lost = self.liveness.is_lost();
         let result = self.held.release().await;
+        // A release the backend could not confirm covers nothing after the deadline:
+        // if that passed while it was out, the work may have overlapped another holder's.
+        let lost = was_lost || (result.is_err() && self.liveness.is_lost());
         self.finished = true;
         self.liveness.end();
         match result {
-            Ok(()) if was_lost => Err(Error::lost(
+            Err(error @ Error::Lost { .. }) => Err(error),
+            _ if lost => Err(Error::lost(
                 &*self.name,
                 self.liveness.lost_reason().unwrap_or("lost before release"),
             )),
@@ -421,6 +426,66 @@ mod tests {
         async fn extend(&self, _lease: Duration) -> Result<Instant, Error> {
             Err(Error::lost("gone", "the key was deleted when extending"))
         }
+    }
+
+    /// A backend that cannot be reached: release answers `Unavailable` after a while.
+    #[derive(Debug)]
+    struct Unreachable(Duration);
+
+    #[async_trait]
+    impl HeldLock for Unreachable {
+        async fn release(&self) -> Result<(), Error> {
+            tokio::time::sleep(self.0).await;
+            Err(Error::unavailable(
+                "test",
+                std::io::Error::other("connection refused"),
+            ))
+        }
+
+        fn release_in_background(&self) {}
+    }
+
+    /// A guard that already reported loss (its deadline passed during a partition)
+    /// answers `Lost` to release even when the backend cannot be told: `Unavailable`
+    /// promises only that the lock frees itself, which a caller may read as "my work was
+    /// covered". So does a guard whose deadline passes while the release is out.
+    #[tokio::test]
+    async fn release_of_a_lost_guard_is_lost_even_when_the_backend_is_unreachable() {
+        for (past, slow) in [(true, Duration::ZERO), (false, Duration::from_millis(30))] {
+            let deadline = Instant::now() + Duration::from_millis(20);
+            let guard = LockGuard::new(
+                "down",
+                FencingToken::new(1),
+                "test",
+                Liveness::new(deadline),
+                Arc::new(Unreachable(slow)),
+            );
+            if past {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                assert!(guard.is_lost());
+            } else {
+                // The lease ends while the slow release is out.
+                assert!(!guard.is_lost());
+            }
+            let outcome = guard.release().await;
+            assert!(
+                matches!(outcome, Err(Error::Lost { .. })),
+                "lost before the release: {past}: {outcome:?}"
+            );
+        }
+        // A live guard's unreachable backend stays `Unavailable`.
+        let guard = LockGuard::new(
+            "down",
+            FencingToken::new(1),
+            "test",
+            Liveness::new(Instant::now() + Duration::from_secs(60)),
+            Arc::new(Unreachable(Duration::ZERO)),
+        );
+        let outcome = guard.release().await;
+        assert!(
+            matches!(outcome, Err(Error::Unavailable { .. })),
+            "{outcome:?}"
+        );
     }
 
     /// An extension the server refuses because the grant is gone marks the guard lost at
