@@ -353,9 +353,9 @@ impl Liveness {
 
     /// A token cancelled when the lock is lost, including by deadline.
     ///
-    /// The first call starts one small task that watches the deadline until the lock is
-    /// lost or the guard ends; outside a Tokio runtime the token fires only when the
-    /// backend marks the lock lost.
+    /// The first call made inside a Tokio runtime (or on a lock whose backend gave one)
+    /// starts one small task that watches the deadline until the lock is lost or the
+    /// guard ends; until then the token fires only when the backend marks the lock lost.
     pub fn lost_token(&self) -> CancellationToken {
         let parent = self.inner.lost_token.get_or_init(CancellationToken::new);
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -376,6 +376,9 @@ impl Liveness {
                         () = this.wait_for(ENDED) => {}
                     }
                 });
+            } else {
+                // No runtime to watch from: the next call made inside one starts it.
+                self.inner.driver_started.store(false, Ordering::Release);
             }
         }
         token
@@ -458,6 +461,25 @@ mod tests {
             );
             assert!(lost);
         }
+    }
+
+    /// A first `lost_token()` made outside any runtime starts no watcher; a later one
+    /// made inside a runtime must, or the token would never fire at the deadline.
+    #[test]
+    fn the_lost_token_fires_at_the_deadline_after_a_first_call_outside_a_runtime() {
+        let live = Liveness::new(Instant::now() + Duration::from_millis(50));
+        let outside = live.lost_token();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let inside = live.lost_token();
+            tokio::time::timeout(Duration::from_secs(2), inside.cancelled())
+                .await
+                .expect("the token fires at the deadline");
+        });
+        assert!(outside.is_cancelled());
     }
 
     /// A deadline that passed, or a lock marked lost, is never moved by a renewal that
