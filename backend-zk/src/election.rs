@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map, retry, session_ended};
-use crate::names::{self, Recipe};
+use crate::names::{self, Rank, Recipe, ring_start};
 use crate::session::{SessionPool, ZkSession};
 
 /// The candidate (or other) nodes of one election directory, in Curator's order.
@@ -32,17 +32,27 @@ use crate::session::{SessionPool, ZkSession};
 pub(crate) struct Candidates {
     /// (sort key, child name) → the candidate it describes; `None` for a node that is no
     /// candidate (a lock node, an application's own node).
-    nodes: BTreeMap<(String, String), Option<Leader>>,
+    nodes: BTreeMap<(Rank, String), Option<Leader>>,
 }
 
 impl Candidates {
-    /// The leader: the first node, if it is a latch node.
+    /// The leader: the first node (oldest across a wrap of the sequence counter, see
+    /// [`names::ring_start`]), if it is a latch node.
     pub(crate) fn leader(&self) -> Option<Leader> {
-        self.nodes.values().next().cloned().flatten()
+        let sequences: Vec<u32> = self
+            .nodes
+            .keys()
+            .map_while(|(rank, _)| match rank {
+                Rank::Sequence(sequence) => Some(*sequence),
+                Rank::Other(_) => None,
+            })
+            .collect();
+        let first = ring_start(&sequences);
+        self.nodes.values().nth(first).cloned().flatten()
     }
 
-    fn key(child: &str) -> (String, String) {
-        (names::sort_key(child).to_owned(), child.to_owned())
+    fn key(child: &str) -> (Rank, String) {
+        (names::rank(child), child.to_owned())
     }
 
     fn remove(&mut self, child: &str) {
@@ -290,5 +300,37 @@ async fn follow_until_stopped(
         if !announce(&candidates, &mut last) {
             return false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The leader is the oldest candidate, also after the directory's sequence counter
+    /// ran past `2147483647` to `-2147483648` (which sorts first as text).
+    #[test]
+    fn the_oldest_candidate_leads_across_the_wrap_of_the_counter() {
+        let mut candidates = Candidates::default();
+        for (child, value, token) in [
+            ("_c_b-latch--2147483648", "second", 2),
+            ("_c_a-latch-2147483647", "first", 1),
+            ("_c_c-latch--2147483646", "third", 3),
+        ] {
+            candidates.nodes.insert(
+                Candidates::key(child),
+                Some(Leader::new(value, FencingToken::new(token))),
+            );
+        }
+        assert_eq!(
+            candidates.leader().map(|l| l.value),
+            Some("first".to_owned())
+        );
+        candidates.remove("_c_a-latch-2147483647");
+        assert_eq!(
+            candidates.leader().map(|l| l.value),
+            Some("second".to_owned())
+        );
+        assert_eq!(Candidates::default().leader(), None);
     }
 }

@@ -191,10 +191,75 @@ pub(crate) fn sort_key(child: &str) -> &str {
     }
 }
 
-/// Sorts the children of a lock directory in Curator's order: by the sequence suffix.
-/// The first one holds the lock (or leads the election).
+/// A child's place in its directory, before the wrap of the sequence counter is taken
+/// into account (see [`sort_children`]): sequence numbers first, as unsigned 32-bit
+/// values, then any other name by its text.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Rank {
+    /// A sequence suffix (`0000000042`, or `-2147483648` after the counter wrapped).
+    Sequence(u32),
+    /// A node of neither recipe, or one whose suffix is no number.
+    Other(String),
+}
+
+/// The [`Rank`] of `child`.
+pub(crate) fn rank(child: &str) -> Rank {
+    let key = sort_key(child);
+    match key.parse::<i32>() {
+        // `as`: the wrapping reinterpretation is the point (i32::MAX + 1 follows i32::MAX).
+        #[allow(clippy::cast_sign_loss)]
+        Ok(sequence) if key.len() >= 10 => Rank::Sequence(sequence as u32),
+        _ => Rank::Other(key.to_owned()),
+    }
+}
+
+/// Where the order starts among ascending sequence numbers: after the largest gap on
+/// the ring of 2³² numbers.
+///
+/// The server numbers children from the parent's `cversion`, a signed 32-bit counter
+/// that every create and delete moves on: a directory in use for 2³⁰ acquisitions
+/// counts past `2147483647` to `-2147483648` (which sorts first as text, so it would
+/// be granted while the holder still holds), and later past `-1` to `0`. The nodes
+/// alive at once span a short arc of the ring, so the largest gap is the unused part
+/// and the first node after it is the oldest. Curator compares the text, and its
+/// order breaks at the wrap.
+pub(crate) fn ring_start(ascending: &[u32]) -> usize {
+    let Some((&first, &last)) = ascending.first().zip(ascending.last()) else {
+        return 0;
+    };
+    // The gap from the last back round to the first; no rotation wins a tie.
+    let mut widest = u64::from(first) + (1u64 << 32) - u64::from(last);
+    let mut start = 0;
+    for (i, pair) in ascending.windows(2).enumerate() {
+        let gap = u64::from(pair[1]) - u64::from(pair[0]);
+        if gap > widest {
+            widest = gap;
+            start = i + 1;
+        }
+    }
+    start
+}
+
+/// Sorts the children of a lock directory in Curator's order: by the sequence suffix,
+/// oldest first across a wrap of the sequence counter (see [`ring_start`]). The first
+/// one holds the lock (or leads the election).
 pub(crate) fn sort_children(children: &mut [String]) {
-    children.sort_unstable_by(|a, b| sort_key(a).cmp(sort_key(b)).then_with(|| a.cmp(b)));
+    let mut ranked: Vec<(Rank, String)> = children
+        .iter_mut()
+        .map(|child| (rank(child), std::mem::take(child)))
+        .collect();
+    ranked.sort_unstable();
+    let sequences: Vec<u32> = ranked
+        .iter()
+        .map_while(|(rank, _)| match rank {
+            Rank::Sequence(sequence) => Some(*sequence),
+            Rank::Other(_) => None,
+        })
+        .collect();
+    ranked[..sequences.len()].rotate_left(ring_start(&sequences));
+    for (slot, (_, child)) in children.iter_mut().zip(ranked) {
+        *slot = child;
+    }
 }
 
 #[cfg(test)]
@@ -349,5 +414,50 @@ mod tests {
         );
         assert_eq!(Recipe::of("_c_a-lock-0000000005"), Some(Recipe::Lock));
         assert_eq!(Recipe::of("stray"), None);
+    }
+
+    /// After 2³⁰ acquisitions in one directory the server's counter runs past
+    /// `2147483647` to `-2147483648`, and later past `-1` to `0`: the oldest node still
+    /// comes first, and a newcomer never jumps the queue.
+    #[test]
+    fn children_sort_oldest_first_across_the_wrap_of_the_counter() {
+        for (given, expected) in [
+            (
+                vec![
+                    "_c_c-lock--2147483646",
+                    "_c_b-lock--2147483648",
+                    "_c_a-lock-2147483647",
+                ],
+                vec![
+                    "_c_a-lock-2147483647",
+                    "_c_b-lock--2147483648",
+                    "_c_c-lock--2147483646",
+                ],
+            ),
+            (
+                vec![
+                    "_c_c-lock-0000000001",
+                    "_c_a-lock--000000002",
+                    "_c_b-lock--000000001",
+                ],
+                vec![
+                    "_c_a-lock--000000002",
+                    "_c_b-lock--000000001",
+                    "_c_c-lock-0000000001",
+                ],
+            ),
+            (
+                vec!["stray", "_c_b-lock-0000000001", "_c_a-lock--000000003"],
+                vec!["_c_a-lock--000000003", "_c_b-lock-0000000001", "stray"],
+            ),
+        ] {
+            let mut children: Vec<String> = given.iter().map(|c| (*c).to_owned()).collect();
+            sort_children(&mut children);
+            assert_eq!(children, expected);
+        }
+        assert_eq!(ring_start(&[]), 0);
+        assert_eq!(ring_start(&[7]), 0);
+        assert_eq!(ring_start(&[3, 5, 10]), 0);
+        assert_eq!(ring_start(&[0, 2, u32::MAX - 1]), 2);
     }
 }
