@@ -8,9 +8,9 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the proxy does to the traffic it carries. Switchable at run time with
 /// [`FaultProxy::set`].
@@ -36,8 +36,9 @@ pub enum Fault {
     /// [`reset_connections`](FaultProxy::reset_connections), since the streams are
     /// then out of step.
     DropReplies,
-    /// Requests reach the server at once; its answers are held this long each (order
-    /// is kept): a request applied on time whose reply arrives late.
+    /// Requests reach the server at once; its answers are held this long each from
+    /// when they arrive (order is kept): a request applied on time whose reply
+    /// arrives late, as over a slow link.
     DelayReplies(Duration),
 }
 
@@ -280,8 +281,19 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 }
 
 /// Copies `from` → `to` under the fault in force; `reply` is the server → client side.
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, exempt: &AtomicBool, reply: bool) {
+///
+/// Replies go through a writer thread that sends each chunk when it is due, so
+/// [`Fault::DelayReplies`] delays every chunk by the same time from its arrival, as a
+/// slow link does (chunks do not wait for each other's delays, only for their turn).
+fn pump(
+    mut from: TcpStream,
+    to: TcpStream,
+    shared: &Arc<Shared>,
+    exempt: &Arc<AtomicBool>,
+    reply: bool,
+) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut sink = Sink::new(to, shared, exempt, reply);
     static STREAMS: AtomicU64 = AtomicU64::new(1);
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -293,6 +305,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, exempt: &Atomic
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        let mut due = Instant::now();
         if shared.stopped.load(Ordering::SeqCst) {
             break;
         }
@@ -301,7 +314,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, exempt: &Atomic
                 shared.dropped_down.fetch_add(n as u64, Ordering::SeqCst);
                 continue;
             }
-            Fault::DelayReplies(delay) if reply => thread::sleep(delay),
+            Fault::DelayReplies(delay) if reply => due = Instant::now() + delay,
             Fault::Delay { min, max } => {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
@@ -312,16 +325,83 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, exempt: &Atomic
             }
             _ => {}
         }
-        if to.write_all(&buf[..n]).is_err() {
+        if !sink.send(due, &buf[..n]) {
             break;
         }
-        let counter = if reply {
-            &shared.bytes_down
-        } else {
-            &shared.bytes_up
-        };
-        counter.fetch_add(n as u64, Ordering::SeqCst);
     }
-    let _ = to.shutdown(Shutdown::Write);
+    sink.finish();
     let _ = from.shutdown(Shutdown::Read);
+}
+
+/// Where [`pump`] writes: at once (requests), or through a writer thread that keeps
+/// each chunk until it is due (replies).
+enum Sink {
+    Direct(TcpStream, Arc<Shared>),
+    Queued(
+        mpsc::Sender<(Instant, Vec<u8>)>,
+        Option<thread::JoinHandle<()>>,
+    ),
+}
+
+impl Sink {
+    fn new(to: TcpStream, shared: &Arc<Shared>, exempt: &Arc<AtomicBool>, reply: bool) -> Self {
+        if !reply {
+            return Sink::Direct(to, shared.clone());
+        }
+        let (chunks, queue) = mpsc::channel::<(Instant, Vec<u8>)>();
+        let (shared, exempt) = (shared.clone(), exempt.clone());
+        let writer = thread::Builder::new()
+            .name("fault-proxy-write".into())
+            .spawn(move || {
+                let mut to = to;
+                for (due, chunk) in queue {
+                    let now = Instant::now();
+                    if due > now {
+                        thread::sleep(due - now);
+                    }
+                    // A partition set meanwhile holds what was queued before it, too.
+                    shared.wait_unless_blackholed(&exempt);
+                    if to.write_all(&chunk).is_err() {
+                        break;
+                    }
+                    shared
+                        .bytes_down
+                        .fetch_add(chunk.len() as u64, Ordering::SeqCst);
+                }
+                let _ = to.shutdown(Shutdown::Write);
+            })
+            .ok();
+        Sink::Queued(chunks, writer)
+    }
+
+    /// Writes (or queues) `chunk` to go at `due`; false if the other side is gone.
+    fn send(&mut self, due: Instant, chunk: &[u8]) -> bool {
+        match self {
+            Sink::Direct(to, shared) => {
+                if to.write_all(chunk).is_err() {
+                    return false;
+                }
+                shared
+                    .bytes_up
+                    .fetch_add(chunk.len() as u64, Ordering::SeqCst);
+                true
+            }
+            Sink::Queued(chunks, _) => chunks.send((due, chunk.to_vec())).is_ok(),
+        }
+    }
+
+    /// Sends what is queued, then closes the writing side.
+    fn finish(self) {
+        match self {
+            Sink::Direct(to, _) => {
+                let _ = to.shutdown(Shutdown::Write);
+            }
+            Sink::Queued(chunks, writer) => {
+                drop(chunks);
+                if let Some(writer) = writer {
+                    let _ = writer.join();
+                }
+            }
+        }
+    }
 }
