@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::error::{map, timed_out};
+use crate::error::map;
 
 /// A granted lease and the guards whose keys are attached to it.
 #[derive(Debug)]
@@ -254,19 +254,79 @@ impl Drop for Session {
     }
 }
 
+/// What one keepalive round came to.
+enum Round {
+    /// etcd renewed the lease for `ttl` on a request sent at `sent`; `opened` is the new
+    /// stream that carried it, if it was not the old one.
+    Renewed {
+        sent: Instant,
+        ttl: Duration,
+        opened: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    },
+    /// etcd answered that the lease is gone.
+    Gone,
+    /// The stream broke (leader change, connection reset) before an answer.
+    Broken,
+    /// No answer before the deadline.
+    Unanswered,
+}
+
+/// Opens a new keepalive stream for lease `id`. Opening sends a keepalive and waits for
+/// its answer, so a stream that opens is a renewal confirmed for `ttl` from the instant
+/// it was begun. etcd-client reports a lease etcd no longer has only as an error named
+/// `lease not found`: that is [`Round::Gone`].
+async fn open(client: &Client, id: i64, sent: Instant, ttl: Duration) -> Round {
+    match client.lease_client().keep_alive(id).await {
+        Ok(opened) => Round::Renewed {
+            sent,
+            ttl,
+            opened: Some(opened),
+        },
+        Err(etcd_client::Error::LeaseKeepAliveError(message)) if message == "lease not found" => {
+            Round::Gone
+        }
+        Err(_) => Round::Broken,
+    }
+}
+
+/// The answer on a stream whose request was sent at `sent`.
+fn answered(
+    sent: Instant,
+    answer: Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error>,
+) -> Round {
+    match answer {
+        Ok(Some(response)) if response.ttl() > 0 => Round::Renewed {
+            sent,
+            ttl: Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(0)),
+            opened: None,
+        },
+        Ok(Some(_)) => Round::Gone,
+        Ok(None) | Err(_) => Round::Broken,
+    }
+}
+
 /// Sends a keepalive every third of the TTL and moves the deadline to `sent + TTL −
 /// margin` on each answer. A broken stream is reopened until the deadline; past the
 /// deadline, or when etcd says the lease is gone, the session is lost.
+///
+/// An answer is awaited until the deadline (a slow network still renews: etcd renews
+/// as each request arrives). If none came within a third of the TTL, a new stream is
+/// opened beside the old one, and whichever answers first counts, from the instant its
+/// own request was sent: a keepalive forwarded to a leader that was cut off hangs there
+/// until etcd's request timeout, and one on a new stream can reach a new leader. A
+/// stream is never used again after a request on it went unanswered, so an answer is
+/// only ever credited to the request it answers.
 async fn keep_alive_loop(
     client: Client,
     session: std::sync::Weak<Session>,
-    mut keeper: LeaseKeeper,
-    mut stream: LeaseKeepAliveStream,
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
 ) {
     let Some((id, ttl)) = session.upgrade().map(|s| (s.lease_id, s.ttl)) else {
         return;
     };
     let interval = ttl / 3;
+    let mut channel = Some((keeper, stream));
     let mut next = Instant::now() + interval;
     loop {
         tokio::time::sleep_until(next).await;
@@ -274,80 +334,79 @@ async fn keep_alive_loop(
             return;
         };
         let sent = Instant::now();
-        // An answer is awaited for one renew interval (or until the deadline, if that
-        // comes first), not until the deadline: a keepalive forwarded to a leader that
-        // was cut off hangs there until etcd's request timeout, and is sent again on a
-        // new stream, which a new leader can answer.
-        let patience = deadline.min(sent + interval);
-        let answer = tokio::time::timeout_at(patience, async {
-            keeper.keep_alive().await?;
-            stream.message().await
-        })
+        let round = async {
+            let Some((keeper, stream)) = channel.as_mut() else {
+                return tokio::select! {
+                    round = open(&client, id, sent, ttl) => round,
+                    () = tokio::time::sleep_until(deadline) => Round::Unanswered,
+                };
+            };
+            let old = async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            };
+            tokio::pin!(old);
+            tokio::select! {
+                answer = &mut old => return answered(sent, answer),
+                () = tokio::time::sleep_until(deadline.min(sent + interval)) => {}
+            }
+            let resent = Instant::now();
+            let new = open(&client, id, resent, ttl);
+            tokio::pin!(new);
+            let mut opening = true;
+            loop {
+                tokio::select! {
+                    answer = &mut old => return answered(sent, answer),
+                    round = &mut new, if opening => match round {
+                        // The old stream may still answer before the deadline.
+                        Round::Broken => opening = false,
+                        round => return round,
+                    },
+                    () = tokio::time::sleep_until(deadline) => return Round::Unanswered,
+                }
+            }
+        }
         .instrument(tracing::debug_span!("fencelock.etcd.renew", lease = id))
         .await;
         let Some(session) = session.upgrade() else {
             return;
         };
-        let outcome = match &answer {
-            Ok(Ok(Some(response))) if response.ttl() > 0 => RenewalOutcome::Renewed,
-            Ok(Ok(Some(_))) => RenewalOutcome::Gone,
-            _ => RenewalOutcome::Failed,
+        let outcome = match &round {
+            Round::Renewed { .. } => RenewalOutcome::Renewed,
+            Round::Gone => RenewalOutcome::Gone,
+            Round::Broken | Round::Unanswered => RenewalOutcome::Failed,
         };
         let locks = session.registered();
         record_renewal(crate::error::BACKEND, outcome, sent.elapsed(), locks);
-        match answer {
-            Ok(Ok(Some(response))) if response.ttl() > 0 => {
-                let granted = Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(0));
+        match round {
+            Round::Renewed {
+                sent,
+                ttl: granted,
+                opened,
+            } => {
+                if let Some(opened) = opened {
+                    // The old stream, with any answer still on its way, is dropped.
+                    channel = Some(opened);
+                }
                 session.renewed(sent + granted.min(ttl) - drift_margin(ttl));
                 next = sent + interval;
             }
-            Ok(Ok(Some(_))) => {
+            Round::Gone => {
                 session.mark_lost(LossCause::SessionEnded, "the etcd session lease expired");
                 return;
             }
-            Ok(Ok(None) | Err(_)) => {
-                // The stream broke (leader change, connection reset): reopen it and try
-                // again soon, until the deadline decides.
+            Round::Broken if Instant::now() < deadline => {
+                // Reopened on the next round, until the deadline decides.
                 tracing::debug!(lease = id, "etcd keepalive stream broke; reopening");
-                match tokio::time::timeout_at(deadline, client.lease_client().keep_alive(id)).await
-                {
-                    Ok(Ok((k, s))) => (keeper, stream) = (k, s),
-                    Ok(Err(_)) => {}
-                    Err(_) => {
-                        session.mark_lost(
-                            LossCause::LeaseExpired,
-                            &timed_out("a keepalive").to_string(),
-                        );
-                        return;
-                    }
-                }
+                channel = None;
                 next = Instant::now() + Duration::from_millis(100).min(interval);
             }
-            Err(_) if Instant::now() >= deadline => {
+            Round::Broken | Round::Unanswered => {
                 session.mark_lost(
                     LossCause::LeaseExpired,
                     "no keepalive answer from etcd before the lease deadline",
                 );
                 return;
-            }
-            Err(_) => {
-                tracing::debug!(
-                    lease = id,
-                    "etcd keepalive unanswered; resending on a new stream"
-                );
-                match tokio::time::timeout_at(deadline, client.lease_client().keep_alive(id)).await
-                {
-                    Ok(Ok((k, s))) => (keeper, stream) = (k, s),
-                    Ok(Err(_)) => {}
-                    Err(_) => {
-                        session.mark_lost(
-                            LossCause::LeaseExpired,
-                            &timed_out("a keepalive").to_string(),
-                        );
-                        return;
-                    }
-                }
-                next = Instant::now();
             }
         }
         drop(session);

@@ -447,3 +447,35 @@ async fn a_grant_confirmed_after_its_lease_ran_out_is_an_error() {
         .expect("nothing of the late grant blocks the name");
     next.release().await.unwrap();
 }
+
+/// Keepalive answers slower than a third of the lease (a slow network: etcd renews the
+/// lease on each request as it arrives) keep the lock. Each request's answer used to be
+/// awaited for a third of the lease only, its stream dropped with the answer still on
+/// the way, and the guard lost at its deadline though etcd held the key all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_answers_slower_than_a_third_of_the_lease_keep_the_lock() {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("slow-keepalive-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        lease: Duration::from_secs(3),
+        ..EtcdConfig::default()
+    };
+    let locks = EtcdLock::connect(config(proxy.addr())).await.unwrap();
+    let guard = locks.lock("x").await.unwrap();
+    proxy.set(Fault::DelayReplies(Duration::from_millis(1200)));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        !guard.is_lost(),
+        "lost though etcd renewed the lease: {:?}",
+        guard.lost_reason()
+    );
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let info = direct.inspect("x").await.unwrap();
+    assert!(info.holder.is_some(), "{info:?}");
+    proxy.set(Fault::Pass);
+    guard.release().await.unwrap();
+}
