@@ -24,8 +24,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::node::Node;
 
-/// How long a waiter waits for its SUBSCRIBE to be confirmed before it goes on anyway
-/// (a missed message then costs at most one lease, the sleep bound).
+/// How long a waiter waits for its SUBSCRIBE to be confirmed before it goes on anyway.
+/// A confirmation that comes later wakes the channel's waiters (an unlock published
+/// before the server saw the SUBSCRIBE reached nobody); one that never comes leads to a
+/// reconnection, which wakes them too. Any other missed message costs at most the
+/// waiter's sleep bound, the lock's remaining TTL.
 const ACK_WAIT: Duration = Duration::from_millis(250);
 
 /// The delay before reconnecting after the connection was lost or a command on it
@@ -251,7 +254,8 @@ impl Task {
 
     /// A waiter subscribed to `channel`: subscribe now if connected, otherwise let the
     /// (scheduled, or immediate) reconnection do it. `ack` is sent once the server has
-    /// confirmed.
+    /// confirmed; if nobody waits for it any more, the channel's waiters are woken
+    /// instead (they went on unconfirmed, and may have missed an unlock).
     async fn subscribe(&mut self, channel: String, ack: oneshot::Sender<()>) {
         if !self.shared.has_waiters(&channel) || self.subscribed.contains(&channel) {
             let _ = ack.send(());
@@ -266,8 +270,13 @@ impl Task {
             return;
         };
         if subscribe_all(sink, self.timeout, std::slice::from_ref(&channel)).await {
+            if ack.send(()).is_err() {
+                // The waiter stopped waiting for this confirmation (after `ACK_WAIT`) and
+                // made its confirming try before the server knew of the subscription: an
+                // unlock published since reached nobody. Wake it, as a reconnection does.
+                self.shared.wake(&channel);
+            }
             self.subscribed.insert(channel);
-            let _ = ack.send(());
         } else {
             tracing::debug!("redis SUBSCRIBE failed; reconnecting");
             self.pending.push(ack);
@@ -418,7 +427,7 @@ mod tests {
     use tokio::sync::Notify;
     use tokio_util::sync::CancellationToken;
 
-    use super::{PING_EVERY, Subscriber};
+    use super::{ACK_WAIT, PING_EVERY, Subscriber};
     use crate::RedisConfig;
 
     /// A pub/sub connection whose server stopped answering without closing it (a
@@ -466,5 +475,54 @@ mod tests {
             }
             assert!(tokio::time::Instant::now() < deadline, "never woken");
         }
+    }
+
+    /// A SUBSCRIBE confirmed after the waiter stopped waiting for it (here: a link that
+    /// holds everything for 1 s each way, against the 250 ms a waiter waits) wakes the
+    /// channel's waiters: the waiter's confirming try came before the server knew of the
+    /// subscription, so an unlock published in between reached nobody, and without the
+    /// wake-up the waiter would sleep until the lock's TTL ran out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_subscription_confirmed_late_wakes_its_waiters() {
+        let server = RedisServer::shared();
+        let proxy = FaultProxy::start(&server.addr());
+        let config = RedisConfig::from_url(&format!("redis://{}", proxy.addr())).unwrap();
+        let node = crate::node::open(&config).await.unwrap().remove(0);
+        let subscriber = Subscriber::new(node, Duration::from_secs(5), CancellationToken::new());
+        let channel = format!("late-ack-{:x}", std::process::id());
+        // Connected and subscribed while the link is quick.
+        let _warm = subscriber
+            .subscribe(&format!("{channel}-warm"), Arc::new(Notify::new()))
+            .await;
+        let slow = Duration::from_secs(1);
+        proxy.set(Fault::Delay {
+            min: slow,
+            max: slow,
+        });
+        let wake = Arc::new(Notify::new());
+        let started = tokio::time::Instant::now();
+        let _subscription = subscriber.subscribe(&channel, wake.clone()).await;
+        assert!(
+            started.elapsed() < slow,
+            "the waiter waited {:?} for the confirmation",
+            started.elapsed()
+        );
+        assert!(started.elapsed() >= ACK_WAIT);
+        // The unlock, published before the server has seen the SUBSCRIBE: nobody hears it.
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let heard: i64 = redis::cmd("PUBLISH")
+            .arg(&channel)
+            .arg("0")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(heard, 0, "the SUBSCRIBE was not held back");
+        let woken = tokio::time::timeout(Duration::from_secs(3), wake.notified()).await;
+        proxy.set(Fault::Pass);
+        assert!(
+            woken.is_ok(),
+            "the waiter was not woken when its subscription was confirmed"
+        );
     }
 }
