@@ -156,7 +156,8 @@ impl RedisTls {
 /// `layout=tagged|raw` (`raw`: the key is exactly prefix + name, default prefix empty),
 /// `wait_replicas=N` and `wait_timeout=DUR` (replica check after acquiring),
 /// `timeout=DUR` (response timeout, default 2 s), `connect_timeout=DUR` (default 5 s),
-/// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h),
+/// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h,
+/// never less than that grant's lease),
 /// `poll_min=DUR` and `poll_max=DUR` (raw layout: how often a waiter looks at a
 /// hand-written lock, default 50 ms doubling to 1 s; see [`RedisConfig::poll_min`]),
 /// `db=N`, `sentinel_username=USER` and `sentinel_password=PASS` (the Sentinels' own
@@ -183,7 +184,10 @@ pub struct RedisConfig {
     /// How long opening a connection may take (`connect_timeout=`, default 5 s, as on
     /// every backend).
     pub connect_timeout: Duration,
-    /// Lifetime of a name's token counter after its last grant.
+    /// Lifetime of a name's token counter after its last grant; a grant keeps the
+    /// counter for its own lease at least, however short this is (the counter must live
+    /// as long as the lock key set with it: a re-sent acquire, an expired key's release
+    /// and Redlock's tokens read it).
     pub token_ttl: Duration,
     /// TLS settings; only for a topology with `tls: true` (see [`Topology::uses_tls`]),
     /// empty otherwise.

@@ -154,6 +154,17 @@ impl Engine {
         &self.subscribers[index..=index]
     }
 
+    /// The TTL, in ms, a grant for `lease` gives the name's counter: `token_ttl`, but
+    /// never less than the lease. The counter must live as long as the lock key set with
+    /// it: a re-sent acquire that finds its own key is granted with the token the
+    /// counter recorded (and would be refused by itself without it, the key left for a
+    /// lease), a release that finds the key expired reads the counter to tell an expiry
+    /// nobody followed from a loss, and Redlock's counters keep tokens increasing
+    /// whatever the clients' clocks say.
+    pub(crate) fn counter_ttl(&self, lease: Duration) -> u64 {
+        millis(self.config.token_ttl.max(lease))
+    }
+
     pub(crate) fn lease_timeout(&self, lease: Duration) -> Duration {
         if self.nodes.len() > 1 {
             // Redlock: a node that does not answer quickly is skipped, not waited for.
@@ -216,7 +227,7 @@ impl Engine {
             .key(&keys.waiters)
             .arg(&owner)
             .arg(millis(lease))
-            .arg(millis(self.config.token_ttl))
+            .arg(self.counter_ttl(lease))
             .arg(u8::from(will_wait));
         if redlock {
             invocation.arg(proposal());
@@ -260,7 +271,7 @@ impl Engine {
                     // The granting majority disagreed: make a majority remember the
                     // highest token before anyone relies on it.
                     let term = value.map(|value| (owner.as_str(), value));
-                    self.raise_token(keys, token, term, per_node).await?;
+                    self.raise_token(keys, token, term, lease, per_node).await?;
                     if sent.elapsed() + drift(lease) >= lease {
                         return Err(Error::unavailable(
                             BACKEND,
@@ -317,14 +328,15 @@ impl Engine {
         }
     }
 
-    /// Redlock: makes a majority remember `token` before the guard is handed out, and
-    /// for a campaign's `term` (owner, value) writes it into the term line observers
-    /// read.
+    /// Redlock: makes a majority remember `token` (granted for `lease`) before the guard
+    /// is handed out, and for a campaign's `term` (owner, value) writes it into the term
+    /// line observers read.
     async fn raise_token(
         &self,
         keys: &LockKeys,
         token: u64,
         term: Option<(&str, &str)>,
+        lease: Duration,
         per_node: Duration,
     ) -> Result<(), Error> {
         let mut invocation = scripts::RAISE_TOKEN.prepare_invoke();
@@ -332,7 +344,7 @@ impl Engine {
         if term.is_some() {
             invocation.key(&keys.lock);
         }
-        invocation.arg(token).arg(millis(self.config.token_ttl));
+        invocation.arg(token).arg(self.counter_ttl(lease));
         if let Some((owner, value)) = term {
             invocation.arg(owner).arg(value).arg(&keys.election);
         }

@@ -279,7 +279,7 @@ async fn try_member(
         .key(&keys.intent)
         .arg(&owner)
         .arg(millis(lease))
-        .arg(millis(engine.config.token_ttl))
+        .arg(engine.counter_ttl(lease))
         .arg(u8::from(will_wait))
         .arg(ask.mode())
         .arg(count)

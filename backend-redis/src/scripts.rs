@@ -7,18 +7,18 @@
 //!
 //! # Token scheme
 //!
-//! The acquire script issues `max(counter + 1, server clock in µs)` and records it in the
-//! lock's counter key (TTL `token_ttl`, refreshed at every grant), in the same script
-//! that sets the lock key. The counter alone is not enough: a failover to a lagging
-//! replica, or a restart from an older snapshot, leaves a counter that is present but
-//! stale, and `counter + 1` would then re-issue a token already handed out. The clock,
-//! which has moved on, lies above every token issued before the data loss (each was at
-//! most the clock at its grant, or one more than a token that was). The counter keeps
-//! tokens increasing when grants come faster than the clock ticks, or when a clock steps
-//! back a little. The assumption: the wall clock of the server (and of any replica
-//! promoted in its place) does not step back by more than the time between the last
-//! grant before the data loss and the first grant after it. Tokens are below 2^53, so
-//! Lua's doubles represent them exactly.
+//! The acquire script issues `max(counter + 1, server clock in µs)` and records it in
+//! the lock's counter key (TTL `token_ttl`, or the lease if longer, refreshed at every
+//! grant), in the same script that sets the lock key. The counter alone is not enough:
+//! a failover to a lagging replica, or a restart from an older snapshot, leaves a
+//! counter that is present but stale, and `counter + 1` would then re-issue a token
+//! already handed out. The clock, which has moved on, lies above every token issued
+//! before the data loss (each was at most the clock at its grant, or one more than a
+//! token that was). The counter keeps tokens increasing when grants come faster than
+//! the clock ticks, or when a clock steps back a little. The assumption: the wall clock
+//! of the server (and of any replica promoted in its place) does not step back by more
+//! than the time between the last grant before the data loss and the first grant after
+//! it. Tokens are below 2^53, so Lua's doubles represent them exactly.
 //!
 //! Redlock: the token of a guard is the highest token among the granting majority, and
 //! it must be recorded on a majority before the guard is handed out, so that any later

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{DistributedLock, DistributedLockExt, Error, FencingToken};
+use fencelock_core::{AcquireOptions, DistributedLock, DistributedLockExt, Error, FencingToken};
 use fencelock_redis::{RedisConfig, RedisLock};
 use fencelock_testkit::RedisServer;
 
@@ -305,4 +305,52 @@ async fn redlock_terms_record_the_guards_token_on_every_granting_instance() {
         Some(term.token())
     );
     term.release().await.unwrap();
+}
+
+/// The counter's TTL at `key` on `server`, in ms.
+async fn counter_pttl(server: &RedisServer, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut raw(server).await)
+        .await
+        .unwrap()
+}
+
+/// A `token_ttl` shorter than a grant's lease still keeps the counter for that lease: a
+/// re-sent acquire (see above) finds its own key only with the counter it recorded, and
+/// a counter gone while its lock lives would turn that re-send into a refusal by itself,
+/// the key left for a lease. On a single server, and on Redlock where the instances
+/// disagreed and the highest token was written back to the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counter_outlives_its_grants_lease_whatever_token_ttl() {
+    let lease = Duration::from_secs(5);
+    let options = AcquireOptions::new().fixed_lease(lease).no_wait();
+    let server = RedisServer::start();
+    let single = locks(&format!("{}?token_ttl=1s", server.url())).await;
+    let guard = single.acquire("short", options).await.unwrap();
+    let pttl = counter_pttl(&server, &counter_key(&server).await).await;
+    assert!(
+        pttl > 4_000,
+        "the counter expires in {pttl} ms, the lock in 5 s"
+    );
+    guard.release().await.unwrap();
+
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    let redlock = locks(&format!("redlock://{}?token_ttl=1s", hosts.join(","))).await;
+    let first = grant(&redlock, "short", 1).await[0];
+    let key = counter_key(&servers[0]).await;
+    // One instance ahead: the grant writes the highest token back to the others.
+    let ahead = FencingToken::new(first.get() + 1_000_000_000_000);
+    set_counter(&servers[0], &key, ahead).await;
+    let guard = redlock.acquire("short", options).await.unwrap();
+    assert!(guard.token() > ahead, "{} after {ahead}", guard.token());
+    for (i, server) in servers.iter().enumerate() {
+        let pttl = counter_pttl(server, &key).await;
+        assert!(
+            pttl > 4_000,
+            "instance {i}: the counter expires in {pttl} ms, the lock in 5 s"
+        );
+    }
+    guard.release().await.unwrap();
 }
