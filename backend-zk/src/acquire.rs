@@ -12,7 +12,7 @@
 //!    give up with an error: see [`mixed_recipes`].
 //!
 //! Dropping the future at any point deletes whatever node it may have created, in the
-//! background (by path when known, by uuid otherwise).
+//! background: by path when known, and every node with our uuid (listed after a `sync`).
 
 use std::sync::Arc;
 
@@ -348,11 +348,16 @@ fn parent_below_root<'a>(root: &str, dir: &'a str) -> Option<&'a str> {
 }
 
 /// Finds the node a create with a lost reply may have made, by its uuid prefix.
+///
+/// After a `sync`: the session may have reconnected to a server that has not applied
+/// the create yet, and creating again would then leave the first node, unknown to us,
+/// in the queue for as long as the session lives.
 async fn find_own(
     session: &ZkSession,
     dir: &str,
     prefix_name: &str,
 ) -> Result<Option<(String, zk::Stat)>, Error> {
+    retry(|| session.client.sync("/")).await.map_err(map)?;
     let children = match retry(|| session.client.list_children(dir)).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => return Ok(None),
@@ -431,6 +436,11 @@ impl Pending {
 }
 
 impl Drop for Pending {
+    /// Deletes the known node first, then every other node of our uuid: a create sent
+    /// again after a lost reply may have made two, and the first is deleted by the
+    /// acquire only at its first listing, which a dropped future may never reach. The
+    /// listing follows a `sync`, so that a server behind the leader cannot hide a node
+    /// of ours.
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -440,22 +450,35 @@ impl Drop for Pending {
         let prefix_name = std::mem::take(&mut self.prefix_name);
         let path = self.path.take();
         self.session.runtime().spawn(async move {
-            let paths = match path {
-                Some(path) => vec![path],
-                None => match retry(|| session.client.list_children(&dir)).await {
-                    Ok(children) => children
-                        .into_iter()
-                        .filter(|c| c.starts_with(&prefix_name))
-                        .map(|c| format!("{dir}/{c}"))
-                        .collect(),
-                    Err(_) => Vec::new(),
-                },
+            if let Some(path) = &path {
+                if !delete_abandoned(&session, path).await {
+                    return;
+                }
+            }
+            if retry(|| session.client.sync("/")).await.is_err() {
+                return;
+            }
+            let Ok(children) = retry(|| session.client.list_children(&dir)).await else {
+                return;
             };
-            for path in paths {
-                if let Err(error) = retry(|| session.client.delete(&path, None)).await {
-                    tracing::debug!(%path, %error, "could not delete the node of an abandoned acquire");
+            for child in children.iter().filter(|c| c.starts_with(&prefix_name)) {
+                if !delete_abandoned(&session, &format!("{dir}/{child}")).await {
+                    return;
                 }
             }
         });
+    }
+}
+
+/// Deletes a node of an abandoned acquire, repeating the delete while the connection
+/// breaks; `false` once the session has ended (and taken its nodes with it).
+async fn delete_abandoned(session: &ZkSession, path: &str) -> bool {
+    match retry(|| session.client.delete(path, None)).await {
+        Ok(()) | Err(zk::Error::NoNode) => true,
+        Err(err) if session_ended(&err) => false,
+        Err(error) => {
+            tracing::debug!(%path, %error, "could not delete the node of an abandoned acquire");
+            true
+        }
     }
 }

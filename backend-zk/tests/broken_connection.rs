@@ -242,3 +242,87 @@ async fn dropped_acquire_cleans_up_after_the_connection_breaks() {
     next.release().await.unwrap();
     assert_eq!(nodes(&admin, &root, "job").await, 0);
 }
+
+/// Whether `session` watches `path` on `server`, by its `wchc` four-letter word (a
+/// session id, then one indented line per path it watches).
+fn watched_by(server: &ZkServer, session: zk::SessionId, path: &str) -> bool {
+    let listing = server.four_letter_word("wchc").expect("wchc");
+    let session = session.to_string();
+    let mut lines = listing.lines().skip_while(|line| line.trim() != session);
+    lines.next().is_some()
+        && lines
+            .take_while(|line| line.starts_with(char::is_whitespace))
+            .any(|line| line.trim() == path)
+}
+
+/// F9 (ZOOKEEPER-1262): a create whose reply was lost, applied and then sent again,
+/// leaves two nodes of one uuid in the waiter's session. A waiter dropped before a
+/// listing of its own could delete the first deletes both, not only the node it knows
+/// by path: otherwise the first blocks the name for as long as the session lives.
+///
+/// The first create is played by a node of the waiter's uuid made in its session while
+/// it waits (after its first listing, so that only the clean-up of the drop can see it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_acquire_deletes_every_node_of_its_uuid() {
+    let server = ZkServer::shared();
+    let root = random_root("lost-create-orphan");
+    let connect = || async {
+        ZkLock::connect(
+            ZkConfig::new(server.connect_string())
+                .with_chroot(&root)
+                .unwrap()
+                .with_session_timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("connect")
+    };
+    let (holder_side, waiter_side) = (connect().await, connect().await);
+    let admin = holder_side.client().await.unwrap();
+    let waiter_client = waiter_side.client().await.unwrap();
+    let dir = format!("{root}/x");
+
+    let holder = holder_side.lock("x").await.unwrap();
+    let holder_path = holder.backend_key().unwrap().to_owned();
+    let waiter = {
+        let locks = waiter_side.clone();
+        tokio::spawn(async move { locks.lock("x").await })
+    };
+    // The waiter's node, once it watches the holder's (its first listing is done).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !watched_by(server, waiter_client.session_id(), &holder_path) {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let children = admin.list_children(&dir).await.unwrap();
+    let waiter_node = children
+        .iter()
+        .find(|c| format!("{dir}/{c}") != holder_path)
+        .expect("the waiter's node");
+    // `_c_<uuid>-lock-` and a 10-digit sequence number.
+    let prefix = &waiter_node[..waiter_node.len() - 10];
+    assert!(prefix.ends_with("-lock-"), "{waiter_node}");
+    let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    waiter_client
+        .create(&format!("{dir}/{prefix}"), b"", &ephemeral)
+        .await
+        .expect("the first create's node, in the waiter's session");
+
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    holder.release().await.unwrap();
+    let next = match holder_side
+        .acquire(
+            "x",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(1)),
+        )
+        .await
+    {
+        Ok(next) => next,
+        Err(e) => panic!(
+            "the next holder waits behind a node of the dropped acquire: {e}; left: {:?}",
+            admin.list_children(&dir).await
+        ),
+    };
+    next.release().await.unwrap();
+    assert_eq!(nodes(&admin, &root, "x").await, 0);
+}
