@@ -96,49 +96,82 @@ impl Cleanup {
         runtime.spawn(async move {
             // A create still in flight would race a delete by name (etcd may apply it
             // after the delete): wait for its answer and delete exactly what it made.
-            if let Some(create) = self.create.take() {
-                match tokio::time::timeout(self.timeout, create).await {
-                    Ok(Ok(Ok(Some(revision)))) => self.state = KeyState::Created(revision),
-                    Ok(Ok(Ok(None))) => self.state = KeyState::Absent,
-                    _ => {}
-                }
-                if self.is_empty() {
-                    drop(permit);
-                    return;
+            let mut create = self.create.take();
+            if let Some(running) = create.as_mut() {
+                match tokio::time::timeout(self.timeout, running).await {
+                    Ok(Ok(Ok(Some(revision)))) => {
+                        self.state = KeyState::Created(revision);
+                        create = None;
+                    }
+                    Ok(Ok(Ok(None))) => {
+                        self.state = KeyState::Absent;
+                        create = None;
+                    }
+                    // Ended without an answer: the key is deleted by name.
+                    Ok(_) => create = None,
+                    // Still running (a partition, or queued behind a slow create in the
+                    // batcher's lane): deleted by name now, and by its answer later.
+                    Err(_) => {}
                 }
             }
-            let give_up = self.session.as_ref().map(|s| Instant::now() + s.ttl() * 3);
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let attempt = tokio::time::timeout(self.timeout, self.run()).await;
-                let error = match attempt {
-                    Ok(Ok(())) => break,
-                    // A delete RBAC refuses would be refused forever; a key we may not
-                    // delete is one we could not have created.
-                    Ok(Err(error)) if crate::error::is_refused(&error) => break,
-                    Ok(Err(error)) => error,
-                    Err(_) => timed_out("a clean-up"),
+            self.undo().await;
+            if let Some(running) = create {
+                // The create may be applied after the deletion by name, and its key would
+                // then hold the name for as long as the session lives: its answer says
+                // which incarnation to delete. Waited for while the session (the key's
+                // lease) lives; a dedicated lease expires by itself.
+                let answer = match &self.session {
+                    Some(session) => tokio::select! {
+                        answer = running => Some(answer),
+                        () = session.lost() => None,
+                    },
+                    None => None,
                 };
-                let (Some(session), Some(give_up)) = (&self.session, give_up) else {
-                    tracing::warn!(key = %self.key, %error, "etcd clean-up failed; the key expires with its fixed lease");
-                    break;
-                };
-                if session.is_lost() {
-                    break;
+                if let Some(Ok(Ok(Some(revision)))) = answer {
+                    self.state = KeyState::Created(revision);
+                    self.undo().await;
                 }
-                if Instant::now() >= give_up {
-                    tracing::error!(key = %self.key, %error, "cannot delete a released key; abandoning the session so it expires");
-                    session.mark_lost(
-                        LossCause::ClientClosed,
-                        "a released key could not be deleted; the session was abandoned",
-                    );
-                    break;
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
             drop(permit);
         });
+    }
+
+    /// Deletes (or revokes) until done. Each attempt is bounded by the clean-up timeout;
+    /// see [`Cleanup::spawn`] for when it gives up.
+    async fn undo(&self) {
+        if self.is_empty() {
+            return;
+        }
+        let give_up = self.session.as_ref().map(|s| Instant::now() + s.ttl() * 3);
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let attempt = tokio::time::timeout(self.timeout, self.run()).await;
+            let error = match attempt {
+                Ok(Ok(())) => break,
+                // A delete RBAC refuses would be refused forever; a key we may not
+                // delete is one we could not have created.
+                Ok(Err(error)) if crate::error::is_refused(&error) => break,
+                Ok(Err(error)) => error,
+                Err(_) => timed_out("a clean-up"),
+            };
+            let (Some(session), Some(give_up)) = (&self.session, give_up) else {
+                tracing::warn!(key = %self.key, %error, "etcd clean-up failed; the key expires with its fixed lease");
+                break;
+            };
+            if session.is_lost() {
+                break;
+            }
+            if Instant::now() >= give_up {
+                tracing::error!(key = %self.key, %error, "cannot delete a released key; abandoning the session so it expires");
+                session.mark_lost(
+                    LossCause::ClientClosed,
+                    "a released key could not be deleted; the session was abandoned",
+                );
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
     }
 
     /// Whether there is nothing to undo.

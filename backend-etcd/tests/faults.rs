@@ -479,3 +479,70 @@ async fn keepalive_answers_slower_than_a_third_of_the_lease_keep_the_lock() {
     proxy.set(Fault::Pass);
     guard.release().await.unwrap();
 }
+
+/// A cancelled acquire whose create is still on its way (held in a partition, queued
+/// behind another create in the batcher's lane) leaves no key: the clean-up deletes by
+/// name when the create does not answer in time, and then the incarnation the create
+/// made if etcd applied it after that deletion. That key used to stay on the session
+/// lease, first under the name: a holder nobody holds, for as long as the client lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_applied_after_its_cancelled_acquire_was_cleaned_up_leaves_no_key() {
+    use etcd_client::GetOptions;
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("late-create-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        lease: Duration::from_secs(10),
+        cleanup_timeout: Duration::from_secs(1),
+        ..EtcdConfig::default()
+    };
+    let locks = std::sync::Arc::new(EtcdLock::connect(config(proxy.addr())).await.unwrap());
+    // The session exists before the partition: the creates below are what is held up.
+    locks
+        .lock("warm-up")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.set(Fault::Blackhole);
+    let other = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.lock("other").await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let cancelled = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.lock("x").await.map(drop) }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    cancelled.abort();
+    // The clean-up waits its second for the create, then deletes by name (held up too).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    proxy.set(Fault::Pass);
+    let other = other.await.unwrap().unwrap();
+    other.release().await.unwrap();
+
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let next = direct
+        .acquire(
+            "x",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(4)),
+        )
+        .await
+        .expect("no key of the cancelled acquire holds the name");
+    next.release().await.unwrap();
+    let left = direct
+        .client()
+        .kv_client()
+        .get(
+            format!("{prefix}/"),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .unwrap();
+    assert!(left.kvs().is_empty(), "{:?}", left.kvs());
+}
