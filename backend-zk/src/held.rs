@@ -2,14 +2,14 @@
 //! ([`crate::watcher`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock_core::{Error, HeldLock, Liveness, LossCause};
 use zookeeper_client as zk;
 
-use crate::error::{RETRY_PAUSE, connection_broke, map, session_ended};
+use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, session_ended};
 use crate::session::ZkSession;
 use crate::watcher::Tracked;
 
@@ -35,17 +35,30 @@ pub(crate) struct Node {
     pub(crate) session: Arc<ZkSession>,
     pub(crate) path: String,
     pub(crate) version: i32,
-    /// Set once a delete of ours succeeded (or found the node gone after our own earlier
-    /// attempt may have deleted it).
-    deleted: AtomicBool,
+    /// What a delete of ours learned for good: [`PRESENT`], [`DELETED`] or
+    /// [`GONE_UNCONFIRMED`]. Kept so that a repeated release answers as the first did.
+    gone: AtomicU8,
 }
+
+/// No delete of ours has found the node gone (it may still be there).
+const PRESENT: u8 = 0;
+/// A delete of ours removed the node.
+const DELETED: u8 = 1;
+/// The node is gone, and who removed it is unknown: see [`Deleted::Unconfirmed`].
+const GONE_UNCONFIRMED: u8 = 2;
 
 /// What a delete found.
 enum Deleted {
-    /// Our delete removed the node (or an earlier attempt of ours, whose reply was lost).
+    /// Our delete removed the node.
     Now,
     /// The node was already gone when we asked.
     AlreadyGone,
+    /// The node is gone, but whether we removed it cannot be told: a delete whose
+    /// connection broke before its answer came was sent again and found no node. The
+    /// first may have deleted it, or someone else (an operator's revoke, a raw delete)
+    /// may have before the first reached the server, or instead of it if it never did.
+    /// ZooKeeper keeps no record of who deleted a node.
+    Unconfirmed,
 }
 
 impl Node {
@@ -54,7 +67,7 @@ impl Node {
             session,
             path,
             version,
-            deleted: AtomicBool::new(false),
+            gone: AtomicU8::new(PRESENT),
         }
     }
 
@@ -63,8 +76,10 @@ impl Node {
     /// mismatch (someone wrote data to our node, as Curator's revocation does) still
     /// deletes: the path alone identifies this grant.
     async fn delete(&self, limit: Option<Duration>) -> Result<Deleted, Error> {
-        if self.deleted.load(Ordering::Acquire) {
-            return Ok(Deleted::Now);
+        match self.gone.load(Ordering::Acquire) {
+            DELETED => return Ok(Deleted::Now),
+            GONE_UNCONFIRMED => return Ok(Deleted::Unconfirmed),
+            _ => {}
         }
         let client = &self.session.client;
         let mut retried = false;
@@ -73,7 +88,7 @@ impl Node {
             loop {
                 match client.delete(&self.path, version).await {
                     Ok(()) => return Ok(Deleted::Now),
-                    Err(zk::Error::NoNode) if retried => return Ok(Deleted::Now),
+                    Err(zk::Error::NoNode) if retried => return Ok(Deleted::Unconfirmed),
                     Err(zk::Error::NoNode) => return Ok(Deleted::AlreadyGone),
                     // An ended session took its ephemeral nodes with it.
                     Err(err) if session_ended(&err) => return Ok(Deleted::AlreadyGone),
@@ -95,8 +110,12 @@ impl Node {
         };
         match outcome {
             Ok(Deleted::Now) => {
-                self.deleted.store(true, Ordering::Release);
+                self.gone.store(DELETED, Ordering::Release);
                 Ok(Deleted::Now)
+            }
+            Ok(Deleted::Unconfirmed) => {
+                self.gone.store(GONE_UNCONFIRMED, Ordering::Release);
+                Ok(Deleted::Unconfirmed)
             }
             Ok(Deleted::AlreadyGone) => Ok(Deleted::AlreadyGone),
             Err(err) => Err(map(err)),
@@ -111,7 +130,7 @@ impl Node {
     /// The task ends when the node is deleted or the session ends (requests wait in the
     /// client's queue while it reconnects, and fail for good once the session expired).
     pub(crate) fn delete_in_background(self: &Arc<Self>) {
-        if self.deleted.load(Ordering::Acquire) {
+        if self.gone.load(Ordering::Acquire) != PRESENT {
             return;
         }
         let node = self.clone();
@@ -182,10 +201,12 @@ impl HeldLock for ZkHeld {
         }
         let lost_before = self.tracked.liveness.is_lost();
         let mut extra_gone = false;
+        let mut unconfirmed = false;
         for other in &self.tracked.extra {
             match other.delete(Some(other.session.timeout())).await {
                 Ok(Deleted::Now) => {}
                 Ok(Deleted::AlreadyGone) => extra_gone = true,
+                Ok(Deleted::Unconfirmed) => unconfirmed = true,
                 Err(error) => {
                     for node in self.tracked.nodes() {
                         node.delete_in_background();
@@ -205,9 +226,20 @@ impl HeldLock for ZkHeld {
             }
         };
         match deleted {
-            Deleted::Now if !lost_before && !extra_gone => {
+            Deleted::Now if !lost_before && !extra_gone && !unconfirmed => {
                 self.released.store(true, Ordering::Release);
                 Ok(())
+            }
+            // Neither a confirmed release nor a known loss: the lock is free now, but it
+            // may have been lost before the release, so the release is not confirmed.
+            Deleted::Now | Deleted::Unconfirmed if !lost_before && !extra_gone => {
+                Err(Error::unavailable(
+                    BACKEND,
+                    "the release could not be confirmed: its delete was repeated after the \
+                     connection broke and found the lock node gone, which our first delete \
+                     or someone else's may have done (the lock may have been lost before \
+                     the release); the lock is free now",
+                ))
             }
             _ => Err(Error::lost(
                 &self.name,

@@ -37,6 +37,12 @@ use crate::transport::Transport;
 /// - **Loss**: the guard is at risk while disconnected, lost when the session expires,
 ///   when the session could not be confirmed for `session_timeout` (local monotonic
 ///   deadline), or when its node is deleted by someone else.
+/// - **Release** deletes the node: `Ok` when our delete removed it, [`Error::Lost`] when
+///   it was gone already. A delete whose connection broke before its answer came is sent
+///   again on the next connection; if that one finds the node gone, our first delete may
+///   have removed it or someone else may have (ZooKeeper does not say who), and the
+///   release answers [`Error::Unavailable`]: the lock is free, but whether it was held
+///   until the release cannot be told.
 ///
 /// # Leader election
 ///

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fencelock_core::{AcquireOptions, DistributedLock, DistributedLockExt};
-use fencelock_testkit::ZkServer;
+use fencelock_core::{AcquireOptions, DistributedLock, DistributedLockExt, Error};
+use fencelock_testkit::{Fault, FaultProxy, ZkServer};
 use fencelock_zk::zookeeper_client as zk;
 use fencelock_zk::{ZkConfig, ZkLock};
 use tokio::time::Instant;
@@ -325,4 +325,126 @@ async fn dropped_acquire_deletes_every_node_of_its_uuid() {
     };
     next.release().await.unwrap();
     assert_eq!(nodes(&admin, &root, "x").await, 0);
+}
+
+/// A release whose delete was lost with its connection, while someone else (an
+/// operator's revoke, a raw delete) removed the node, finds the node gone when it repeats
+/// the delete. It cannot tell that from its own first delete having been applied, so it
+/// does not answer `Ok`: the lock may have been lost before the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_a_broken_connection_does_not_claim_a_node_deleted_by_another() {
+    let server = ZkServer::shared();
+    let proxy = FaultProxy::start(&server.connect_string());
+    let root = random_root("broken-release-revoked");
+    let behind_proxy = ZkLock::connect(
+        ZkConfig::new(proxy.addr())
+            .with_chroot(&root)
+            .unwrap()
+            .with_session_timeout(SESSION),
+    )
+    .await
+    .expect("connect through the proxy");
+    let direct = ZkLock::connect(
+        ZkConfig::new(server.connect_string())
+            .with_chroot(&root)
+            .unwrap()
+            .with_session_timeout(Duration::from_secs(10)),
+    )
+    .await
+    .expect("connect");
+    let admin = direct.client().await.unwrap();
+    let session = behind_proxy.client().await.unwrap().session_id();
+
+    let guard = behind_proxy.lock("job").await.unwrap();
+    let path = guard.backend_key().unwrap().to_owned();
+    proxy.set(Fault::Blackhole);
+    let release = tokio::spawn(async move { guard.release().await });
+    // The release's delete is sent and held by the partition.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    admin
+        .delete(&path, None)
+        .await
+        .expect("the operator's revoke deletes the holder's node");
+    // The connection breaks with the delete unanswered (and never delivered); the client
+    // reconnects and repeats it.
+    proxy.reset_connections();
+    proxy.set(Fault::Pass);
+    let released = tokio::time::timeout(Duration::from_secs(10), release)
+        .await
+        .expect("the release answers")
+        .unwrap();
+    assert!(
+        matches!(
+            released,
+            Err(Error::Unavailable { .. } | Error::Lost { .. })
+        ),
+        "release answered {released:?} for a node someone else deleted"
+    );
+    eprintln!("release after the revoke: {released:?}");
+    assert_eq!(
+        behind_proxy.client().await.unwrap().session_id(),
+        session,
+        "the session behind the proxy lives on"
+    );
+    let next = direct
+        .try_lock("job")
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    next.release().await.unwrap();
+}
+
+/// The other case the repeated delete cannot tell apart: the first delete was applied
+/// and only its answer was lost. The release is unconfirmed (`Unavailable`), not a loss
+/// (which would count as one, and raise the lock-loss alarm), and the lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_whose_applied_delete_lost_its_answer_is_unconfirmed() {
+    let server = ZkServer::shared();
+    let proxy = FaultProxy::start(&server.connect_string());
+    let root = random_root("broken-release-applied");
+    let behind_proxy = ZkLock::connect(
+        ZkConfig::new(proxy.addr())
+            .with_chroot(&root)
+            .unwrap()
+            .with_session_timeout(SESSION),
+    )
+    .await
+    .expect("connect through the proxy");
+    let direct = ZkLock::connect(
+        ZkConfig::new(server.connect_string())
+            .with_chroot(&root)
+            .unwrap()
+            .with_session_timeout(Duration::from_secs(10)),
+    )
+    .await
+    .expect("connect");
+    let admin = direct.client().await.unwrap();
+
+    let guard = behind_proxy.lock("job").await.unwrap();
+    proxy.set(Fault::DropReplies);
+    let release = tokio::spawn(async move { guard.release().await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nodes(&admin, &root, "job").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the release's delete never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.reset_connections();
+    proxy.set(Fault::Pass);
+    let released = tokio::time::timeout(Duration::from_secs(10), release)
+        .await
+        .expect("the release answers")
+        .unwrap();
+    assert!(
+        matches!(released, Err(Error::Unavailable { .. })),
+        "{released:?}"
+    );
+    let next = direct
+        .try_lock("job")
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    next.release().await.unwrap();
 }
