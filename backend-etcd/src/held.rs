@@ -380,7 +380,9 @@ impl HeldLock for EtcdHeld {
             return Err(Error::lost(&self.name, "the lock was already given up"));
         };
         // Armed until the delete is confirmed: a release future dropped at the await
-        // below leaves the delete to the background instead of the key to the session.
+        // below leaves the delete to the background instead of the key to the session,
+        // and a retried release is told so (not "lost").
+        self.handed_off.store(true, Ordering::SeqCst);
         let mut armed = Armed::new(cleanup);
         let attempt = {
             let cleanup = armed.get();
@@ -420,12 +422,12 @@ impl HeldLock for EtcdHeld {
             // The gate turn can go as soon as the key is known to be gone.
             Ok(()) => drop(armed.disarm()),
             // Gone already; only a dedicated lease may be left to revoke.
-            Err(Error::Lost { .. }) => armed.get().state = KeyState::Absent,
-            // Unknown: keep trying in the background before anyone reuses the key.
-            Err(_) => {
-                self.handed_off.store(true, Ordering::SeqCst);
-                drop(armed);
+            Err(Error::Lost { .. }) => {
+                self.handed_off.store(false, Ordering::SeqCst);
+                armed.get().state = KeyState::Absent;
             }
+            // Unknown: keep trying in the background before anyone reuses the key.
+            Err(_) => drop(armed),
         }
         outcome
     }

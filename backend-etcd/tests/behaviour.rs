@@ -753,3 +753,29 @@ async fn lease_count(server: &EtcdServer) -> usize {
         .unwrap();
     client.leases().await.unwrap().leases().len()
 }
+
+/// A release whose future is dropped mid-way leaves its delete to the background; a
+/// release retried after it is not told "lost" (the lock was held to the release), as
+/// the trait promises that calling release again is safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_retried_after_a_dropped_one_is_not_a_loss() {
+    let locks = client("dropped-release").await;
+    let guard = locks.lock("x").await.unwrap();
+    // Polled once: the delete is sent, then the future is dropped.
+    let first = tokio::time::timeout(Duration::ZERO, guard.held().release()).await;
+    assert!(first.is_err(), "answered within one poll: {first:?}");
+    let retried = guard.held().release().await;
+    assert!(
+        !matches!(retried, Err(Error::Lost { .. })),
+        "a retried release called the lock lost: {retried:?}"
+    );
+    drop(guard);
+    let other = client("dropped-release").await;
+    other
+        .acquire("x", AcquireOptions::new().wait_timeout(Duration::from_secs(3)))
+        .await
+        .expect("the dropped release's delete went on")
+        .release()
+        .await
+        .unwrap();
+}
