@@ -6,7 +6,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::support::{unique_name, until_waiters};
-use crate::{AcquireOptions, DistributedLock, DistributedLockExt};
+use crate::{AcquireOptions, DistributedLock, DistributedLockExt, Error};
 
 /// 200 acquires dropped at random points (before the first poll, after one poll, after a
 /// random short wait) while another task holds the lock: afterwards no waiter is left,
@@ -93,4 +93,39 @@ pub async fn dropped_guard_frees_promptly(lock: &dyn DistributedLock) {
         "lock freed {after:?} after the guard was dropped"
     );
     next.release().await.expect("release");
+}
+
+/// A release whose future is dropped after its first poll (the request may be on its
+/// way) may leave its work to the background, but a release retried after it is not
+/// told the lock was lost: the grant was held until the release. The name is then free.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
+pub async fn a_release_retried_after_a_dropped_one_is_not_a_loss(lock: &dyn DistributedLock) {
+    let name = unique_name("dropped-release");
+    let guard = lock.lock(&name).await.expect("acquire");
+    let handle = guard.held().clone();
+    // Polled once, then dropped (unless it finished at once).
+    let _ = tokio::time::timeout(Duration::ZERO, handle.release()).await;
+    let retried = handle.release().await;
+    assert!(
+        !matches!(retried, Err(Error::Lost { .. })),
+        "a release retried after a dropped one said the lock was lost: {retried:?}"
+    );
+    drop(guard);
+    lock.acquire(
+        &name,
+        AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+    )
+    .await
+    .expect("the name is free after the dropped and the retried release")
+    .release()
+    .await
+    .expect("release");
 }

@@ -26,7 +26,10 @@ mod rwlock;
 mod semaphore;
 mod support;
 
-pub use cancellation::{cancelled_acquires_leave_nothing, dropped_guard_frees_promptly};
+pub use cancellation::{
+    a_release_retried_after_a_dropped_one_is_not_a_loss, cancelled_acquires_leave_nothing,
+    dropped_guard_frees_promptly,
+};
 pub use clients::{
     exclusion_is_visible_across_clients, mutual_exclusion_across_clients,
     try_lock_races_across_clients,
@@ -86,6 +89,7 @@ macro_rules! conformance_suite {
             with_lock_cancels_work_on_loss,
             cancelled_acquires_leave_nothing,
             dropped_guard_frees_promptly,
+            a_release_retried_after_a_dropped_one_is_not_a_loss,
             expiry_after_handoff_passes_the_turn_on,
             contended_fixed_lease_starts_at_grant,
             odd_names_are_independent,
