@@ -26,6 +26,9 @@ pub(crate) struct ZkHeld {
     releasing: tokio::sync::Mutex<()>,
     /// A release returned `Ok`: later ones do too.
     released: AtomicBool,
+    /// A release sent its deletes (its future may have been dropped before the answers
+    /// came): a node a repeated release finds gone may be one that release removed.
+    release_sent: AtomicBool,
 }
 
 /// The lock node of one grant. Its path holds a fresh uuid, so it names this grant and
@@ -177,6 +180,7 @@ impl ZkHeld {
             fixed: cap.is_some(),
             releasing: tokio::sync::Mutex::new(()),
             released: AtomicBool::new(false),
+            release_sent: AtomicBool::new(false),
         }
     }
 
@@ -200,11 +204,20 @@ impl HeldLock for ZkHeld {
             return Ok(());
         }
         let lost_before = self.tracked.liveness.is_lost();
+        // After a release whose future was dropped, a node found gone may be its doing:
+        // not a known loss, but not a confirmed release either.
+        let repeated = self.release_sent.swap(true, Ordering::AcqRel);
+        let gone = if repeated {
+            Deleted::Unconfirmed
+        } else {
+            Deleted::AlreadyGone
+        };
         let mut extra_gone = false;
         let mut unconfirmed = false;
         for other in &self.tracked.extra {
             match other.delete(Some(other.session.timeout())).await {
                 Ok(Deleted::Now) => {}
+                Ok(Deleted::AlreadyGone) if repeated => unconfirmed = true,
                 Ok(Deleted::AlreadyGone) => extra_gone = true,
                 Ok(Deleted::Unconfirmed) => unconfirmed = true,
                 Err(error) => {
@@ -217,6 +230,7 @@ impl HeldLock for ZkHeld {
         }
         let node = self.node();
         let deleted = match node.delete(Some(node.session.timeout())).await {
+            Ok(Deleted::AlreadyGone) => gone,
             Ok(deleted) => deleted,
             Err(error) => {
                 // The caller learns that the release is unconfirmed, but the node must
@@ -241,13 +255,20 @@ impl HeldLock for ZkHeld {
                      the release); the lock is free now",
                 ))
             }
-            _ => Err(Error::lost(
-                &self.name,
-                self.tracked
-                    .liveness
-                    .lost_reason()
-                    .unwrap_or("the lock node was already gone at release"),
-            )),
+            _ => {
+                // Told once, told again: a repeated release answers the same.
+                self.tracked.liveness.mark_lost(
+                    LossCause::KeyGone,
+                    "the lock node was already gone at release",
+                );
+                Err(Error::lost(
+                    &self.name,
+                    self.tracked
+                        .liveness
+                        .lost_reason()
+                        .unwrap_or("the lock node was already gone at release"),
+                ))
+            }
         }
     }
 
