@@ -772,7 +772,10 @@ async fn a_release_retried_after_a_dropped_one_is_not_a_loss() {
     drop(guard);
     let other = client("dropped-release").await;
     other
-        .acquire("x", AcquireOptions::new().wait_timeout(Duration::from_secs(3)))
+        .acquire(
+            "x",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(3)),
+        )
         .await
         .expect("the dropped release's delete went on")
         .release()

@@ -27,7 +27,9 @@ use std::time::Duration;
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
-        return Err(format!("`{text}` is empty: write a duration such as 250ms, 30s or 2m"));
+        return Err(format!(
+            "`{text}` is empty: write a duration such as 250ms, 30s or 2m"
+        ));
     }
     if trimmed == "0" {
         return Ok(Duration::ZERO);
@@ -122,7 +124,10 @@ mod tests {
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("1h 30m 15s"), Ok(Duration::from_secs(5415)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("1.5 s 20ms"), Ok(Duration::from_millis(1520)));
+        assert_eq!(
+            parse_duration("1.5 s 20ms"),
+            Ok(Duration::from_millis(1520))
+        );
         assert_eq!(parse_duration(" 2 0s "), Ok(Duration::from_secs(20)));
         assert_eq!(parse_duration("500µs"), Ok(Duration::from_micros(500)));
         assert_eq!(parse_duration("1min 1sec"), Ok(Duration::from_secs(61)));
