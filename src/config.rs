@@ -110,6 +110,11 @@ impl Config {
         if scheme.is_empty() {
             return Err(invalid("the scheme is empty"));
         }
+        if !fencelock_core::urlparts::is_scheme(scheme) {
+            return Err(invalid(
+                "expected SCHEME://..., for example mem:// or etcd://host:2379/locks",
+            ));
+        }
         let (head, query) = match url.split_once('?') {
             Some((head, query)) => (head, Some(query)),
             None => (url, None),
@@ -525,5 +530,17 @@ mod tests {
         }
         let err = Config::from_url("redis://:hunter2@h:1?require=nope").unwrap_err();
         assert!(!format!("{err} {err:?}").contains("hunter2"));
+        // A secret option's name percent-encoded, as the backends read it.
+        let c =
+            Config::from_url("redis+sentinel://s1:26379/m?sentinel%5Fpassword=hunter2").unwrap();
+        for shown in [c.to_string(), format!("{c:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+        // A password of digits with a raw `?name=` in it.
+        let c = Config::from_url("redis://u:123?a=b@h").map(|c| c.to_string());
+        assert!(!format!("{c:?}").contains("123?a=b"), "{c:?}");
+        // No scheme before the first `://`.
+        let err = Config::from_url("admin:hunter2@h/x?legacy=redis://y").unwrap_err();
+        assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
     }
 }

@@ -211,6 +211,12 @@ async fn open_scheme(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
         "rediss" | "rediss+sentinel" | "rediss+cluster" | "redlocks" => {
             Err(not_compiled(scheme, "redis-tls"))
         }
+        // Text before the first `://` that is no scheme (`admin:pw@h/x?legacy=redis`) is
+        // not quoted back: it may hold a password.
+        _ if !fencelock_core::urlparts::is_scheme(scheme) => Err(invalid(
+            url,
+            "expected SCHEME://..., for example mem:// or etcd://host:2379",
+        )),
         _ => Err(Error::UnknownScheme {
             scheme: scheme.to_owned(),
             supported: SUPPORTED_SCHEMES.to_vec(),
@@ -469,12 +475,19 @@ mod tests {
 
     #[tokio::test]
     async fn invalid_url_errors_hide_passwords() {
-        let err = connect("mem://admin:hunter2@x").await.unwrap_err();
-        let (shown, debug) = (err.to_string(), format!("{err:?}"));
-        assert!(
-            !shown.contains("hunter2") && !debug.contains("hunter2"),
-            "{shown} / {debug}"
-        );
+        for url in [
+            "mem://admin:hunter2@x",
+            // No scheme before the first `://`: not quoted back as one.
+            "admin:hunter2@h/x?legacy=redis://y",
+            "redis+sentinel://s1:26379/m?sentinel%5Fpassword=hunter2&bogus=1",
+        ] {
+            let err = connect(url).await.unwrap_err();
+            let (shown, debug) = (err.to_string(), format!("{err:?}"));
+            assert!(
+                !shown.contains("hunter2") && !debug.contains("hunter2"),
+                "{shown} / {debug}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -38,9 +38,12 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Whether the query parameter `key` holds a secret: one of [`SECRET_PARAMS`], or a
-/// name ending in `_` and one of them (`sentinel_password`).
+/// name ending in `_` and one of them (`sentinel_password`), also percent-encoded
+/// (`sentinel%5Fpassword`), as the backends decode keys before reading them.
 fn is_secret(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
+    let key = percent_encoding::percent_decode_str(key)
+        .decode_utf8_lossy()
+        .to_ascii_lowercase();
     SECRET_PARAMS
         .iter()
         .any(|secret| key == *secret || key.ends_with(&format!("_{secret}")))
@@ -79,10 +82,12 @@ pub const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHAN
 /// their own, see `urlparts::query_start`): a password with a raw `/`, `?`, `#` or `=`
 /// is still found and hidden, though a URL with the first three is refused as malformed.
 ///
-/// Without `://` (a typo such as `redis:/:pw@h`), everything before the last `@` but a
+/// Without `://` (a typo such as `redis:/:pw@h`, or no scheme before it), everything before the last `@` but a
 /// leading scheme is hidden.
 fn split_userinfo(url: &str) -> (String, &str) {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    // Text before the first `://` that is no scheme (`admin:pw@h/x?legacy=redis://y`)
+    // is read as a URL without one.
+    let Some((scheme, rest)) = url.split_once("://").filter(|(s, _)| is_scheme(s)) else {
         let Some(at) = url.rfind('@') else {
             return (String::new(), url);
         };
@@ -104,6 +109,12 @@ fn split_userinfo(url: &str) -> (String, &str) {
     if limit < rest.len() && !before.is_empty() && !plausible_hosts(hosts) {
         return (format!("{scheme}://***"), "");
     }
+    // No user info and no path before the query, but a raw `@` in it outside any
+    // nested URL (`u:123?a=b@h`): the `?` may be in a password, before which the user
+    // info looks like `host:port`. (An IPv6 host in brackets cannot be user info.)
+    if !before.contains(['@', '/']) && !before.starts_with('[') && raw_at_in_query(&rest[limit..]) {
+        return (format!("{scheme}://***"), "");
+    }
     let Some(at) = rest[..limit].rfind('@') else {
         return (format!("{scheme}://"), rest);
     };
@@ -113,12 +124,15 @@ fn split_userinfo(url: &str) -> (String, &str) {
     (format!("{scheme}://{user}{secret}@"), &rest[at + 1..])
 }
 
-/// Whether `s` looks like a URL scheme (`redis`, `redis+sentinel`, `etcds`).
-fn is_scheme(s: &str) -> bool {
-    s.starts_with(|c: char| c.is_ascii_alphabetic())
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+/// Whether a query (from its `?`) has an `@` outside the values that are URLs of
+/// their own (the legs of `migrate://`, which may hold user info).
+fn raw_at_in_query(query: &str) -> bool {
+    query
+        .split('&')
+        .any(|pair| pair.contains('@') && !pair.contains("://"))
 }
+
+use crate::urlparts::is_scheme;
 
 /// Whether `s` (a URL after `SCHEME://`, up to its query) starts with a host list:
 /// `host[:port]` (an IPv6 host in brackets), comma separated, then nothing or a `/` path.
@@ -168,6 +182,15 @@ mod tests {
             ("redis://:pa?ss@h:1?prefix=x", "redis://:***@h:1?prefix=x"),
             ("etcd://u:p#w@h/x?lease=2s", "etcd://u:***@h/x?lease=2s"),
             ("redis://h:1/0?prefix=a@b", "redis://h:1/0?prefix=a@b"),
+            // A password of digits with a raw `?name=` in it: `u:123` looks like a host.
+            ("redis://u:123?a=b@h", "redis://***"),
+            ("redis://h:1?prefix=a@b", "redis://***"),
+            // A secret option's name percent-encoded, as the backends decode it.
+            (
+                "redis+sentinel://s1:26379/m?sentinel%5Fpassword=hunter2",
+                "redis+sentinel://s1:26379/m?sentinel%5Fpassword=***",
+            ),
+            ("x://h/?pass%77ord=hunter2", "x://h/?pass%77ord=***"),
             ("redis://:p=w@h:1", "redis://:***@h:1"),
             ("redis://:p&w=x@h:1?db=1", "redis://:***@h:1?db=1"),
             (
@@ -184,6 +207,11 @@ mod tests {
             ("redis:/:hunter2@cache:6379", "redis:***@cache:6379"),
             ("etcd:root:s3cret@h:2379/locks", "etcd:***@h:2379/locks"),
             ("no-at-sign:here", "no-at-sign:here"),
+            // No scheme before the first `://`.
+            (
+                "admin:hunter2@h/x?legacy=redis://y",
+                "admin:***@h/x?legacy=redis://y",
+            ),
             // A raw `?` in a password that looks like the start of a query.
             ("redis://:s3cr?et=x@h:6379", "redis://***"),
             // User info with a host list: the query is the query, its secrets hidden.

@@ -33,6 +33,15 @@ pub fn check_userinfo_encoded(rest: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `s` is a URL scheme as RFC 3986 spells one (`redis`, `redis+sentinel`,
+/// `etcds`): a letter, then letters, digits, `+`, `-` and `.`. Text before a `://` that
+/// is not (`admin:pw@h/x?legacy=redis`) is never to be quoted as a scheme.
+pub fn is_scheme(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
 /// Where the query of `rest` (a URL after `SCHEME://`) begins: the first `?` followed by
 /// an option name and `=`; the length of `rest` without one. A `?` in a malformed
 /// password is not followed by a name and `=` (unless the password has that very shape),
