@@ -82,8 +82,8 @@ pub const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHAN
 /// their own, see `urlparts::query_start`): a password with a raw `/`, `?`, `#` or `=`
 /// is still found and hidden, though a URL with the first three is refused as malformed.
 ///
-/// Without `://` (a typo such as `redis:/:pw@h`, or no scheme before it), everything before the last `@` but a
-/// leading scheme is hidden.
+/// Without `://` (a typo such as `redis:/:pw@h`), or with no scheme before it,
+/// everything before the last `@` but a leading scheme is hidden.
 fn split_userinfo(url: &str) -> (String, &str) {
     // Text before the first `://` that is no scheme (`admin:pw@h/x?legacy=redis://y`)
     // is read as a URL without one.
