@@ -48,7 +48,7 @@ impl Events {
                 "token": guard.token().get(),
             }));
         } else if self.verbose {
-            eprintln!(
+            crate::exit::say!(
                 "fencelock: acquired {:?} on {} (token {}, key {})",
                 guard.name(),
                 guard.backend(),
@@ -63,7 +63,7 @@ impl Events {
         if self.json {
             self.emit(json!({ "event": "released", "name": name }));
         } else if self.verbose {
-            eprintln!("fencelock: released {name:?}");
+            crate::exit::say!("fencelock: released {name:?}");
         }
     }
 
@@ -92,7 +92,7 @@ impl Events {
         if self.json {
             self.emit(json!({ "event": "warning", "message": message }));
         } else if !self.quiet {
-            eprintln!("fencelock: warning: {message}");
+            crate::exit::say!("fencelock: warning: {message}");
         }
     }
 }

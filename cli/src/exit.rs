@@ -148,3 +148,26 @@ mod tests {
         );
     }
 }
+
+/// `eprintln!` that ignores a standard error that cannot be written (a closed pipe:
+/// `fencelock run -v ... 2>&1 | head -1`), where `eprintln!` panics. A message that
+/// cannot be shown must not turn a documented exit code into a panic's 101, nor unwind
+/// through a held guard.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+pub(crate) use say;
+
+/// [`say!`] without the newline.
+macro_rules! say_more {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(stderr, $($arg)*);
+        let _ = stderr.flush();
+    }};
+}
+pub(crate) use say_more;

@@ -79,7 +79,7 @@ pub async fn revoke(args: RevokeArgs) -> Result<u8, Failure> {
             crate::exit::println_out(&outcome(&args, None, false).to_string())?;
             return Ok(code::OK);
         };
-        eprintln!("{}", outcome(&args, Some(&holder), false));
+        crate::exit::say!("{}", outcome(&args, Some(&holder), false));
         return Err(Failure::usage(format!(
             "not revoked: {} is held (token {}); add --yes to take it away",
             args.name, holder.token

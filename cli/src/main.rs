@@ -58,7 +58,7 @@ fn main() -> ExitCode {
 }
 
 fn fail(failure: Failure) -> ExitCode {
-    eprintln!("fencelock: {failure}");
+    crate::exit::say!("fencelock: {failure}");
     ExitCode::from(failure.code)
 }
 

@@ -579,3 +579,27 @@ fn unwritable_output_is_exit_74_not_a_panic() {
         );
     }
 }
+
+/// A standard error that cannot be written (here `/dev/full`, as a closed pipe would
+/// be: `fencelock run -v ... 2>&1 | head -1`) costs the messages only: the command's
+/// exit code and the usage code come through, not a panic's 101.
+#[test]
+fn unwritable_standard_error_is_not_a_panic() {
+    for (args, code) in [
+        (&["run", "-v", "--url", "mem://", "x", "--", "true"][..], 0),
+        (
+            &[
+                "run", "-v", "--url", "mem://", "x", "--", "sh", "-c", "exit 3",
+            ],
+            3,
+        ),
+        (&["run", "--url", "consul://x", "a", "--", "true"], USAGE),
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = fencelock().args(args).stderr(full).output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+    }
+}

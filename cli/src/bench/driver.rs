@@ -248,7 +248,7 @@ fn rewrite_in_place() -> bool {
 
 fn end_progress_line() {
     if rewrite_in_place() {
-        eprint!("\r\x1b[K");
+        crate::exit::say_more!("\r\x1b[K");
     }
 }
 

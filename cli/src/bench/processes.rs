@@ -213,7 +213,7 @@ fn summarize(
             ),
         )?;
         if inversions > 0 {
-            eprintln!(
+            crate::exit::say!(
                 "fencelock: note: {inversions} waiters were served before a waiter of an \
                  earlier process (FIFO holds within each process; the processes took turns)"
             );

@@ -67,7 +67,7 @@ pub(super) fn options(args: &BenchArgs) -> AcquireOptions {
 
 pub(super) fn progress(args: &BenchArgs, line: impl AsRef<str>) {
     if !args.quiet {
-        eprintln!("{}", line.as_ref());
+        crate::exit::say!("{}", line.as_ref());
     }
 }
 
