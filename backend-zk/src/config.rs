@@ -21,14 +21,21 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MIN_LEASE: Duration = Duration::from_secs(4);
 
 /// Which ACL the znodes fencelock creates (lock nodes, their parents, the chroot) get.
+///
+/// The default follows the credentials: [`CreatorOnly`](AclPolicy::CreatorOnly) when
+/// the configuration has some (a client that authenticates means its locks to be its
+/// own: ZooKeeper's own advice for authenticated deployments), [`Open`](AclPolicy::Open)
+/// without. `acl=open` keeps authenticated clients' nodes open to all, for a mixed
+/// deployment whose other clients do not authenticate (Curator's default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AclPolicy {
     /// `world:anyone:cdrwa` (ZooKeeper's `OPEN_ACL_UNSAFE`): anyone who can reach the
-    /// ensemble can read, take and delete the locks. The default, as in Curator.
+    /// ensemble can read, take and delete the locks. The default without credentials,
+    /// as in Curator.
     #[default]
     Open,
     /// `auth::cdrwa` (`CREATOR_ALL_ACL`): only sessions authenticated as the creator
-    /// (the same digest user) can touch the nodes. Needs digest credentials.
+    /// (the same user) can touch the nodes. Needs credentials; the default with them.
     CreatorOnly,
 }
 
@@ -133,7 +140,7 @@ impl fmt::Debug for DigestAuth {
 /// |---|---|---|
 /// | `session_timeout` | session timeout = lease of `Lease::Renewing` locks with the default duration; `30s`, `1500ms`, `2m` | `30s` |
 /// | `min_lease` | the shortest lease accepted; set it to the server's `minSessionTimeout` | `4s` |
-/// | `acl` | `open` or `creator` (see [`AclPolicy`]) | `open` |
+/// | `acl` | `open` or `creator` (see [`AclPolicy`]) | `creator` with credentials, else `open` |
 /// | `connect_timeout` | how long opening a session may take (a server that accepts the connection but never answers fails after this long) | `5s` |
 /// | `sasl` | `digest-md5`: the user info is SASL DIGEST-MD5 credentials (see [`AuthMethod`]) | unset: `addauth digest` |
 /// | `ca`, `cert`, `key` | `zks://` only: TLS files (see [`ZkTls`]) | system roots, no client certificate |
@@ -172,7 +179,8 @@ pub struct ZkConfig {
     connect_timeout: Duration,
     auth: Option<DigestAuth>,
     auth_method: AuthMethod,
-    acl: AclPolicy,
+    /// As set; `None` follows the credentials (see [`AclPolicy`]).
+    acl: Option<AclPolicy>,
     tls: Option<ZkTls>,
 }
 
@@ -188,7 +196,7 @@ impl ZkConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             auth: None,
             auth_method: AuthMethod::Digest,
-            acl: AclPolicy::Open,
+            acl: None,
             tls: None,
         }
     }
@@ -292,8 +300,8 @@ impl ZkConfig {
                 }
                 "acl" => {
                     config.acl = match value {
-                        "open" => AclPolicy::Open,
-                        "creator" => AclPolicy::CreatorOnly,
+                        "open" => Some(AclPolicy::Open),
+                        "creator" => Some(AclPolicy::CreatorOnly),
                         _ => {
                             return Err(bad(format!("acl must be open or creator, not {value:?}")));
                         }
@@ -369,9 +377,10 @@ impl ZkConfig {
         self
     }
 
-    /// Sets the ACL of the znodes fencelock creates.
+    /// Sets the ACL of the znodes fencelock creates (by default it follows the
+    /// credentials, see [`AclPolicy`]).
     pub fn with_acl(mut self, acl: AclPolicy) -> Self {
-        self.acl = acl;
+        self.acl = Some(acl);
         self
     }
 
@@ -415,9 +424,14 @@ impl ZkConfig {
         self.tls.as_ref()
     }
 
-    /// The ACL policy.
+    /// The ACL policy: as set, or [`AclPolicy::CreatorOnly`] with credentials and
+    /// [`AclPolicy::Open`] without.
     pub fn acl(&self) -> AclPolicy {
-        self.acl
+        self.acl.unwrap_or(if self.auth.is_some() {
+            AclPolicy::CreatorOnly
+        } else {
+            AclPolicy::Open
+        })
     }
 
     /// Checks that the settings fit together.
@@ -445,7 +459,7 @@ impl ZkConfig {
         if self.session_timeout < self.min_lease {
             return invalid("session_timeout is shorter than min_lease");
         }
-        if self.acl == AclPolicy::CreatorOnly && self.auth.is_none() {
+        if self.acl() == AclPolicy::CreatorOnly && self.auth.is_none() {
             return invalid("acl=creator needs digest credentials (zk://user:password@...)");
         }
         if self.auth_method == AuthMethod::SaslDigestMd5 && self.auth.is_none() {
@@ -470,7 +484,7 @@ impl fmt::Debug for ZkConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("auth", &self.auth)
             .field("auth_method", &self.auth_method)
-            .field("acl", &self.acl)
+            .field("acl", &self.acl())
             .field("tls", &self.tls)
             .finish()
     }
@@ -542,6 +556,8 @@ mod tests {
             ("zk://h?session_timeout=5000ms", "h:2181", "", s(5), s(4), None, AclPolicy::Open),
             ("zk://u:p%40ss@h/l%20x?acl=creator", "h:2181", "/l x", s(30), s(4), Some(("u", "p@ss")), AclPolicy::CreatorOnly),
             ("ZK://u:@h?acl=open", "h:2181", "", s(30), s(4), Some(("u", "")), AclPolicy::Open),
+            // Credentials without `acl=`: the nodes are the creator's.
+            ("zk://u:p@h", "h:2181", "", s(30), s(4), Some(("u", "p")), AclPolicy::CreatorOnly),
         ];
         for (url, hosts, chroot, timeout, min, auth, acl) in table {
             let c = ok(url);

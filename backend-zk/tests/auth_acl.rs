@@ -103,3 +103,25 @@ async fn fenced_nodes_keep_the_creator_acl() {
     fence.delete(&data, None).await.unwrap();
     guard.release().await.unwrap();
 }
+
+/// Credentials without `acl=` make the nodes the creator's: another identity cannot
+/// delete a holder's node (ZooKeeper's advice for authenticated deployments; S-Z1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_alone_make_the_nodes_the_creators() {
+    let server = ZkServer::shared();
+    let root = format!("/acl-default-{:x}", std::process::id());
+    let url = format!("zk://app:s3cret@{}{root}", server.connect_string());
+    let locks = fencelock_zk::connect(&url).await.unwrap();
+    let guard = locks.lock("x").await.unwrap();
+    let node = guard.backend_key().expect("a node path").to_owned();
+
+    let other = zk::Client::connect(&server.connect_string()).await.unwrap();
+    other.auth("digest", b"mallory:other").await.unwrap();
+    let deleted = other.delete(&node, None).await;
+    assert!(
+        matches!(deleted, Err(zk::Error::NoAuth)),
+        "another identity deleted the holder's node: {deleted:?}"
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}
