@@ -233,6 +233,7 @@ impl RedisLock {
                 owner.clone(),
                 duration,
                 liveness.clone(),
+                sent,
             );
         }
         let held = RedisHeld {

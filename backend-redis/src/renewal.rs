@@ -80,7 +80,13 @@ impl Renewals {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts renewing lock `id` every third of `lease`; starts the task if needed.
+    /// Starts renewing lock `id`, granted by a request sent at `sent`, every third of
+    /// `lease`; starts the task if needed.
+    ///
+    /// The first renewal is due a third of the lease after `sent`, the instant the
+    /// lock's deadline counts from, not after the grant arrived: on a slow link (or
+    /// with a Redlock instance that made the grant wait) counting from the arrival
+    /// would leave less than the renewal's round trip before the deadline.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert(
         &self,
@@ -90,8 +96,9 @@ impl Renewals {
         owner: String,
         lease: Duration,
         liveness: Liveness,
+        sent: Instant,
     ) {
-        let next_due = Instant::now() + lease / 3;
+        let next_due = sent + lease / 3;
         let mut state = self.state();
         state.entries.insert(
             id,

@@ -588,3 +588,50 @@ async fn a_grant_answered_after_its_lease_is_unavailable_not_contended() {
     let exists: bool = conn.exists(format!("{prefix}{{slow}}")).await.unwrap();
     assert!(!exists, "the late grant's key was left");
 }
+
+/// A renewing lock over a link whose answers come 400 ms late (a 1 s lease, 988 ms of
+/// which the client counts on from when the acquire was sent) stays held: its first
+/// renewal is due a third of the lease after the acquire was *sent*, the instant its
+/// deadline counts from, so it is sent as soon as the grant arrives and answered at
+/// 0.8 s. It used to be scheduled a third of the lease after the grant *arrived*, sent
+/// at 0.73 s and answered at 1.13 s, past the deadline: the lock was reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewing_lock_on_a_slow_link_is_renewed_in_time() {
+    let server = RedisServer::shared();
+    let proxy = fencelock_testkit::FaultProxy::start(&server.addr());
+    let prefix = format!("slow-link-{:x}:", std::process::id());
+    let url = format!("redis://{}?prefix={prefix}", proxy.addr());
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    // Loads the acquire, renewal and release scripts while answers are quick.
+    let warm = locks
+        .acquire(
+            "warm-up",
+            AcquireOptions::new()
+                .fixed_lease(Duration::from_secs(1))
+                .no_wait(),
+        )
+        .await
+        .unwrap();
+    warm.extend(Duration::from_secs(1)).await.unwrap();
+    warm.release().await.unwrap();
+    proxy.set(fencelock_testkit::Fault::DelayReplies(
+        Duration::from_millis(400),
+    ));
+    let guard = locks
+        .acquire(
+            "slow-link",
+            AcquireOptions::new()
+                .lease(Duration::from_secs(1))
+                .no_wait(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !guard.is_lost(),
+        "a lock renewed on time over a slow link was reported lost: {:?}",
+        guard.lost_reason()
+    );
+    guard.release().await.unwrap();
+    proxy.set(fencelock_testkit::Fault::Pass);
+}
