@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use fencelock_core::{Error, FencingToken, LossCause};
+use futures_util::StreamExt;
 use futures_util::future::join_all;
-use redis::Value;
+use futures_util::stream::FuturesUnordered;
+use redis::{FromRedisValue, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -16,7 +18,7 @@ use crate::config::RedisConfig;
 use crate::keys::LockKeys;
 use crate::node::{BACKEND, Node};
 use crate::renewal::Renewals;
-use crate::scripts;
+use crate::scripts::{self, Call};
 use crate::subscriber::Subscriber;
 
 /// The margin for clock drift subtracted from every local deadline: 1 % of the lease
@@ -192,6 +194,56 @@ impl Engine {
             .unwrap_or_else(|_| Err(Error::unavailable(BACKEND, "timed out")))
     }
 
+    /// Sends `call` to every node at once, each call bounded by `limit`, and turns each
+    /// node's reply into an answer with `answer`. Returns as soon as `settled` says that
+    /// the answers in so far decide the outcome (a quorum agreed, or none can any more),
+    /// or when every node has answered: the answers in node order, `None` for a node
+    /// that has not answered yet.
+    ///
+    /// Redlock: an instance that has not answered by then (silent, partitioned, slow)
+    /// does not hold the caller up: waiting for it could only use up the lease the
+    /// quorum's answers are counted from. Its call goes on in a task of its own until it
+    /// is answered or `limit` runs out, as if it had been waited for (so a slow instance
+    /// still gets every request, and the script loaded after a `NOSCRIPT`), and its
+    /// answer is dropped. That is harmless: a grant or renewal it applies late moves
+    /// that instance's expiry no further than a lease from when it applied it, as
+    /// waiting for it would have; the caller's deadline stays anchored at the instant
+    /// the call was sent, and its release (queued behind it on the same connection)
+    /// deletes the key there; a raised token only raises a counter.
+    ///
+    /// With one node the call is awaited in place (no task, no allocation).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future before it is ready drops every node's call, as
+    /// `join_all` would: nothing goes on in the background.
+    pub(crate) async fn on_nodes_until<R, T>(
+        self: &Arc<Self>,
+        call: Call,
+        limit: Duration,
+        answer: impl Fn(Result<R, Error>) -> T + Clone + Send + Sync + 'static,
+        settled: impl FnMut(&[Option<T>]) -> bool,
+    ) -> Vec<Option<T>>
+    where
+        R: FromRedisValue + Send + 'static,
+        T: Send + 'static,
+    {
+        if let [node] = &self.nodes[..] {
+            return vec![Some(answer(
+                self.bounded(node, limit, node.invoke::<R>(&call)).await,
+            ))];
+        }
+        let call = Arc::new(call);
+        let calls = (0..self.nodes.len()).map(|i| {
+            let (engine, call, answer) = (self.clone(), call.clone(), answer.clone());
+            async move {
+                let node = &engine.nodes[i];
+                answer(engine.bounded(node, limit, node.invoke::<R>(&call)).await)
+            }
+        });
+        until_settled(&self.runtime, calls, settled).await
+    }
+
     /// One try to take `keys` for `lease`; with a `value`, a campaign whose grant
     /// stores the value with the lock and is published on the election channel. A
     /// refused try marks the lock as awaited when `will_wait` (the release then publishes
@@ -240,24 +292,38 @@ impl Engine {
             invocation.arg(&keys.election).arg(value);
         }
         let per_node = self.lease_timeout(lease);
+        let quorum = self.quorum;
         let sent = Instant::now();
-        let replies = on_every_node(&self.nodes, |node| {
-            let invocation = &invocation;
-            async move {
-                self.bounded(node, per_node, node.invoke::<Value>(invocation))
-                    .await
-                    .and_then(parse_acquire)
-            }
-        })
-        .await;
+        // Redlock: granted once a majority granted; an instance still silent then is not
+        // waited for (see `on_nodes_until`): the grant's deadline counts from `sent`, and
+        // waiting would only use up the lease. A refusal still waits for every instance
+        // (each bounded by `per_node`): one not waited for might grant after all, and
+        // every refused try (the common case of contention) would then have to be undone
+        // on every instance.
+        let replies = self
+            .on_nodes_until(
+                invocation,
+                per_node,
+                |reply: Result<Value, Error>| reply.and_then(parse_acquire),
+                |replies| {
+                    replies
+                        .iter()
+                        .filter(|r| matches!(r, Some(Ok(Reply::Granted(_)))))
+                        .count()
+                        >= quorum
+                },
+            )
+            .await;
         let mut granted = Vec::new();
         let mut held = Vec::new();
         let mut errors = Vec::new();
+        let mut unanswered = 0;
         for reply in replies {
             match reply {
-                Ok(Reply::Granted(token)) => granted.push(token),
-                Ok(Reply::Held(pttl)) => held.push(pttl),
-                Err(e) => errors.push(e),
+                Some(Ok(Reply::Granted(token))) => granted.push(token),
+                Some(Ok(Reply::Held(pttl))) => held.push(pttl),
+                Some(Err(e)) => errors.push(e),
+                None => unanswered += 1,
             }
         }
         let validity = lease
@@ -307,7 +373,9 @@ impl Engine {
                     "the lease ran out before the grant was confirmed (Redis answered too slowly)",
                 ));
             }
-        } else if errors.is_empty() {
+        } else if errors.is_empty() && unanswered == 0 {
+            // Refused everywhere: nothing to undo. (An instance that failed may still
+            // grant: the drop of `in_flight` releases there.)
             in_flight.armed = false;
         }
         if errors.len() > self.nodes.len() - self.quorum {
@@ -332,7 +400,7 @@ impl Engine {
     /// is handed out, and for a campaign's `term` (owner, value) writes it into the term
     /// line observers read.
     async fn raise_token(
-        &self,
+        self: &Arc<Self>,
         keys: &LockKeys,
         token: u64,
         term: Option<(&str, &str)>,
@@ -348,17 +416,17 @@ impl Engine {
         if let Some((owner, value)) = term {
             invocation.arg(owner).arg(value).arg(&keys.election);
         }
-        let acks = on_every_node(&self.nodes, |node| {
-            let invocation = &invocation;
-            async move {
-                matches!(
-                    tokio::time::timeout(per_node, node.invoke::<i64>(invocation)).await,
-                    Ok(Ok(1))
-                )
-            }
-        })
-        .await;
-        if acks.iter().filter(|ok| **ok).count() >= self.quorum {
+        let quorum = self.quorum;
+        let acked = |acks: &[Option<bool>]| acks.iter().filter(|a| **a == Some(true)).count();
+        let acks = self
+            .on_nodes_until(
+                invocation,
+                per_node,
+                |reply: Result<i64, Error>| matches!(reply, Ok(1)),
+                |acks| acked(acks) >= quorum || acked(acks) + pending(acks) < quorum,
+            )
+            .await;
+        if acked(&acks) >= quorum {
             Ok(())
         } else {
             Err(Error::unavailable(
@@ -462,34 +530,43 @@ impl Engine {
         }
     }
 
-    /// The locks granted through this client and not yet released.
     /// Moves the expiry of `keys` (held by `owner`) to `lease` from now on every node,
-    /// with the renewal script. Returns the new local deadline once a quorum did.
+    /// with the renewal script. Returns the new local deadline (from when the call was
+    /// sent) as soon as a quorum did: a Redlock instance still silent then is not waited
+    /// for (see [`on_nodes_until`](Self::on_nodes_until)).
     pub(crate) async fn extend(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         keys: &LockKeys,
         owner: &str,
         lease: Duration,
     ) -> Result<tokio::time::Instant, Error> {
-        let sent = tokio::time::Instant::now();
         let mut invocation = scripts::RENEW.prepare_invoke();
         invocation.key(&keys.lock).arg(owner).arg(millis(lease));
         let limit = self.lease_timeout(lease);
-        let replies = on_every_node(&self.nodes, |node| {
-            let invocation = &invocation;
-            self.bounded(node, limit, node.invoke::<Vec<i64>>(invocation))
-        })
-        .await;
-        let renewed = replies
-            .iter()
-            .filter(|r| matches!(r.as_deref(), Ok([1])))
-            .count();
+        let quorum = self.quorum;
+        let renewed = |replies: &[Option<Result<Vec<i64>, Error>>]| {
+            replies
+                .iter()
+                .filter(|r| matches!(r, Some(Ok(v)) if v.as_slice() == [1]))
+                .count()
+        };
+        let sent = tokio::time::Instant::now();
+        let replies = self
+            .on_nodes_until(
+                invocation,
+                limit,
+                |reply: Result<Vec<i64>, Error>| reply,
+                |replies| {
+                    renewed(replies) >= quorum || renewed(replies) + pending(replies) < quorum
+                },
+            )
+            .await;
         let gone = replies
             .iter()
-            .filter(|r| matches!(r.as_deref(), Ok([n]) if *n != 1))
+            .filter(|r| matches!(r, Some(Ok(v)) if matches!(v.as_slice(), [n] if *n != 1)))
             .count();
-        if renewed >= self.quorum {
+        if renewed(&replies) >= quorum {
             Ok(sent + lease - drift(lease))
         } else if gone > self.nodes.len() - self.quorum {
             Err(Error::lost(
@@ -497,7 +574,7 @@ impl Engine {
                 "the lock key was gone or held by another owner when extending its lease",
             ))
         } else {
-            match replies.into_iter().find_map(Result::err) {
+            match replies.into_iter().flatten().find_map(Result::err) {
                 Some(error) => Err(error),
                 None => Err(Error::unavailable(
                     BACKEND,
@@ -507,6 +584,7 @@ impl Engine {
         }
     }
 
+    /// The locks granted through this client and not yet released.
     pub(crate) fn held(&self) -> MutexGuard<'_, HashMap<u64, Granted>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -615,4 +693,39 @@ where
     } else {
         join_all(nodes.iter().map(each)).await
     }
+}
+
+/// How many of `answers` are not in yet.
+pub(crate) fn pending<T>(answers: &[Option<T>]) -> usize {
+    answers.iter().filter(|a| a.is_none()).count()
+}
+
+/// Runs `calls` at once and collects their outputs by position as they come, until
+/// `settled` is true of the outputs in so far (`None`: not in yet) or all are in. The
+/// calls still running then go on in a task on `runtime` until they end; their outputs
+/// are dropped. Dropping the returned future drops every call.
+async fn until_settled<T, F>(
+    runtime: &tokio::runtime::Handle,
+    calls: impl ExactSizeIterator<Item = F>,
+    mut settled: impl FnMut(&[Option<T>]) -> bool,
+) -> Vec<Option<T>>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut answers: Vec<Option<T>> = std::iter::repeat_with(|| None).take(calls.len()).collect();
+    let mut running: FuturesUnordered<_> = calls
+        .enumerate()
+        .map(|(i, call)| async move { (i, call.await) })
+        .collect();
+    while let Some((i, answer)) = running.next().await {
+        answers[i] = Some(answer);
+        if settled(&answers) {
+            break;
+        }
+    }
+    if !running.is_empty() {
+        runtime.spawn(async move { while running.next().await.is_some() {} });
+    }
+    answers
 }

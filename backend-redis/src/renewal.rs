@@ -6,13 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use fencelock_core::{Liveness, LossCause, RenewalOutcome, record_renewal};
+use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
 use futures_util::StreamExt;
-use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::engine::{Engine, drift};
+use crate::engine::{Engine, drift, pending};
 use crate::keys::LockKeys;
 use crate::scripts;
 
@@ -349,9 +348,13 @@ fn chunked<T>(items: Vec<T>) -> Vec<Vec<T>> {
 }
 
 /// Renews one chunk; returns how long its call took.
+///
+/// Redlock: each lock is credited as soon as a quorum has renewed it, and the chunk is
+/// done once every lock is either renewed on a quorum or can no longer be (see
+/// [`Engine::on_nodes_until`]): an instance that is silent (partitioned, stopped) does
+/// not hold the renewal of a majority up until its timeout, possibly past the deadline.
 #[tracing::instrument(name = "fencelock.redis.renew", level = "debug", skip_all, fields(locks = chunk.len()))]
 async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) -> Duration {
-    let sent = Instant::now();
     let mut invocation = scripts::RENEW.prepare_invoke();
     for d in &chunk {
         invocation.key(&d.keys.lock);
@@ -366,36 +369,52 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) -> Duration {
         .map(|d| engine.lease_timeout(d.lease))
         .min()
         .unwrap_or(engine.config.timeout);
-    let replies = join_all(engine.nodes.iter().map(|node| {
-        let invocation = &invocation;
-        async move {
-            tokio::time::timeout(timeout, node.invoke::<Vec<i64>>(invocation))
-                .await
-                .ok()
-                .and_then(Result::ok)
-        }
-    }))
-    .await;
+    let locks = chunk.len();
+    let quorum = engine.quorum;
+    // How many nodes renewed lock `i`, of the answers in so far.
+    let renewed_on = |replies: &[Option<Option<Vec<i64>>>], i: usize| {
+        replies
+            .iter()
+            .flatten()
+            .flatten()
+            .filter(|reply| reply.get(i) == Some(&1))
+            .count()
+    };
+    let sent = Instant::now();
+    let replies = engine
+        .on_nodes_until(
+            invocation,
+            timeout,
+            // Recorded as each node answers, also one answering after the chunk is done.
+            move |reply: Result<Vec<i64>, Error>| {
+                let reply = reply.ok();
+                let outcome = match &reply {
+                    None => RenewalOutcome::Failed,
+                    Some(renewed) if renewed.iter().all(|r| *r == 1) => RenewalOutcome::Renewed,
+                    Some(_) => RenewalOutcome::Gone,
+                };
+                record_renewal(crate::node::BACKEND, outcome, sent.elapsed(), locks);
+                reply
+            },
+            |replies| {
+                let pending = pending(replies);
+                (0..locks).all(|i| {
+                    let renewed = renewed_on(replies, i);
+                    renewed >= quorum || renewed + pending < quorum
+                })
+            },
+        )
+        .await;
     let latency = sent.elapsed();
-    for reply in &replies {
-        let outcome = match reply {
-            None => RenewalOutcome::Failed,
-            Some(renewed) if renewed.iter().all(|r| *r == 1) => RenewalOutcome::Renewed,
-            Some(_) => RenewalOutcome::Gone,
-        };
-        record_renewal(crate::node::BACKEND, outcome, latency, chunk.len());
-    }
     let nodes = engine.nodes.len();
     for (i, d) in chunk.iter().enumerate() {
-        let mut renewed = 0;
-        let mut gone = 0;
-        for reply in replies.iter().flatten() {
-            match reply.get(i) {
-                Some(1) => renewed += 1,
-                Some(_) => gone += 1,
-                None => {}
-            }
-        }
+        let renewed = renewed_on(&replies, i);
+        let gone = replies
+            .iter()
+            .flatten()
+            .flatten()
+            .filter(|reply| reply.get(i).is_some_and(|r| *r != 1))
+            .count();
         if renewed >= engine.quorum {
             d.liveness.extend(sent + d.lease - drift(d.lease));
         } else if gone > nodes - engine.quorum {

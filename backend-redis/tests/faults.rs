@@ -589,6 +589,54 @@ async fn a_grant_answered_after_its_lease_is_unavailable_not_contended() {
     assert!(!exists, "the late grant's key was left");
 }
 
+/// One Redlock instance of three goes silent (partitioned: its connection stays open and
+/// nothing is answered; it does not refuse connections). The two that answer are a
+/// majority, so a renewing lock they granted and keep renewing stays held, and its
+/// release succeeds. The grant itself does not wait for the silent instance either.
+///
+/// Each grant and renewal used to wait for every instance (the silent one up to half the
+/// lease, 1.5 s here) before counting any answer: the grant returned at 1.5 s, the first
+/// renewal, scheduled a third of the lease after that, was sent at 2.5 s and counted at
+/// 4 s, past the 2.97 s deadline, and the guard reported the loss of a lock a majority
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_with_a_silent_instance_keeps_a_renewing_lock() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxy = fencelock_testkit::FaultProxy::start(&servers[2].addr());
+    let hosts = [servers[0].addr(), servers[1].addr(), proxy.addr()];
+    let locks = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .unwrap();
+    // Connected to every instance, and the scripts loaded, while all of them answer.
+    let warm = locks.try_lock("silent").await.unwrap().unwrap();
+    warm.release().await.unwrap();
+    proxy.set(fencelock_testkit::Fault::Blackhole);
+    let started = Instant::now();
+    let guard = locks
+        .acquire(
+            "silent",
+            AcquireOptions::new()
+                .lease(Duration::from_secs(3))
+                .no_wait(),
+        )
+        .await
+        .expect("two of three instances grant");
+    let granted = started.elapsed();
+    // Four renewals; the old code lost the lock at 2.97 s.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !guard.is_lost(),
+        "a lock held by a majority was reported lost: {:?}",
+        guard.lost_reason()
+    );
+    guard.release().await.expect("released on the majority");
+    assert!(
+        granted < Duration::from_millis(1000),
+        "the grant waited {granted:?} for the silent instance"
+    );
+    proxy.set(fencelock_testkit::Fault::Pass);
+}
+
 /// A renewing lock over a link whose answers come 400 ms late (a 1 s lease, 988 ms of
 /// which the client counts on from when the acquire was sent) stays held: its first
 /// renewal is due a third of the lease after the acquire was *sent*, the instant its
