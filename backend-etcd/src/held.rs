@@ -5,14 +5,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, LeaseGrantOptions, PutOptions, Txn, TxnOp,
+};
 use fencelock_core::{Error, HeldLock, Liveness, LossCause};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::error::{map, timed_out};
 use crate::gate::GatePermit;
-use crate::session::{FixedLeases, Session, drift_margin};
+use crate::session::{FixedLeases, Session, Unkept, drift_margin};
 use crate::watches::{Ended, KeyWatch, KeyWatches};
 
 /// Deletes `key` if it is still the incarnation created at `revision` (etcd #22082: a
@@ -477,17 +479,34 @@ impl HeldLock for EtcdHeld {
         let (key, revision) = (shared.key.clone(), shared.revision);
         let work = async move {
             let sent = Instant::now();
-            let granted = tokio::time::timeout(timeout, client.lease_client().grant(seconds, None))
-                .await
-                .map_err(|_| timed_out("granting the extended lease"))?
-                .map_err(map)?;
+            // The new lease's ID is chosen before the request: a grant that times out
+            // after etcd applied it, or any exit below that does not keep the lease, has
+            // it revoked in the background (with retries), instead of a keyless lease
+            // living out its TTL (up to a year) unseen.
+            let mut unkept = Unkept::new(&client);
+            let options = LeaseGrantOptions::new().with_id(unkept.id());
+            let granted = match tokio::time::timeout(
+                timeout,
+                client.lease_client().grant(seconds, Some(options)),
+            )
+            .await
+            {
+                Err(_) => return Err(timed_out("granting the extended lease")),
+                Ok(Err(error)) => {
+                    if crate::error::is_lease_exists(&error) {
+                        // Someone else's lease has this ID: never revoke it.
+                        unkept.keep();
+                    }
+                    return Err(map(error));
+                }
+                Ok(Ok(granted)) => granted,
+            };
             let new = granted.id();
             let revoke = |lease: i64| {
                 let client = client.clone();
                 tokio::spawn(async move { client.lease_client().revoke(lease).await })
             };
             if granted.ttl() != seconds {
-                revoke(new);
                 return Err(Error::InvalidConfig(format!(
                     "etcd granted a {} s lease when {seconds} s was asked; the server's minimum TTL is higher",
                     granted.ttl()
@@ -519,8 +538,8 @@ impl HeldLock for EtcdHeld {
                                 true
                             }
                             Some(kv) if kv.create_revision() == revision && kv.lease() == old => {
-                                // Not moved: the guard keeps its old lease and deadline.
-                                revoke(new);
+                                // Not moved: the guard keeps its old lease and deadline;
+                                // `new` is revoked.
                                 return Err(error);
                             }
                             _ => false,
@@ -536,8 +555,7 @@ impl HeldLock for EtcdHeld {
                                 .as_mut()
                             {
                                 c.moved_maybe = true;
-                            } else {
-                                revoke(new);
+                                unkept.keep();
                             }
                             return Err(error);
                         }
@@ -545,7 +563,6 @@ impl HeldLock for EtcdHeld {
                 }
             };
             if !moved {
-                revoke(new);
                 return Err(Error::lost(
                     &*key,
                     "the key was gone (or no longer ours) when extending its lease",
@@ -567,12 +584,12 @@ impl HeldLock for EtcdHeld {
                 }
             };
             if !kept {
-                revoke(new);
                 return Err(Error::lost(
                     &*key,
                     "the lock was released or closed while extending",
                 ));
             }
+            unkept.keep();
             revoke(old);
             Ok(sent + lease - drift_margin(lease))
         };

@@ -45,14 +45,14 @@ pub(crate) fn drift_margin(ttl: Duration) -> Duration {
 /// [`keep`](Unkept::keep) (the grant was cancelled or failed, maybe after etcd applied
 /// it). Its ID is random and positive; a collision with a live lease fails the grant
 /// (retryably), and the revoke then does not run.
-struct Unkept {
+pub(crate) struct Unkept {
     client: Client,
     id: i64,
     armed: bool,
 }
 
 impl Unkept {
-    fn new(client: &Client) -> Self {
+    pub(crate) fn new(client: &Client) -> Self {
         Unkept {
             client: client.clone(),
             id: fastrand::i64(1..i64::MAX),
@@ -60,7 +60,13 @@ impl Unkept {
         }
     }
 
-    fn keep(&mut self) {
+    /// The ID to grant the lease with.
+    pub(crate) fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The lease is in use (or is someone else's): not revoked on drop.
+    pub(crate) fn keep(&mut self) {
         self.armed = false;
     }
 }
@@ -261,7 +267,7 @@ enum Round {
     Renewed {
         sent: Instant,
         ttl: Duration,
-        opened: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+        opened: Option<Box<(LeaseKeeper, LeaseKeepAliveStream)>>,
     },
     /// etcd answered that the lease is gone.
     Gone,
@@ -280,7 +286,7 @@ async fn open(client: &Client, id: i64, sent: Instant, ttl: Duration) -> Round {
         Ok(opened) => Round::Renewed {
             sent,
             ttl,
-            opened: Some(opened),
+            opened: Some(Box::new(opened)),
         },
         Err(etcd_client::Error::LeaseKeepAliveError(message)) if message == "lease not found" => {
             Round::Gone
@@ -386,7 +392,7 @@ async fn keep_alive_loop(
             } => {
                 if let Some(opened) = opened {
                     // The old stream, with any answer still on its way, is dropped.
-                    channel = Some(opened);
+                    channel = Some(*opened);
                 }
                 session.renewed(sent + granted.min(ttl) - drift_margin(ttl));
                 next = sent + interval;

@@ -546,3 +546,56 @@ async fn a_create_applied_after_its_cancelled_acquire_was_cleaned_up_leaves_no_k
         .unwrap();
     assert!(left.kvs().is_empty(), "{:?}", left.kvs());
 }
+
+/// An extension whose lease grant is applied but answered too late leaves no lease
+/// behind: the new lease's ID is chosen before the request and revoked when the grant
+/// times out. It used to live out its TTL (here 97 s; up to a year) unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_granted_too_late_leaves_no_lease() {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("late-extend-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        cleanup_timeout: Duration::from_secs(1),
+        ..EtcdConfig::default()
+    };
+    let locks = EtcdLock::connect(config(proxy.addr())).await.unwrap();
+    let guard = locks
+        .acquire(
+            "x",
+            AcquireOptions::new()
+                .fixed_lease(Duration::from_secs(5))
+                .no_wait(),
+        )
+        .await
+        .unwrap();
+    proxy.set(Fault::DelayReplies(Duration::from_millis(1_500)));
+    let extended = guard.extend(Duration::from_secs(97)).await;
+    assert!(extended.is_err(), "{extended:?}");
+    proxy.set(Fault::Pass);
+    // What etcd holds: no lease granted for 97 s (the revoke goes on in the background).
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let mut client = direct.client().clone();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut left = Vec::new();
+        for lease in client.leases().await.unwrap().leases() {
+            let ttl = client.lease_time_to_live(lease.id(), None).await.unwrap();
+            if ttl.granted_ttl() == 97 {
+                left.push(lease.id());
+            }
+        }
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the extension's lease was left: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = guard.release().await;
+}
