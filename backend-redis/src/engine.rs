@@ -205,11 +205,11 @@ impl Engine {
     /// quorum's answers are counted from. Its call goes on in a task of its own until it
     /// is answered or `limit` runs out, as if it had been waited for (so a slow instance
     /// still gets every request, and the script loaded after a `NOSCRIPT`), and its
-    /// answer is dropped. That is harmless: a grant or renewal it applies late moves
-    /// that instance's expiry no further than a lease from when it applied it, as
-    /// waiting for it would have; the caller's deadline stays anchored at the instant
-    /// the call was sent, and its release (queued behind it on the same connection)
-    /// deletes the key there; a raised token only raises a counter.
+    /// answer is dropped. That is harmless for the calls that use it (renewal, extend,
+    /// the raise of a token): a renewal it applies late moves that instance's expiry no
+    /// further than a lease from when it applied it, as waiting for it would have, and
+    /// the caller's deadline stays anchored at the instant the call was sent; a raise
+    /// only raises a counter. (An acquire waits for every instance: see `try_once`.)
     ///
     /// With one node the call is awaited in place (no task, no allocation).
     ///
@@ -292,38 +292,32 @@ impl Engine {
             invocation.arg(&keys.election).arg(value);
         }
         let per_node = self.lease_timeout(lease);
-        let quorum = self.quorum;
         let sent = Instant::now();
-        // Redlock: granted once a majority granted; an instance still silent then is not
-        // waited for (see `on_nodes_until`): the grant's deadline counts from `sent`, and
-        // waiting would only use up the lease. A refusal still waits for every instance
-        // (each bounded by `per_node`): one not waited for might grant after all, and
-        // every refused try (the common case of contention) would then have to be undone
-        // on every instance.
-        let replies = self
-            .on_nodes_until(
-                invocation,
-                per_node,
-                |reply: Result<Value, Error>| reply.and_then(parse_acquire),
-                |replies| {
-                    replies
-                        .iter()
-                        .filter(|r| matches!(r, Some(Ok(Reply::Granted(_)))))
-                        .count()
-                        >= quorum
-                },
-            )
-            .await;
+        // Every instance's answer (each bounded by `per_node`), unlike a renewal's: the
+        // token is the highest of them all, not only of the first majority to grant. An
+        // instance ahead of the others may be the only one left remembering an issued
+        // token (its majority partner restarted without persistence), and a refused try
+        // not waited for to the end might still grant and need undoing. A silent
+        // instance costs the grant `per_node` (at most half the lease); its deadline
+        // still counts from `sent`, and its first renewal, due a third of the lease
+        // after `sent`, goes out at once and needs a majority only.
+        let replies = on_every_node(&self.nodes, |node| {
+            let invocation = &invocation;
+            async move {
+                self.bounded(node, per_node, node.invoke::<Value>(invocation))
+                    .await
+                    .and_then(parse_acquire)
+            }
+        })
+        .await;
         let mut granted = Vec::new();
         let mut held = Vec::new();
         let mut errors = Vec::new();
-        let mut unanswered = 0;
         for reply in replies {
             match reply {
-                Some(Ok(Reply::Granted(token))) => granted.push(token),
-                Some(Ok(Reply::Held(pttl))) => held.push(pttl),
-                Some(Err(e)) => errors.push(e),
-                None => unanswered += 1,
+                Ok(Reply::Granted(token)) => granted.push(token),
+                Ok(Reply::Held(pttl)) => held.push(pttl),
+                Err(e) => errors.push(e),
             }
         }
         let validity = lease
@@ -373,9 +367,7 @@ impl Engine {
                     "the lease ran out before the grant was confirmed (Redis answered too slowly)",
                 ));
             }
-        } else if errors.is_empty() && unanswered == 0 {
-            // Refused everywhere: nothing to undo. (An instance that failed may still
-            // grant: the drop of `in_flight` releases there.)
+        } else if errors.is_empty() {
             in_flight.armed = false;
         }
         if errors.len() > self.nodes.len() - self.quorum {

@@ -592,13 +592,13 @@ async fn a_grant_answered_after_its_lease_is_unavailable_not_contended() {
 /// One Redlock instance of three goes silent (partitioned: its connection stays open and
 /// nothing is answered; it does not refuse connections). The two that answer are a
 /// majority, so a renewing lock they granted and keep renewing stays held, and its
-/// release succeeds. The grant itself does not wait for the silent instance either.
+/// release succeeds.
 ///
-/// Each grant and renewal used to wait for every instance (the silent one up to half the
-/// lease, 1.5 s here) before counting any answer: the grant returned at 1.5 s, the first
-/// renewal, scheduled a third of the lease after that, was sent at 2.5 s and counted at
-/// 4 s, past the 2.97 s deadline, and the guard reported the loss of a lock a majority
-/// held.
+/// The grant waits for the silent instance (up to half the lease, 1.5 s here: the token
+/// is the highest of every answer). Each renewal used to wait for it too before counting
+/// any answer: the first renewal, scheduled a third of the lease after the grant
+/// returned, was sent at 2.5 s and counted at 4 s, past the 2.97 s deadline, and the
+/// guard reported the loss of a lock a majority held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_with_a_silent_instance_keeps_a_renewing_lock() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
@@ -611,7 +611,6 @@ async fn redlock_with_a_silent_instance_keeps_a_renewing_lock() {
     let warm = locks.try_lock("silent").await.unwrap().unwrap();
     warm.release().await.unwrap();
     proxy.set(fencelock_testkit::Fault::Blackhole);
-    let started = Instant::now();
     let guard = locks
         .acquire(
             "silent",
@@ -621,19 +620,15 @@ async fn redlock_with_a_silent_instance_keeps_a_renewing_lock() {
         )
         .await
         .expect("two of three instances grant");
-    let granted = started.elapsed();
-    // Four renewals; the old code lost the lock at 2.97 s.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Granted at 1.5 s; past the first deadline (2.97 s, where the old code lost the
+    // lock) and the next (4.47 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !guard.is_lost(),
         "a lock held by a majority was reported lost: {:?}",
         guard.lost_reason()
     );
     guard.release().await.expect("released on the majority");
-    assert!(
-        granted < Duration::from_millis(1000),
-        "the grant waited {granted:?} for the silent instance"
-    );
     proxy.set(fencelock_testkit::Fault::Pass);
 }
 
