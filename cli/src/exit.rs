@@ -126,29 +126,6 @@ impl From<Error> for Failure {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn codes_by_kind() {
-        let timeout = Error::Timeout {
-            name: "a".into(),
-            waited: Duration::from_secs(1),
-        };
-        assert_eq!(code_of(&timeout), code::NOT_ACQUIRED);
-        assert_eq!(code_of(&Error::InvalidConfig("x".into())), code::USAGE);
-        let down = Error::unavailable("etcd", std::io::Error::other("connection refused"));
-        assert_eq!(code_of(&down), code::UNAVAILABLE);
-        let failure = Failure::from(down);
-        assert_eq!(
-            failure.message,
-            "lock backend etcd is unavailable: connection refused"
-        );
-    }
-}
-
 /// `eprintln!` that ignores a standard error that cannot be written (a closed pipe:
 /// `fencelock run -v ... 2>&1 | head -1`), where `eprintln!` panics. A message that
 /// cannot be shown must not turn a documented exit code into a panic's 101, nor unwind
@@ -171,3 +148,26 @@ macro_rules! say_more {
     }};
 }
 pub(crate) use say_more;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn codes_by_kind() {
+        let timeout = Error::Timeout {
+            name: "a".into(),
+            waited: Duration::from_secs(1),
+        };
+        assert_eq!(code_of(&timeout), code::NOT_ACQUIRED);
+        assert_eq!(code_of(&Error::InvalidConfig("x".into())), code::USAGE);
+        let down = Error::unavailable("etcd", std::io::Error::other("connection refused"));
+        assert_eq!(code_of(&down), code::UNAVAILABLE);
+        let failure = Failure::from(down);
+        assert_eq!(
+            failure.message,
+            "lock backend etcd is unavailable: connection refused"
+        );
+    }
+}
