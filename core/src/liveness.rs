@@ -364,11 +364,13 @@ impl Liveness {
             parent.cancel();
         }
         let token = parent.child_token();
-        if !self.inner.driver_started.swap(true, Ordering::AcqRel) {
-            let runtime = Handle::try_current()
-                .ok()
-                .or_else(|| self.inner.runtime.clone());
-            if let Some(runtime) = runtime {
+        // Without a runtime to watch from, nothing is started and nothing marked: the
+        // next call made inside one starts the watcher.
+        let runtime = Handle::try_current()
+            .ok()
+            .or_else(|| self.inner.runtime.clone());
+        if let Some(runtime) = runtime {
+            if !self.inner.driver_started.swap(true, Ordering::AcqRel) {
                 let this = self.clone();
                 runtime.spawn(async move {
                     tokio::select! {
@@ -376,9 +378,6 @@ impl Liveness {
                         () = this.wait_for(ENDED) => {}
                     }
                 });
-            } else {
-                // No runtime to watch from: the next call made inside one starts it.
-                self.inner.driver_started.store(false, Ordering::Release);
             }
         }
         token
