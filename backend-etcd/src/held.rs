@@ -55,10 +55,10 @@ pub(crate) struct Cleanup {
     /// The session lease the key is attached to, or `None` for a dedicated fixed lease.
     pub(crate) session: Option<Arc<Session>>,
     pub(crate) fixed_lease: Option<i64>,
-    /// An extension whose move onto a new lease went unconfirmed: the key may be on a
-    /// lease the clean-up does not know, so it also deletes the key (by incarnation)
-    /// after revoking `fixed_lease`.
-    pub(crate) moved_maybe: bool,
+    /// The new lease of an extension whose move onto it went unconfirmed: the key may be
+    /// on it, so the clean-up also deletes the key (by incarnation) after revoking
+    /// `fixed_lease`, and then revokes this lease too.
+    pub(crate) moved_maybe: Option<i64>,
     pub(crate) permit: Option<GatePermit>,
     /// A create that was sent and is still running in its own task: it is never
     /// abandoned, so the clean-up learns from its answer exactly which incarnation of our
@@ -84,7 +84,12 @@ impl Cleanup {
     /// Undoes everything in the background and returns the gate turn only afterwards.
     ///
     /// Each attempt is bounded by the clean-up timeout, so nothing hangs on an unreachable
-    /// server. A key on a dedicated fixed lease gets one attempt: its lease expires anyway.
+    /// server. A create still in flight is waited for that long; if it has not answered
+    /// by then the key is deleted by name, and the create's answer is still awaited
+    /// while the session lives (holding the gate turn, so this client's next acquire of
+    /// the name waits for it) to delete the incarnation it made, which etcd may apply
+    /// after the deletion. A key on a dedicated fixed lease gets one attempt: its lease
+    /// expires anyway.
     /// A key on the shared session lease would live as long as the session, so attempts
     /// continue (with backoff) until one succeeds or the session is lost; if deleting keeps
     /// failing for three lease periods while the session stays alive, the session is
@@ -178,7 +183,7 @@ impl Cleanup {
 
     /// Whether there is nothing to undo.
     fn is_empty(&self) -> bool {
-        self.state == KeyState::Absent && self.fixed_lease.is_none()
+        self.state == KeyState::Absent && self.fixed_lease.is_none() && self.moved_maybe.is_none()
     }
 
     /// One attempt right away, bounded by `limit`. Returns whether everything is undone;
@@ -197,26 +202,36 @@ impl Cleanup {
                     if status.message().contains("not found") => {}
                 Err(error) => return Err(map(error)),
             }
-            if self.session.is_none() && !self.moved_maybe {
+            if self.session.is_none() && self.moved_maybe.is_none() {
                 return Ok(());
             }
             // A queued key moving to its fixed lease: it may still be on the session lease.
         }
         match self.state {
-            KeyState::Absent => Ok(()),
-            KeyState::Created(revision) => delete_incarnation(&self.client, &self.key, revision)
-                .await
-                .map(drop),
+            KeyState::Absent => {}
+            KeyState::Created(revision) => {
+                delete_incarnation(&self.client, &self.key, revision).await?;
+            }
             // The create's answer was lost: no newer incarnation can exist while we hold
             // the gate turn, so deleting by key is exact.
-            KeyState::Unknown => self
-                .client
-                .kv_client()
-                .delete(&*self.key, None)
-                .await
-                .map(drop)
-                .map_err(map),
+            KeyState::Unknown => {
+                self.client
+                    .kv_client()
+                    .delete(&*self.key, None)
+                    .await
+                    .map_err(map)?;
+            }
         }
+        if let Some(lease) = self.moved_maybe {
+            // The key is gone: the lease it may have been moved onto holds nothing now.
+            match self.client.lease_client().revoke(lease).await {
+                Ok(_) => {}
+                Err(etcd_client::Error::GRpcStatus(status))
+                    if status.message().contains("not found") => {}
+                Err(error) => return Err(map(error)),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -400,7 +415,10 @@ impl HeldLock for EtcdHeld {
             Ok(Ok(true)) => {
                 self.released.store(true, Ordering::SeqCst);
                 let cleanup = armed.get();
-                if let Some(lease) = cleanup.fixed_lease.take() {
+                for lease in [cleanup.fixed_lease.take(), cleanup.moved_maybe.take()]
+                    .into_iter()
+                    .flatten()
+                {
                     let client = cleanup.client.clone();
                     cleanup
                         .runtime
@@ -547,14 +565,15 @@ impl HeldLock for EtcdHeld {
                         _ => {
                             // Still unknown: the key may live on `new`, which only this
                             // call knows. The clean-up (release, drop, loss) deletes the
-                            // key itself then, not only the old lease; `new` expires.
+                            // key itself then, not only the old lease, and revokes `new`.
                             if let Some(c) = shared
                                 .cleanup
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
                                 .as_mut()
                             {
-                                c.moved_maybe = true;
+                                // Revoked by the clean-up, after the key is deleted.
+                                c.moved_maybe = Some(new);
                                 unkept.keep();
                             }
                             return Err(error);

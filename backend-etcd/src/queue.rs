@@ -106,7 +106,7 @@ impl EtcdLock {
             state: KeyState::Absent,
             session: Some(session.clone()),
             fixed_lease: None,
-            moved_maybe: false,
+            moved_maybe: None,
             permit: None,
             create: None,
         });

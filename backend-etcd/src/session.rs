@@ -359,13 +359,16 @@ async fn keep_alive_loop(
             let resent = Instant::now();
             let new = open(&client, id, resent, ttl);
             tokio::pin!(new);
-            let mut opening = true;
+            // Either may break while the other can still answer before the deadline.
+            let (mut waiting_old, mut opening) = (true, true);
             loop {
                 tokio::select! {
-                    answer = &mut old => return answered(sent, answer),
+                    answer = &mut old, if waiting_old => match answered(sent, answer) {
+                        Round::Broken if opening => waiting_old = false,
+                        round => return round,
+                    },
                     round = &mut new, if opening => match round {
-                        // The old stream may still answer before the deadline.
-                        Round::Broken => opening = false,
+                        Round::Broken if waiting_old => opening = false,
                         round => return round,
                     },
                     () = tokio::time::sleep_until(deadline) => return Round::Unanswered,
