@@ -26,6 +26,10 @@ pub(crate) struct RedisHeld {
     /// Whether this is a campaign's term (see [`Engine::release`]).
     pub(crate) election: bool,
     pub(crate) released: AtomicBool,
+    /// A release was sent (its future may have been dropped before the answer came): a
+    /// key a repeated release finds gone may be one that release deleted, after which
+    /// another client may even have been granted the name.
+    pub(crate) release_sent: AtomicBool,
 }
 
 #[async_trait]
@@ -34,6 +38,7 @@ impl HeldLock for RedisHeld {
     async fn release(&self) -> Result<(), Error> {
         self.engine.renewals.remove(self.id);
         self.engine.held().remove(&self.id);
+        let repeated = self.release_sent.swap(true, Ordering::AcqRel);
         match self
             .engine
             .release(&self.keys, &self.owner, Some(self.token), self.election)
@@ -44,6 +49,12 @@ impl HeldLock for RedisHeld {
                 Ok(())
             }
             false if self.released.load(Ordering::Acquire) => Ok(()),
+            // The key is gone, maybe by our own earlier release (the raw layout keeps no
+            // counter to tell, and a later grant moves the counter): not a known loss.
+            false if repeated => Err(Error::unavailable(
+                crate::node::BACKEND,
+                "the release could not be confirmed: an earlier release of this grant was                  sent but not answered, and the key is gone now (deleted by that release,                  or expired before it); the lock is free of this grant",
+            )),
             false => Err(Error::lost(
                 &self.name,
                 "the lock key was gone or held by another owner at release",

@@ -245,6 +245,7 @@ impl RedisLock {
             token: token.get(),
             election,
             released: AtomicBool::new(false),
+            release_sent: AtomicBool::new(false),
         };
         Ok(LockGuard::new(
             name,

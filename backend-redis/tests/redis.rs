@@ -572,3 +572,42 @@ async fn a_clobbered_key_is_lost_at_release_and_extend() {
         .await
         .unwrap();
 }
+
+/// A release retried after one whose future was dropped once its script was sent is not
+/// told "lost", on either layout: the first deleted the key (the raw layout keeps no
+/// counter to tell), and on the standard layout another client may then have been
+/// granted the name, moving the counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_retried_after_a_dropped_one_is_not_a_loss() {
+    let server = RedisServer::shared();
+    for (url, taken_meanwhile) in [
+        (
+            format!("{}?layout=raw&prefix=dropped:raw:", server.url()),
+            false,
+        ),
+        (format!("{}?prefix=dropped:std:", server.url()), true),
+    ] {
+        let locks = locks(&url).await;
+        let guard = locks.lock("x").await.unwrap();
+        let handle = guard.held().clone();
+        // Polled once (the script is sent), then dropped; the server runs it meanwhile.
+        let _ = tokio::time::timeout(Duration::ZERO, handle.release()).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let next = if taken_meanwhile {
+            let other = self::locks(&url).await;
+            Some(other.lock("x").await.unwrap())
+        } else {
+            None
+        };
+        let retried = handle.release().await;
+        assert!(
+            !matches!(retried, Err(Error::Lost { .. })),
+            "{url}: a retried release said the lock was lost: {retried:?}"
+        );
+        drop(guard);
+        if let Some(next) = next {
+            assert!(!next.is_lost());
+            next.release().await.unwrap();
+        }
+    }
+}
