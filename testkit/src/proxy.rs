@@ -38,7 +38,10 @@ pub enum Fault {
     DropReplies,
     /// Requests reach the server at once; its answers are held this long each from
     /// when they arrive (order is kept): a request applied on time whose reply
-    /// arrives late, as over a slow link.
+    /// arrives late, as over a slow link. Held replies are queued without bound (the
+    /// server is never slowed down), and a fault set while they wait applies to them
+    /// when they are due: [`Blackhole`](Fault::Blackhole) holds them longer,
+    /// [`DropReplies`](Fault::DropReplies) drops them.
     DelayReplies(Duration),
 }
 
@@ -359,8 +362,14 @@ impl Sink {
                     if due > now {
                         thread::sleep(due - now);
                     }
-                    // A partition set meanwhile holds what was queued before it, too.
-                    shared.wait_unless_blackholed(&exempt);
+                    // A partition set meanwhile holds what was queued before it, too,
+                    // and replies dropped from now on include those queued.
+                    if shared.wait_unless_blackholed(&exempt) == Fault::DropReplies {
+                        shared
+                            .dropped_down
+                            .fetch_add(chunk.len() as u64, Ordering::SeqCst);
+                        continue;
+                    }
                     if to.write_all(&chunk).is_err() {
                         break;
                     }
