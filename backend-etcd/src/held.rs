@@ -454,6 +454,8 @@ impl HeldLock for EtcdHeld {
 
     fn release_in_background(&self) {
         if let Some(cleanup) = self.stop() {
+            // A release called after this one is told its delete went to the background.
+            self.handed_off.store(true, Ordering::SeqCst);
             cleanup.spawn();
         }
     }

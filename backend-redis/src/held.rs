@@ -65,6 +65,8 @@ impl HeldLock for RedisHeld {
     fn release_in_background(&self) {
         self.engine.renewals.remove(self.id);
         self.engine.held().remove(&self.id);
+        // A release called after this one may find the key deleted by it.
+        self.release_sent.store(true, Ordering::Release);
         if !self.released.load(Ordering::Acquire) {
             self.engine.release_in_background(
                 self.keys.clone(),

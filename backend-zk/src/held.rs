@@ -274,6 +274,8 @@ impl HeldLock for ZkHeld {
 
     fn release_in_background(&self) {
         self.stop_tracking();
+        // A release called after this one may find the nodes deleted by it.
+        self.release_sent.store(true, Ordering::Release);
         for node in self.tracked.nodes() {
             node.delete_in_background();
         }
