@@ -93,10 +93,11 @@ fn random_root(prefix: &str) -> String {
     format!("/{prefix}-{:016x}", fastrand::u64(..))
 }
 
-/// A client through `proxy` (session [`SESSION`]) and one straight to the server.
-async fn clients(server: &ZkServer, proxy: &Proxy, root: &str) -> (ZkLock, ZkLock) {
+/// A client through the proxy at `proxied` (session [`SESSION`]) and one straight to
+/// the server.
+async fn clients(server: &ZkServer, proxied: &str, root: &str) -> (ZkLock, ZkLock) {
     let behind_proxy = ZkLock::connect(
-        ZkConfig::new(proxy.connect_string())
+        ZkConfig::new(proxied)
             .with_chroot(root)
             .unwrap()
             .with_session_timeout(SESSION),
@@ -130,7 +131,7 @@ async fn release_is_repeated_when_the_connection_breaks() {
     let server = ZkServer::shared();
     let proxy = Proxy::start(server.port());
     let root = random_root("broken-release");
-    let (behind_proxy, direct) = clients(server, &proxy, &root).await;
+    let (behind_proxy, direct) = clients(server, &proxy.connect_string(), &root).await;
     let admin = direct.client().await.unwrap();
     let session = behind_proxy.client().await.unwrap().session_id();
 
@@ -166,7 +167,7 @@ async fn fenced_write_on_a_broken_connection_is_retryable() {
     let server = ZkServer::shared();
     let proxy = Proxy::start(server.port());
     let root = random_root("broken-fence");
-    let (behind_proxy, direct) = clients(server, &proxy, &root).await;
+    let (behind_proxy, direct) = clients(server, &proxy.connect_string(), &root).await;
     let register = format!("{root}-register");
     let admin = direct.client().await.unwrap();
     admin
@@ -209,7 +210,7 @@ async fn dropped_acquire_cleans_up_after_the_connection_breaks() {
     let server = ZkServer::shared();
     let proxy = Proxy::start(server.port());
     let root = random_root("broken-cleanup");
-    let (behind_proxy, direct) = clients(server, &proxy, &root).await;
+    let (behind_proxy, direct) = clients(server, &proxy.connect_string(), &root).await;
     let admin = direct.client().await.unwrap();
 
     let session = behind_proxy.client().await.unwrap().session_id();
@@ -336,22 +337,7 @@ async fn release_after_a_broken_connection_does_not_claim_a_node_deleted_by_anot
     let server = ZkServer::shared();
     let proxy = FaultProxy::start(&server.connect_string());
     let root = random_root("broken-release-revoked");
-    let behind_proxy = ZkLock::connect(
-        ZkConfig::new(proxy.addr())
-            .with_chroot(&root)
-            .unwrap()
-            .with_session_timeout(SESSION),
-    )
-    .await
-    .expect("connect through the proxy");
-    let direct = ZkLock::connect(
-        ZkConfig::new(server.connect_string())
-            .with_chroot(&root)
-            .unwrap()
-            .with_session_timeout(Duration::from_secs(10)),
-    )
-    .await
-    .expect("connect");
+    let (behind_proxy, direct) = clients(server, &proxy.addr(), &root).await;
     let admin = direct.client().await.unwrap();
     let session = behind_proxy.client().await.unwrap().session_id();
 
@@ -380,7 +366,6 @@ async fn release_after_a_broken_connection_does_not_claim_a_node_deleted_by_anot
         ),
         "release answered {released:?} for a node someone else deleted"
     );
-    eprintln!("release after the revoke: {released:?}");
     assert_eq!(
         behind_proxy.client().await.unwrap().session_id(),
         session,
@@ -402,22 +387,7 @@ async fn release_whose_applied_delete_lost_its_answer_is_unconfirmed() {
     let server = ZkServer::shared();
     let proxy = FaultProxy::start(&server.connect_string());
     let root = random_root("broken-release-applied");
-    let behind_proxy = ZkLock::connect(
-        ZkConfig::new(proxy.addr())
-            .with_chroot(&root)
-            .unwrap()
-            .with_session_timeout(SESSION),
-    )
-    .await
-    .expect("connect through the proxy");
-    let direct = ZkLock::connect(
-        ZkConfig::new(server.connect_string())
-            .with_chroot(&root)
-            .unwrap()
-            .with_session_timeout(Duration::from_secs(10)),
-    )
-    .await
-    .expect("connect");
+    let (behind_proxy, direct) = clients(server, &proxy.addr(), &root).await;
     let admin = direct.client().await.unwrap();
 
     let guard = behind_proxy.lock("job").await.unwrap();
