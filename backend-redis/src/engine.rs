@@ -255,6 +255,12 @@ impl Engine {
         will_wait: bool,
         value: Option<&str>,
     ) -> Result<Attempt, Error> {
+        // Before anything is sent: a clock Redlock cannot propose from is refused.
+        let proposal = if self.nodes.len() > 1 {
+            Some(proposal(std::time::SystemTime::now())?)
+        } else {
+            None
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let owner = format!("{}:{id}", self.client_id);
         let election = value.is_some();
@@ -281,8 +287,8 @@ impl Engine {
             .arg(millis(lease))
             .arg(self.counter_ttl(lease))
             .arg(u8::from(will_wait));
-        if redlock {
-            invocation.arg(proposal());
+        if let Some(proposal) = proposal {
+            invocation.arg(proposal);
         }
         if let Some(value) = value {
             if !redlock {
@@ -646,16 +652,27 @@ fn parse_acquire(value: Value) -> Result<Reply, Error> {
     }
 }
 
-/// Redlock's token proposal: this client's wall clock in µs since the Unix epoch, or 0
-/// when the clock is before the epoch or so far ahead that tokens would pass 2^52 (the
-/// counters and the servers' clocks then decide alone).
-fn proposal() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+/// Redlock's token proposal: this client's wall clock `now` in µs since the Unix epoch.
+///
+/// # Errors
+///
+/// A clock before the epoch, or so far ahead that tokens would pass 2^52 (after 2112),
+/// is refused: the acquire scripts take the larger of the proposal and the counter, so
+/// a proposal of 0 would let tokens restart at 1 once the counters are gone (expired,
+/// or lost by a majority restarted without persistence).
+fn proposal(now: std::time::SystemTime) -> Result<u64, Error> {
+    now.duration_since(std::time::UNIX_EPOCH)
         .ok()
         .and_then(|d| u64::try_from(d.as_micros()).ok())
-        .filter(|us| *us < 1 << 52)
-        .unwrap_or(0)
+        .filter(|us| (1..1 << 52).contains(us))
+        .ok_or_else(|| {
+            Error::backend(
+                BACKEND,
+                false,
+                "Redlock tokens start from this client's clock, which reads before 1970 or \
+                 after 2112: set the clock",
+            )
+        })
 }
 
 /// How long to sleep (at most, unless woken by an unlock message) before trying again.
@@ -720,4 +737,27 @@ where
         runtime.spawn(async move { while running.next().await.is_some() {} });
     }
     answers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use super::proposal;
+
+    /// A clock Redlock cannot propose a token from is refused, not turned into a 0 that
+    /// lets tokens restart at 1 once the counters are gone.
+    #[test]
+    fn a_clock_before_1970_or_after_2112_is_refused() {
+        let now = SystemTime::now();
+        let micros = now.duration_since(UNIX_EPOCH).unwrap().as_micros();
+        assert_eq!(proposal(now).ok().map(u128::from), Some(micros));
+        for bad in [
+            UNIX_EPOCH - Duration::from_secs(1),
+            UNIX_EPOCH,
+            UNIX_EPOCH + Duration::from_micros(1 << 52),
+        ] {
+            assert!(proposal(bad).is_err(), "{bad:?}");
+        }
+    }
 }
