@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map, retry, session_ended};
-use crate::names::{self, Rank, Recipe, ring_start};
+use crate::names::{self, Rank, Recipe};
 use crate::session::{SessionPool, ZkSession};
 
 /// The candidate (or other) nodes of one election directory, in Curator's order.
@@ -37,17 +37,9 @@ pub(crate) struct Candidates {
 
 impl Candidates {
     /// The leader: the first node (oldest across a wrap of the sequence counter, see
-    /// [`names::ring_start`]), if it is a latch node.
+    /// [`names::order_start`]), if it is a latch node.
     pub(crate) fn leader(&self) -> Option<Leader> {
-        let sequences: Vec<u32> = self
-            .nodes
-            .keys()
-            .map_while(|(rank, _)| match rank {
-                Rank::Sequence(sequence) => Some(*sequence),
-                Rank::Other(_) => None,
-            })
-            .collect();
-        let first = ring_start(&sequences);
+        let (_, first) = names::order_start(self.nodes.keys().map(|(rank, _)| rank));
         self.nodes.values().nth(first).cloned().flatten()
     }
 

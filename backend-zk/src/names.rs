@@ -240,6 +240,18 @@ pub(crate) fn ring_start(ascending: &[u32]) -> usize {
     start
 }
 
+/// Among `ranks` in ascending order: how many are sequence numbers (they come first),
+/// and the index of the oldest of them across the wrap (see [`ring_start`]).
+pub(crate) fn order_start<'a>(ranks: impl Iterator<Item = &'a Rank>) -> (usize, usize) {
+    let sequences: Vec<u32> = ranks
+        .map_while(|rank| match rank {
+            Rank::Sequence(sequence) => Some(*sequence),
+            Rank::Other(_) => None,
+        })
+        .collect();
+    (sequences.len(), ring_start(&sequences))
+}
+
 /// Sorts the children of a lock directory in Curator's order: by the sequence suffix,
 /// oldest first across a wrap of the sequence counter (see [`ring_start`]). The first
 /// one holds the lock (or leads the election).
@@ -249,14 +261,8 @@ pub(crate) fn sort_children(children: &mut [String]) {
         .map(|child| (rank(child), std::mem::take(child)))
         .collect();
     ranked.sort_unstable();
-    let sequences: Vec<u32> = ranked
-        .iter()
-        .map_while(|(rank, _)| match rank {
-            Rank::Sequence(sequence) => Some(*sequence),
-            Rank::Other(_) => None,
-        })
-        .collect();
-    ranked[..sequences.len()].rotate_left(ring_start(&sequences));
+    let (sequences, first) = order_start(ranked.iter().map(|(rank, _)| rank));
+    ranked[..sequences].rotate_left(first);
     for (slot, (_, child)) in children.iter_mut().zip(ranked) {
         *slot = child;
     }
