@@ -199,25 +199,17 @@ impl ServerProcess {
         }
     }
 
-    /// [`ServerProcess::kill`] for the `atexit` path: never blocks on the lock. Returns
-    /// false if the lock was busy and nothing was done.
-    pub(crate) fn kill_at_exit(&self) -> bool {
-        match self.child.try_lock() {
-            Ok(mut child) => {
-                if let Some(mut child) = child.take() {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
-                true
-            }
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                if let Some(mut child) = p.into_inner().take() {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
-                true
-            }
-            Err(std::sync::TryLockError::WouldBlock) => false,
+    /// [`ServerProcess::kill`] for the `atexit` path: never blocks on the lock (a busy
+    /// lock leaves the process to its parent-death signal).
+    pub(crate) fn kill_at_exit(&self) {
+        let child = match self.child.try_lock() {
+            Ok(mut child) => child.take(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(mut child) = child {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

@@ -152,10 +152,9 @@ impl RedisServer {
         static SHARED: OnceLock<RedisServer> = OnceLock::new();
         SHARED.get_or_init(|| {
             at_exit(|| {
+                // Its directory, a `Scratch`, is removed by that module's exit hook.
                 if let Some(server) = SHARED.get() {
-                    if server.process.kill_at_exit() {
-                        let _ = std::fs::remove_dir_all(server.dir());
-                    }
+                    server.process.kill_at_exit();
                 }
             });
             RedisServer::start()
