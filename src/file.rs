@@ -341,10 +341,17 @@ impl FileConfig {
         if endpoints.is_empty() && backend != "mem" {
             return Err(invalid(format!("the {backend} backend needs `endpoints`")));
         }
-        if self.service.is_some() && backend != "redis+sentinel" {
+        if self.service.is_some()
+            && !matches!(backend.as_str(), "redis+sentinel" | "rediss+sentinel")
+        {
             return unsupported("service");
         }
-        if self.db.is_some() && !matches!(backend.as_str(), "redis" | "redis+sentinel") {
+        if self.db.is_some()
+            && !matches!(
+                backend.as_str(),
+                "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel"
+            )
+        {
             return unsupported("db");
         }
         let url = match backend.as_str() {

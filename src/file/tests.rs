@@ -109,6 +109,23 @@ fn every_backend_becomes_its_url() {
         ),
         (
             r#"
+            backend = "rediss+sentinel"
+            endpoints = ["s1:26380"]
+            service = "mymaster"
+            db = 4
+            "#,
+            "rediss+sentinel://s1:26380/mymaster?db=4",
+        ),
+        (
+            r#"
+            backend = "rediss"
+            endpoints = ["cache:6380"]
+            db = 3
+            "#,
+            "rediss://cache:6380/3",
+        ),
+        (
+            r#"
             backend = "zk"
             endpoints = ["z1:2281", "z2:2281"]
             prefix = "/locks"
