@@ -23,7 +23,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "migrate",
     #[cfg(feature = "etcd")]
     "etcd",
-    #[cfg(feature = "etcd")]
+    #[cfg(feature = "etcd-tls")]
     "etcds",
     #[cfg(feature = "zookeeper")]
     "zk",
@@ -34,18 +34,18 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     #[cfg(feature = "redis")]
     "redis",
     #[cfg(feature = "redis")]
-    "rediss",
-    #[cfg(feature = "redis")]
     "redis+sentinel",
     #[cfg(feature = "redis")]
     "redis+cluster",
     #[cfg(feature = "redis")]
     "redlock",
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "redis-tls")]
+    "rediss",
+    #[cfg(feature = "redis-tls")]
     "rediss+sentinel",
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "redis-tls")]
     "rediss+cluster",
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "redis-tls")]
     "redlocks",
 ];
 
@@ -187,9 +187,13 @@ async fn open_scheme(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
         "mem" => Ok(Arc::new(memory(url)?)),
         "migrate" => migrate::connect(url).await,
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => fencelock_etcd::connect(url).await,
+        "etcd" => fencelock_etcd::connect(url).await,
         #[cfg(not(feature = "etcd"))]
-        "etcd" | "etcds" => Err(not_compiled(scheme, "etcd")),
+        "etcd" => Err(not_compiled(scheme, "etcd")),
+        #[cfg(feature = "etcd-tls")]
+        "etcds" => fencelock_etcd::connect(url).await,
+        #[cfg(not(feature = "etcd-tls"))]
+        "etcds" => Err(not_compiled(scheme, "etcd-tls")),
         #[cfg(feature = "zookeeper")]
         "zk" | "zookeeper" => fencelock_zk::connect(url).await,
         #[cfg(not(feature = "zookeeper"))]
@@ -198,16 +202,19 @@ async fn open_scheme(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
         "zks" => fencelock_zk::connect(url).await,
         #[cfg(not(feature = "zookeeper-tls"))]
         "zks" => Err(not_compiled(scheme, "zookeeper-tls")),
-        // Without `redis-tls` the Redis backend refuses the TLS schemes itself
-        // (`Error::InvalidConfig` naming the feature).
         #[cfg(feature = "redis")]
-        "redis" | "redis+sentinel" | "redis+cluster" | "redlock" | "rediss" | "rediss+sentinel"
-        | "rediss+cluster" | "redlocks" => fencelock_redis::connect(url).await,
+        "redis" | "redis+sentinel" | "redis+cluster" | "redlock" => {
+            fencelock_redis::connect(url).await
+        }
         #[cfg(not(feature = "redis"))]
         "redis" | "redis+sentinel" | "redis+cluster" | "redlock" => {
             Err(not_compiled(scheme, "redis"))
         }
-        #[cfg(not(feature = "redis"))]
+        #[cfg(feature = "redis-tls")]
+        "rediss" | "rediss+sentinel" | "rediss+cluster" | "redlocks" => {
+            fencelock_redis::connect(url).await
+        }
+        #[cfg(not(feature = "redis-tls"))]
         "rediss" | "rediss+sentinel" | "rediss+cluster" | "redlocks" => {
             Err(not_compiled(scheme, "redis-tls"))
         }
@@ -292,12 +299,21 @@ pub(crate) fn check_backend_url(url: &str) -> Result<(), Error> {
     match scheme.to_ascii_lowercase().as_str() {
         "mem" => mem_namespace(url).map(drop),
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => fencelock_etcd::EtcdConfig::from_url(url).map(drop),
+        "etcd" => fencelock_etcd::EtcdConfig::from_url(url).map(drop),
+        #[cfg(feature = "etcd-tls")]
+        "etcds" => fencelock_etcd::EtcdConfig::from_url(url).map(drop),
         #[cfg(feature = "zookeeper")]
-        "zk" | "zookeeper" | "zks" => fencelock_zk::ZkConfig::from_url(url).map(drop),
+        "zk" | "zookeeper" => fencelock_zk::ZkConfig::from_url(url).map(drop),
+        #[cfg(feature = "zookeeper-tls")]
+        "zks" => fencelock_zk::ZkConfig::from_url(url).map(drop),
         #[cfg(feature = "redis")]
-        "redis" | "redis+sentinel" | "redis+cluster" | "redlock" | "rediss" | "rediss+sentinel"
-        | "rediss+cluster" | "redlocks" => fencelock_redis::RedisConfig::from_url(url).map(drop),
+        "redis" | "redis+sentinel" | "redis+cluster" | "redlock" => {
+            fencelock_redis::RedisConfig::from_url(url).map(drop)
+        }
+        #[cfg(feature = "redis-tls")]
+        "rediss" | "rediss+sentinel" | "rediss+cluster" | "redlocks" => {
+            fencelock_redis::RedisConfig::from_url(url).map(drop)
+        }
         _ => Ok(()),
     }
 }
@@ -351,7 +367,7 @@ mod tests {
             ("mem://?lease=3s", "invalid-url"),
             ("mem://user:pw@x", "invalid-url"),
             ("etcd://127.0.0.1:2379/locks", "needs-feature:etcd"),
-            ("etcds://127.0.0.1:2379/locks", "needs-feature:etcd"),
+            ("etcds://127.0.0.1:2379/locks", "needs-feature:etcd-tls"),
             ("zk://127.0.0.1:2181/locks", "needs-feature:zookeeper"),
             ("zookeeper://127.0.0.1:2181", "needs-feature:zookeeper"),
             ("zks://127.0.0.1:2281/locks", "needs-feature:zookeeper-tls"),
@@ -385,10 +401,11 @@ mod tests {
         ];
         let compiled = |feature: &str| {
             (feature == "etcd" && cfg!(feature = "etcd"))
+                || (feature == "etcd-tls" && cfg!(feature = "etcd-tls"))
                 || (feature == "zookeeper" && cfg!(feature = "zookeeper"))
                 || (feature == "zookeeper-tls" && cfg!(feature = "zookeeper-tls"))
                 || (feature == "redis" && cfg!(feature = "redis"))
-                || (feature == "redis-tls" && cfg!(feature = "redis"))
+                || (feature == "redis-tls" && cfg!(feature = "redis-tls"))
         };
         for (url, expected) in cases {
             // Backends that are compiled in are tested against real servers in their own
@@ -404,9 +421,8 @@ mod tests {
     }
 
     /// The Redis TLS schemes reach the Redis backend: a missing CA file is its
-    /// configuration error, found before any I/O, or without `redis-tls` its refusal
-    /// naming the feature.
-    #[cfg(feature = "redis")]
+    /// configuration error, found before any I/O.
+    #[cfg(feature = "redis-tls")]
     #[tokio::test]
     async fn redis_tls_schemes_reach_the_redis_backend() {
         for url in [
@@ -416,14 +432,39 @@ mod tests {
             "redlocks://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?ca=/no/such/ca.pem",
         ] {
             let err = connect(url).await.unwrap_err();
-            let expected = if cfg!(feature = "redis-tls") {
-                "cannot read TLS file /no/such/ca.pem"
-            } else {
-                "`redis-tls`"
-            };
+            let expected = "cannot read TLS file /no/such/ca.pem";
             assert!(
                 matches!(&err, Error::InvalidConfig(m) if m.contains(expected)),
                 "{url}: {err:?}"
+            );
+        }
+    }
+
+    /// Every scheme [`SUPPORTED_SCHEMES`] lists reaches its backend in this build: none
+    /// is refused as unknown or as needing a feature (a TLS scheme is listed only with
+    /// its TLS feature).
+    #[tokio::test]
+    async fn every_supported_scheme_is_compiled_in() {
+        for scheme in SUPPORTED_SCHEMES {
+            // Port 1 on loopback refuses at once: what matters is who answers.
+            let url = match *scheme {
+                "mem" => "mem://".to_owned(),
+                "migrate" => "migrate://?phase=target&target=mem://".to_owned(),
+                "redlock" | "redlocks" => {
+                    format!("{scheme}://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?connect_timeout=100ms")
+                }
+                "redis+sentinel" | "rediss+sentinel" => {
+                    format!("{scheme}://127.0.0.1:1/m?connect_timeout=100ms")
+                }
+                "zk" | "zookeeper" | "zks" => {
+                    format!("{scheme}://127.0.0.1:1?connect_timeout=100ms")
+                }
+                _ => format!("{scheme}://127.0.0.1:1?connect_timeout=100ms"),
+            };
+            let answer = kind(connect(&url).await);
+            assert!(
+                !answer.starts_with("needs-feature") && answer != "unknown-scheme",
+                "{url}: {answer}"
             );
         }
     }
