@@ -426,6 +426,26 @@ mod tests {
     use super::*;
     use fencelock_core::FencingStrength;
 
+    /// A URL nesting URLs in its query values without end, as an error's URL or as a
+    /// valid URL's value, is parsed and shown on a small stack (no abort).
+    #[test]
+    fn deeply_nested_urls_are_refused_or_shown_without_overflowing() {
+        let nested = "l=mem://?".repeat(100_000);
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let err = Config::from_url(&format!("mem://?{nested}x")).unwrap_err();
+                assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+                let _ = format!("{err} {err:?}");
+                if let Ok(config) = Config::from_url(&format!("redis://h?prefix=mem://?{nested}")) {
+                    let _ = format!("{config} {config:?}");
+                }
+            })
+            .unwrap()
+            .join()
+            .expect("a deeply nested URL overflowed the stack");
+    }
+
     #[test]
     fn display_round_trips() {
         for url in [

@@ -16,6 +16,16 @@ const SECRET_PARAMS: &[&str] = &["password", "pass", "pwd", "token", "secret"];
 /// );
 /// ```
 pub fn redact_url(url: &str) -> String {
+    redact_at(url, 0)
+}
+
+/// How deep URLs nested in query values are redacted: the legs of `migrate://` are one
+/// level, and nothing real goes much deeper. A value nested deeper is hidden whole, so
+/// a crafted URL cannot make this recurse once per level (a stack overflow aborts the
+/// process) or rescan the rest of the URL at every level.
+const MAX_NESTING: usize = 4;
+
+fn redact_at(url: &str, depth: usize) -> String {
     let (mut out, rest) = split_userinfo(url);
     let (head, query) = match rest.split_once('?') {
         Some((head, query)) => (head, Some(query)),
@@ -28,7 +38,7 @@ pub fn redact_url(url: &str) -> String {
             .split('&')
             .map(|pair| match pair.split_once('=') {
                 Some((key, _)) if is_secret(key) => format!("{key}=***"),
-                Some((key, value)) => format!("{key}={}", redact_nested(value)),
+                Some((key, value)) => format!("{key}={}", redact_nested(value, depth)),
                 None => pair.to_owned(),
             })
             .collect();
@@ -51,13 +61,20 @@ fn is_secret(key: &str) -> bool {
 
 /// A query value that is itself a URL (the legs of `migrate://`), redacted whether it is
 /// percent-encoded or not.
-fn redact_nested(value: &str) -> String {
+fn redact_nested(value: &str, depth: usize) -> String {
+    let nested = depth + 1;
     if value.contains("://") {
-        return redact_url(value);
+        if nested > MAX_NESTING {
+            return "***".to_owned();
+        }
+        return redact_at(value, nested);
     }
     match percent_encoding::percent_decode_str(value).decode_utf8() {
         Ok(decoded) if decoded.contains("://") => {
-            let redacted = redact_url(&decoded);
+            if nested > MAX_NESTING {
+                return "***".to_owned();
+            }
+            let redacted = redact_at(&decoded, nested);
             if redacted == decoded {
                 value.to_owned()
             } else {
@@ -250,5 +267,33 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(redact_url(input), expected, "{input}");
         }
+    }
+
+    /// URLs nested in query values as deep as anyone likes (`l=mem://?l=mem://?...`,
+    /// raw or percent-encoded) are redacted without recursing once per level: a small
+    /// stack survives a long one, and a password deep inside is still hidden.
+    #[test]
+    fn deeply_nested_urls_neither_overflow_nor_leak() {
+        let raw = format!("mem://?{}x", "l=mem://?".repeat(100_000));
+        let mut encoded = "redis://:s3cret@h".to_owned();
+        for _ in 0..50 {
+            encoded = format!(
+                "migrate://?legacy={}",
+                percent_encoding::utf8_percent_encode(&encoded, super::COMPONENT)
+            );
+        }
+        let deep_secret = format!("{}redis://:s3cret@h", "migrate://?legacy=".repeat(50));
+        let redacted = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let raw = redact_url(&raw);
+                (raw.len(), redact_url(&encoded), redact_url(&deep_secret))
+            })
+            .unwrap()
+            .join()
+            .expect("redacting a deeply nested URL overflowed the stack");
+        assert!(redacted.0 > 0);
+        assert!(!redacted.1.contains("s3cret"), "{}", redacted.1);
+        assert!(!redacted.2.contains("s3cret"), "{}", redacted.2);
     }
 }
