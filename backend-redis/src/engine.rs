@@ -384,12 +384,15 @@ impl Engine {
 
     /// Undoes an attempt that did not become a guard: its release on every node, waited
     /// for no longer than `bound` (an instance's answer to the acquire: the slow ones are
-    /// why it failed, and the caller must not wait on them again). If the bound runs out,
-    /// `in_flight` stays armed and its drop sends the release again in the background
-    /// (a compare-and-delete: sent twice, it deletes nothing of anyone else's).
-    async fn undo(&self, in_flight: &mut InFlight<'_>, bound: Duration) {
+    /// why it failed, and the caller must not wait on them again). Unless the release
+    /// was answered (the key deleted, or found not ours) within the bound, `in_flight`
+    /// stays armed and its drop sends the release again in the background (a
+    /// compare-and-delete: sent twice, it deletes nothing of anyone else's). A release
+    /// that failed (a connection reset, a reconnect that did not get through) is not
+    /// done: the key it left would otherwise stay, owned by nobody, for its lease.
+    pub(crate) async fn undo(&self, in_flight: &mut InFlight<'_>, bound: Duration) {
         let release = self.release(in_flight.keys, &in_flight.owner, None, in_flight.election);
-        if tokio::time::timeout(bound, release).await.is_ok() {
+        if let Ok(Ok(_)) = tokio::time::timeout(bound, release).await {
             in_flight.armed = false;
         }
     }

@@ -311,9 +311,9 @@ async fn try_member(
                 .and_then(|t| u64::try_from(t).ok())
                 .ok_or_else(bad)?;
             if sent.elapsed() + crate::engine::drift(lease) >= lease {
-                // Still armed: a drop during this release releases in the background.
-                engine.release(&holder, &owner, None, false).await.ok();
-                in_flight.armed = false;
+                // Armed until the release is answered: a drop during it, or a release
+                // that failed, releases again in the background.
+                engine.undo(&mut in_flight, engine.config.timeout).await;
                 return Err(Error::unavailable(
                     BACKEND,
                     "the lease ran out before the grant was answered",

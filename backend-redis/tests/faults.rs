@@ -1,6 +1,6 @@
 //! Fault tests on real Redis servers: a holder process frozen past its lease (SIGSTOP),
-//! a Redis restart without persistence, Redlock with instances killed, and renewals
-//! answered after the holder's deadline.
+//! a Redis restart without persistence, Redlock with instances killed, renewals
+//! answered after the holder's deadline, and a failed grant's undo cut off by a partition.
 //!
 //! The frozen holder is this test binary re-run as a child process (the `holder_child`
 //! test, which does nothing unless `FENCELOCK_HOLDER_URL` is set).
@@ -677,4 +677,51 @@ async fn a_renewing_lock_on_a_slow_link_is_renewed_in_time() {
     );
     guard.release().await.unwrap();
     proxy.set(fencelock_testkit::Fault::Pass);
+}
+
+/// A grant whose replica check fails on a reset connection, and whose undo fails too
+/// (the reconnect's `SELECT` cannot get through a partition within `connect_timeout`),
+/// is released again in the background:
+/// the key, which nobody holds, is gone soon after the server is reachable again, not
+/// kept for its 30 s lease. The undo used to count a release that returned an error as
+/// done and send nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_undo_of_a_grant_is_sent_again_in_the_background() {
+    let server = RedisServer::shared();
+    let proxy = fencelock_testkit::FaultProxy::start(&server.addr());
+    let prefix = format!("undo-{:x}:", std::process::id());
+    let url = format!(
+        "redis://{}/1?wait_replicas=1&wait_timeout=500ms&connect_timeout=100ms&timeout=2s&prefix={prefix}",
+        proxy.addr()
+    );
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    let acquiring = tokio::spawn(async move {
+        locks
+            .acquire(
+                "k",
+                AcquireOptions::new()
+                    .fixed_lease(Duration::from_secs(30))
+                    .no_wait(),
+            )
+            .await
+    });
+    // Granted, and its `WAIT` (no replica will answer) blocks for 500 ms.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    proxy.set(fencelock_testkit::Fault::Blackhole);
+    proxy.reset_connections();
+    let outcome = acquiring.await.unwrap();
+    assert!(outcome.is_err(), "granted: {outcome:?}");
+    proxy.set(fencelock_testkit::Fault::Pass);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut conn = redis::Client::open(format!("{}/1", server.url()))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = format!("{prefix}{{k}}");
+    let pttl: i64 = conn.pttl(&key).await.unwrap();
+    assert_eq!(
+        pttl, -2,
+        "the failed grant's key is left for {pttl} ms more ({outcome:?})"
+    );
 }
