@@ -109,6 +109,10 @@ impl ZkTls {
 
 /// Credentials (`user:password` of the URL): for `addauth digest` or SASL DIGEST-MD5,
 /// as [`AuthMethod`] says.
+///
+/// With [`AuthMethod::Digest`] the user name must not contain `:` (ZooKeeper splits
+/// `user:password` at the first `:`): such a user is [`Error::InvalidUrl`] in a URL and
+/// [`Error::InvalidConfig`] from [`ZkConfig::validate`]. The password may contain `:`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DigestAuth {
     /// The user name.
@@ -315,8 +319,22 @@ impl ZkConfig {
                 }
             }
         }
+        if let Some(reason) = config.digest_user_problem() {
+            return Err(bad(reason.into()));
+        }
         config.validate()?;
         Ok(config)
+    }
+
+    /// Why the credentials cannot be sent with ZooKeeper's `digest` scheme, if they
+    /// cannot: the server splits `user:password` at the first `:`, so a user name with a
+    /// `:` would authenticate as another user, with another password.
+    fn digest_user_problem(&self) -> Option<&'static str> {
+        let auth = self.auth.as_ref()?;
+        (self.auth_method == AuthMethod::Digest && auth.user.contains(':')).then_some(
+            "the digest user name must not contain ':' (ZooKeeper splits user:password at \
+             the first ':', so it would authenticate as another user)",
+        )
     }
 
     /// Puts the locks under `chroot` (an absolute path such as `/app/locks`; `/` or `""`
@@ -349,6 +367,7 @@ impl ZkConfig {
     }
 
     /// Authenticates every session with ZooKeeper's `digest` scheme (`addauth digest`).
+    /// A `user` containing `:` fails [`ZkConfig::validate`] (see [`DigestAuth`]).
     pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.auth = Some(DigestAuth {
             user: user.into(),
@@ -461,6 +480,9 @@ impl ZkConfig {
         }
         if self.acl() == AclPolicy::CreatorOnly && self.auth.is_none() {
             return invalid("acl=creator needs digest credentials (zk://user:password@...)");
+        }
+        if let Some(reason) = self.digest_user_problem() {
+            return invalid(reason);
         }
         if self.auth_method == AuthMethod::SaslDigestMd5 && self.auth.is_none() {
             return invalid("sasl=digest-md5 needs credentials (zk://user:password@...)");
@@ -605,6 +627,31 @@ mod tests {
             assert!(!err.to_string().contains("hunter2"), "{url}: {err}");
             assert!(!format!("{err:?}").contains("hunter2"), "{url}: {err:?}");
         }
+    }
+
+    /// ZooKeeper's `digest` scheme splits `user:password` at the first `:`: a user with a
+    /// `:` (percent-encoded in the URL, or given to `with_digest`) would authenticate as
+    /// another user with another password, so it is refused.
+    #[test]
+    fn a_digest_user_with_a_colon_is_refused() {
+        for url in ["zk://a%3Ab:hunter2@h", "zk://a%3ab:hunter2@h/r?acl=open"] {
+            match ZkConfig::from_url(url) {
+                Err(Error::InvalidUrl { reason, .. }) => {
+                    assert!(reason.contains("':'"), "{url}: {reason}");
+                    assert!(!reason.contains("hunter2"), "{url}: {reason}");
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let built = ZkConfig::new("h:1").with_digest("a:b", "pw");
+        assert!(
+            matches!(built.validate(), Err(Error::InvalidConfig(ref m)) if m.contains("':'")),
+            "{:?}",
+            built.validate()
+        );
+        // A `:` in the password is fine: the server splits at the first one.
+        let c = ok("zk://ab:p%3Aw@h");
+        assert_eq!(c.auth().map(|a| a.password.as_str()), Some("p:w"));
     }
 
     #[test]
