@@ -128,11 +128,19 @@ impl Config {
             max_waiters: None,
         };
         let mut rest = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             if !FACADE_OPTIONS.contains(&key) {
                 rest.push(pair);
                 continue;
+            }
+            // `require` lists add up; any other option given twice is ambiguous.
+            if key != "require" {
+                if seen.contains(&key) {
+                    return Err(invalid(&format!("`{key}` is given twice; give it once")));
+                }
+                seen.push(key);
             }
             let value = percent_encoding::percent_decode_str(value)
                 .decode_utf8()
@@ -425,6 +433,23 @@ impl fmt::Debug for Config {
 mod tests {
     use super::*;
     use fencelock_core::FencingStrength;
+
+    /// A facade option given twice is refused, not resolved by the last one; `require`
+    /// may repeat (its lists add up).
+    #[test]
+    fn a_facade_option_given_twice_is_refused() {
+        for url in [
+            "mem://?retry=1&retry=5",
+            "mem://?max_waiters=10&max_waiters=1",
+            "mem://?metrics=false&metrics=true",
+            "migrate://?phase=target&target=mem://&phase=legacy",
+            "migrate://?phase=target&target=mem://a&target=mem://b",
+        ] {
+            let err = Config::from_url(url).unwrap_err();
+            assert!(err.to_string().contains("twice"), "{url}: {err}");
+        }
+        Config::from_url("mem://?require=fifo&require=fencing").unwrap();
+    }
 
     /// A URL nesting URLs in its query values without end, as an error's URL or as a
     /// valid URL's value, is parsed and shown on a small stack (no abort).

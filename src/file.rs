@@ -241,6 +241,13 @@ impl FileConfig {
         if let Some(limit) = self.max_waiters {
             query.push(("max_waiters".into(), limit.to_string()));
         }
+        for (i, (key, _)) in query.iter().enumerate() {
+            if key != "require" && query[..i].iter().any(|(earlier, _)| earlier == key) {
+                return Err(invalid(format!(
+                    "`{key}` is set twice (as a setting and in [options]); give it once"
+                )));
+            }
+        }
         let mut url = base;
         for (i, (key, value)) in query.iter().enumerate() {
             let separator = if i == 0 && !url.contains('?') {

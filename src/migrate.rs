@@ -54,8 +54,13 @@ impl MigrationSpec {
         let (mut legacy, mut target) = (None, None);
         let (mut legacy_epoch, mut epoch) = (0u8, None);
         let mut second_leg_wait = None;
+        let mut seen: Vec<&str> = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if seen.contains(&key) {
+                return Err(bad(format!("`{key}` is given twice; give it once")));
+            }
+            seen.push(key);
             let value = percent_decode_str(value)
                 .decode_utf8()
                 .map_err(|_| bad(format!("`{key}` is not valid percent-encoded UTF-8")))?;

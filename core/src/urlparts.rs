@@ -174,18 +174,21 @@ pub fn parse_userinfo(userinfo: &str) -> Result<(Option<String>, Option<String>)
 /// # Errors
 ///
 /// When a key or value is not valid percent-encoded UTF-8 (the message names the key
-/// only).
+/// only), or a key is given twice (`lease=10s&lease=5s`: which one was meant cannot
+/// be told, and taking either silently could give two services that look configured
+/// alike different settings).
 pub fn parse_query(query: &str) -> Result<Vec<(String, String)>, String> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let key = percent_decode(key, "an option name")?;
-            let value = percent_decode(value, &format!("the value of `{key}`"))?;
-            Ok((key, value))
-        })
-        .collect()
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = percent_decode(key, "an option name")?;
+        if pairs.iter().any(|(earlier, _)| *earlier == key) {
+            return Err(format!("`{key}` is given twice; give it once"));
+        }
+        let value = percent_decode(value, &format!("the value of `{key}`"))?;
+        pairs.push((key, value));
+    }
+    Ok(pairs)
 }
 
 #[cfg(test)]
@@ -197,6 +200,16 @@ mod tests {
             host: host.into(),
             port,
         }
+    }
+
+    #[test]
+    fn a_query_key_given_twice_is_refused() {
+        let err = parse_query("lease=10s&prefix=a&lease=5s").unwrap_err();
+        assert!(err.contains("`lease`") && err.contains("twice"), "{err}");
+        // Also when one spelling is percent-encoded.
+        let err = parse_query("lease=10s&l%65ase=5s").unwrap_err();
+        assert!(err.contains("`lease`"), "{err}");
+        assert_eq!(parse_query("a=1&&b=2").unwrap().len(), 2);
     }
 
     #[test]

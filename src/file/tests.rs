@@ -329,3 +329,27 @@ fn mistakes_name_the_line_and_hide_secrets() {
         assert!(message.contains(expect), "{text}\n{message}");
     }
 }
+
+/// A setting given twice (a typed key and the same key in `[options]`) is refused
+/// naming it, not resolved silently by whichever the parser reads last.
+#[test]
+fn a_setting_given_twice_is_refused() {
+    for (text, key) in [
+        (
+            "backend = \"etcd\"\nendpoints = [\"h:1\"]\nlease = \"30s\"\n[options]\nlease = \"2s\"\n",
+            "lease",
+        ),
+        (
+            "backend = \"redis\"\nendpoints = [\"h:1\"]\nprefix = \"orders:\"\noptions = { prefix = \"x:\" }\n",
+            "prefix",
+        ),
+        (
+            "backend = \"zk\"\nendpoints = [\"h:1\"]\nretry = 2\n[options]\nretry = 3\n",
+            "retry",
+        ),
+    ] {
+        let message = error(text);
+        assert!(message.contains(&format!("`{key}`")), "{text}: {message}");
+        assert!(message.contains("twice"), "{text}: {message}");
+    }
+}
