@@ -55,10 +55,11 @@ pub(crate) struct Cleanup {
     /// The session lease the key is attached to, or `None` for a dedicated fixed lease.
     pub(crate) session: Option<Arc<Session>>,
     pub(crate) fixed_lease: Option<i64>,
-    /// The new lease of an extension whose move onto it went unconfirmed: the key may be
-    /// on it, so the clean-up also deletes the key (by incarnation) after revoking
-    /// `fixed_lease`, and then revokes this lease too.
-    pub(crate) moved_maybe: Option<i64>,
+    /// The new leases of extensions whose move onto them went unconfirmed: the key may be
+    /// on one of them, so the clean-up also deletes the key (by incarnation) after
+    /// revoking `fixed_lease`, and then revokes these leases too. The next extension that
+    /// moves the key takes them over (and revokes them).
+    pub(crate) moved_maybe: Vec<i64>,
     pub(crate) permit: Option<GatePermit>,
     /// A create that was sent and is still running in its own task: it is never
     /// abandoned, so the clean-up learns from its answer exactly which incarnation of our
@@ -183,7 +184,7 @@ impl Cleanup {
 
     /// Whether there is nothing to undo.
     fn is_empty(&self) -> bool {
-        self.state == KeyState::Absent && self.fixed_lease.is_none() && self.moved_maybe.is_none()
+        self.state == KeyState::Absent && self.fixed_lease.is_none() && self.moved_maybe.is_empty()
     }
 
     /// One attempt right away, bounded by `limit`. Returns whether everything is undone;
@@ -202,7 +203,7 @@ impl Cleanup {
                     if status.message().contains("not found") => {}
                 Err(error) => return Err(map(error)),
             }
-            if self.session.is_none() && self.moved_maybe.is_none() {
+            if self.session.is_none() && self.moved_maybe.is_empty() {
                 return Ok(());
             }
             // A queued key moving to its fixed lease: it may still be on the session lease.
@@ -222,8 +223,8 @@ impl Cleanup {
                     .map_err(map)?;
             }
         }
-        if let Some(lease) = self.moved_maybe {
-            // The key is gone: the lease it may have been moved onto holds nothing now.
+        for &lease in &self.moved_maybe {
+            // The key is gone: the leases it may have been moved onto hold nothing now.
             match self.client.lease_client().revoke(lease).await {
                 Ok(_) => {}
                 Err(etcd_client::Error::GRpcStatus(status))
@@ -297,6 +298,10 @@ pub(crate) struct EtcdHeld {
     /// The client's registry of fixed leases, when this grant is on one (and so may be
     /// extended).
     fixed: Option<Arc<FixedLeases>>,
+    /// Extends take turns (a fixed lease only): each moves the key from the lease the
+    /// one before it left it on, also when the one before was dropped and goes on in its
+    /// own task.
+    extending: Option<Arc<tokio::sync::Mutex<()>>>,
     released: AtomicBool,
     /// An earlier `release()` could not confirm the delete and left it to the
     /// background: a retried release must not call that a loss.
@@ -365,6 +370,7 @@ impl EtcdHeld {
             shared,
             session,
             registration,
+            extending: fixed.is_some().then(Arc::default),
             fixed,
             released: AtomicBool::new(false),
             handed_off: AtomicBool::new(false),
@@ -415,10 +421,8 @@ impl HeldLock for EtcdHeld {
             Ok(Ok(true)) => {
                 self.released.store(true, Ordering::SeqCst);
                 let cleanup = armed.get();
-                for lease in [cleanup.fixed_lease.take(), cleanup.moved_maybe.take()]
-                    .into_iter()
-                    .flatten()
-                {
+                let maybe = std::mem::take(&mut cleanup.moved_maybe);
+                for lease in cleanup.fixed_lease.take().into_iter().chain(maybe) {
                     let client = cleanup.client.clone();
                     cleanup
                         .runtime
@@ -473,31 +477,43 @@ impl HeldLock for EtcdHeld {
 
     /// An etcd lease's TTL cannot be changed, so the key moves onto a fresh lease of the
     /// new length (a put that keeps the create revision, so the token stays, checked
-    /// against our incarnation and our current lease) and the old lease is revoked. The
+    /// against our incarnation and the lease it is on) and the old lease is revoked. The
     /// work runs in its own task: a dropped call leaves either the old lease or the new
-    /// one, never both.
+    /// one, never both. Extends of one guard take turns (a dropped call's task keeps its
+    /// turn until it is done), so each moves the key from the lease the one before left
+    /// it on.
     #[tracing::instrument(name = "fencelock.etcd.extend", level = "debug", skip_all, fields(lock = %self.name))]
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
         self.can_extend()?;
-        let Some(fixed) = self.fixed.clone() else {
+        let (Some(fixed), Some(turns)) = (self.fixed.clone(), self.extending.clone()) else {
             return Err(Error::not_a_fixed_lease());
         };
         fencelock_core::validate_lease(lease, crate::config::MIN_LEASE)?;
         let seconds = crate::config::lease_seconds(lease)?;
-        let (client, runtime, timeout, old) = {
+        // Waited for before anything is read or sent: a call dropped here did nothing.
+        let turn = turns.lock_owned().await;
+        let (client, runtime, timeout, old, maybe) = {
             let cleanup = self
                 .shared
                 .cleanup
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             match cleanup.as_ref().and_then(|c| c.fixed_lease.map(|l| (c, l))) {
-                Some((c, old)) => (c.client.clone(), c.runtime.clone(), c.timeout, old),
+                Some((c, old)) => (
+                    c.client.clone(),
+                    c.runtime.clone(),
+                    c.timeout,
+                    old,
+                    c.moved_maybe.clone(),
+                ),
                 None => return Err(Error::lost(&self.name, "the lock was already given up")),
             }
         };
         let shared = self.shared.clone();
         let (key, revision) = (shared.key.clone(), shared.revision);
         let work = async move {
+            // This guard's next extend starts when this one is done.
+            let _turn = turn;
             let sent = Instant::now();
             // The new lease's ID is chosen before the request: a grant that times out
             // after etcd applied it, or any exit below that does not keep the lease, has
@@ -532,55 +548,83 @@ impl HeldLock for EtcdHeld {
                     granted.ttl()
                 )));
             }
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(&*key, CompareOp::Equal, revision),
-                    Compare::lease(&*key, CompareOp::Equal, old),
-                ])
-                .and_then([TxnOp::put(
-                    &*key,
-                    "",
-                    Some(PutOptions::new().with_lease(new).with_ignore_value()),
-                )]);
-            let moved = match tokio::time::timeout(timeout, client.kv_client().txn(txn)).await {
-                Ok(Ok(response)) => response.succeeded(),
-                answer => {
-                    // Unknown whether it moved: ask which lease the key is on now.
-                    let error = match answer {
-                        Ok(Err(error)) => map(error),
-                        _ => timed_out("moving the key onto the extended lease"),
-                    };
+            // The key is on `old`, or on one of the leases earlier extends moved it onto
+            // without confirmation (`maybe`): moved from `old` first, and from the lease a
+            // read finds it on if that is one of those.
+            let mut from = old;
+            let mut tries = maybe.len() + 1;
+            let moved = loop {
+                let txn = Txn::new()
+                    .when([
+                        Compare::create_revision(&*key, CompareOp::Equal, revision),
+                        Compare::lease(&*key, CompareOp::Equal, from),
+                    ])
+                    .and_then([TxnOp::put(
+                        &*key,
+                        "",
+                        Some(PutOptions::new().with_lease(new).with_ignore_value()),
+                    )]);
+                let answer = tokio::time::timeout(timeout, client.kv_client().txn(txn)).await;
+                // `None`: etcd refused the move (our incarnation is not on `from`).
+                let error = match answer {
+                    Ok(Ok(response)) if response.succeeded() => break true,
+                    Ok(Ok(_)) => None,
+                    Ok(Err(error)) => Some(map(error)),
+                    Err(_) => Some(timed_out("moving the key onto the extended lease")),
+                };
+                if let Some(error) = &error {
                     tracing::debug!(%key, %error, "etcd extend: the move's answer was lost");
-                    let mut kv = client.kv_client();
-                    match tokio::time::timeout(timeout, kv.get(&*key, None)).await {
-                        Ok(Ok(read)) => match read.kvs().first() {
-                            Some(kv) if kv.create_revision() == revision && kv.lease() == new => {
-                                true
-                            }
-                            Some(kv) if kv.create_revision() == revision && kv.lease() == old => {
-                                // Not moved: the guard keeps its old lease and deadline;
-                                // `new` is revoked.
-                                return Err(error);
-                            }
-                            _ => false,
-                        },
-                        _ => {
-                            // Still unknown: the key may live on `new`, which only this
-                            // call knows. The clean-up (release, drop, loss) deletes the
-                            // key itself then, not only the old lease, and revokes `new`.
-                            if let Some(c) = shared
-                                .cleanup
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .as_mut()
-                            {
-                                // Revoked by the clean-up, after the key is deleted.
-                                c.moved_maybe = Some(new);
-                                unkept.keep();
-                            }
-                            return Err(error);
+                }
+                // Which lease is our incarnation on now (`None`: gone or replaced)?
+                let mut kv = client.kv_client();
+                let read = tokio::time::timeout(
+                    timeout,
+                    kv.get(&*key, Some(GetOptions::new().with_keys_only())),
+                )
+                .await;
+                let on = match (read, error) {
+                    (Ok(Ok(read)), error) => (
+                        read.kvs()
+                            .first()
+                            .filter(|kv| kv.create_revision() == revision)
+                            .map(|kv| kv.lease()),
+                        error,
+                    ),
+                    // Refused, and where the key is now is unknown: not a loss.
+                    (_, None) => return Err(not_confirmed()),
+                    (_, Some(error)) => {
+                        // Still unknown: the key may live on `new`, which only this
+                        // call knows. The clean-up (release, drop, loss) deletes the
+                        // key itself then, not only the old lease, and revokes `new`;
+                        // so does the next extend that moves the key.
+                        if let Some(c) = shared
+                            .cleanup
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .as_mut()
+                        {
+                            c.moved_maybe.push(new);
+                            unkept.keep();
                         }
+                        return Err(error);
                     }
+                };
+                tries -= 1;
+                match on {
+                    (Some(lease), _) if lease == new => break true,
+                    // Not moved: the guard keeps its lease and deadline; `new` is revoked.
+                    (Some(lease), Some(error)) if lease == from => return Err(error),
+                    (Some(lease), None) if lease == from => return Err(not_confirmed()),
+                    // An earlier extend's unconfirmed move did land: move it from there.
+                    (Some(lease), _) if maybe.contains(&lease) => {
+                        if tries == 0 {
+                            return Err(not_confirmed());
+                        }
+                        from = lease;
+                    }
+                    // Gone, replaced, or on a lease no extend of ours put it on (whose
+                    // end we cannot know).
+                    _ => break false,
                 }
             };
             if !moved {
@@ -599,6 +643,8 @@ impl HeldLock for EtcdHeld {
                 match cleanup.as_mut() {
                     Some(c) if c.fixed_lease == Some(old) && fixed.replace(old, new) => {
                         c.fixed_lease = Some(new);
+                        // No earlier unconfirmed move holds the key any more.
+                        c.moved_maybe.retain(|lease| !maybe.contains(lease));
                         true
                     }
                     _ => false,
@@ -611,7 +657,9 @@ impl HeldLock for EtcdHeld {
                 ));
             }
             unkept.keep();
-            revoke(old);
+            for lease in std::iter::once(old).chain(maybe) {
+                revoke(lease);
+            }
             Ok(sent + lease - drift_margin(lease))
         };
         match runtime.spawn(work).await {
@@ -628,6 +676,15 @@ impl HeldLock for EtcdHeld {
             )),
         }
     }
+}
+
+/// An extend that could not learn whether it moved the key, while the key is still ours:
+/// not a loss; the guard keeps the deadline it had.
+fn not_confirmed() -> Error {
+    Error::unavailable(
+        crate::error::BACKEND,
+        "etcd did not confirm the extension; the lock is still held until its current deadline",
+    )
 }
 
 /// Watches a held guard's key until the guard ends, and gives the key up if the guard

@@ -263,7 +263,7 @@ impl EtcdLock {
             state: KeyState::Absent,
             session: (!fixed_now).then(|| session.clone()),
             fixed_lease: fixed_now.then(|| session.lease_id()),
-            moved_maybe: None,
+            moved_maybe: Vec::new(),
             permit: None,
             create: None,
         };

@@ -106,7 +106,7 @@ impl EtcdLock {
             state: KeyState::Absent,
             session: Some(session.clone()),
             fixed_lease: None,
-            moved_maybe: None,
+            moved_maybe: Vec::new(),
             permit: None,
             create: None,
         });

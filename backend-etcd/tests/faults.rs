@@ -599,3 +599,108 @@ async fn an_extension_granted_too_late_leaves_no_lease() {
     }
     let _ = guard.release().await;
 }
+
+/// A fixed-lease guard behind a proxy whose replies are held `delay`, and a direct
+/// client on the same prefix.
+async fn slow_fixed_guard(
+    prefix: &str,
+    delay: Duration,
+) -> (
+    fencelock_testkit::FaultProxy,
+    EtcdLock,
+    fencelock_core::LockGuard,
+) {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let locks = EtcdLock::connect(EtcdConfig {
+        endpoints: vec![proxy.addr()],
+        prefix: prefix.to_owned(),
+        ..EtcdConfig::default()
+    })
+    .await
+    .unwrap();
+    let guard = locks
+        .acquire(
+            "x",
+            AcquireOptions::new()
+                .fixed_lease(Duration::from_secs(5))
+                .no_wait(),
+        )
+        .await
+        .unwrap();
+    proxy.set(Fault::DelayReplies(delay));
+    let direct = EtcdLock::connect(EtcdConfig {
+        endpoints: vec![server.endpoint()],
+        prefix: prefix.to_owned(),
+        ..EtcdConfig::default()
+    })
+    .await
+    .unwrap();
+    (proxy, direct, guard)
+}
+
+/// Whether `guard`'s key is still in etcd, read through `direct`.
+async fn still_held(direct: &EtcdLock, guard: &fencelock_core::LockGuard) -> bool {
+    let info = direct.inspect("x").await.unwrap();
+    info.holder.map(|h| h.token) == Some(guard.token())
+}
+
+/// An extend retried after a dropped one (a caller's timeout) is not a loss: the
+/// dropped one goes on in its own task and moves the key onto its lease. The retry used
+/// to read the same "current" lease, move the key from it, find it moved already, and
+/// report the lock lost, whose clean-up then deleted the validly held key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_retried_after_a_dropped_one_is_not_a_loss() {
+    use fencelock_testkit::Fault;
+    let prefix = format!("retried-extend-{:x}", std::process::id());
+    let (proxy, direct, guard) = slow_fixed_guard(&prefix, Duration::from_millis(300)).await;
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        guard.extend(Duration::from_secs(30)),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the first extend was meant to be cut short"
+    );
+    let retried = guard.extend(Duration::from_secs(40)).await;
+    proxy.set(Fault::Pass);
+    assert!(retried.is_ok(), "{retried:?}");
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    assert!(
+        still_held(&direct, &guard).await,
+        "the held key was deleted"
+    );
+    guard.release().await.unwrap();
+}
+
+/// Two extends of one guard at once are never a loss: they take turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_extends_at_once_are_not_a_loss() {
+    use fencelock_testkit::Fault;
+    let prefix = format!("concurrent-extend-{:x}", std::process::id());
+    let (proxy, direct, guard) = slow_fixed_guard(&prefix, Duration::from_millis(200)).await;
+    let (first, second) = tokio::join!(
+        guard.extend(Duration::from_secs(30)),
+        guard.extend(Duration::from_secs(40))
+    );
+    proxy.set(Fault::Pass);
+    for outcome in [&first, &second] {
+        assert!(
+            !matches!(outcome, Err(fencelock_core::Error::Lost { .. })),
+            "an extend reported a held lock lost: {first:?} {second:?}"
+        );
+    }
+    assert!(first.is_ok() && second.is_ok(), "{first:?} {second:?}");
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    assert!(
+        still_held(&direct, &guard).await,
+        "the held key was deleted"
+    );
+    guard.release().await.unwrap();
+}
