@@ -38,6 +38,8 @@ use crate::watcher::{Tracked, Watcher};
 pub(crate) struct ZkSession {
     pub(crate) client: zk::Client,
     timeout: Duration,
+    /// The client's `min_lease`: the shortest lease an extension may ask for.
+    min_lease: Duration,
     acl: AclPolicy,
     root: String,
     runtime: Handle,
@@ -132,6 +134,7 @@ impl ZkSession {
         let session = Arc::new(ZkSession {
             client,
             timeout,
+            min_lease: config.min_lease(),
             acl: config.acl(),
             root: config.chroot().to_owned(),
             runtime: Handle::current(),
@@ -150,6 +153,11 @@ impl ZkSession {
     /// The negotiated session timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The shortest lease accepted (the configured `min_lease`).
+    pub(crate) fn min_lease(&self) -> Duration {
+        self.min_lease
     }
 
     /// The lock root (`""` for `/`).

@@ -1,5 +1,6 @@
-//! Sessions per lease duration are bounded: each is a connection, and ZooKeeper limits
-//! connections per client address (`maxClientCnxns`, 60 by default).
+//! Sessions, one per lease duration: bounded in number (each is a connection, and
+//! ZooKeeper limits connections per client address, `maxClientCnxns`, 60 by default), and
+//! leases checked against `min_lease`, at acquire and at extend.
 
 use std::time::Duration;
 
@@ -110,4 +111,38 @@ async fn a_min_lease_above_thirty_seconds_allows_acquires_without_a_lease() {
         )
         .await;
     assert!(matches!(short, Err(Error::InvalidConfig(_))), "{short:?}");
+}
+
+/// `extend` refuses a lease shorter than `min_lease`, as `acquire` does, before sending
+/// anything: the guard keeps its deadline. A lease of at least `min_lease` extends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_refuses_a_lease_shorter_than_min_lease() {
+    let url = format!(
+        "zk://{}/sessions-extend-{:x}?min_lease=2s",
+        ZkServer::shared().connect_string(),
+        std::process::id()
+    );
+    let locks = ZkLock::connect(ZkConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let guard = locks
+        .acquire(
+            "extend",
+            AcquireOptions::new()
+                .fixed_lease(Duration::from_secs(2))
+                .no_wait(),
+        )
+        .await
+        .unwrap();
+    // Less than 1.9 s of the lease is left now: a 1.9 s extension would move the
+    // deadline, so the guard hands it to the backend.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = guard.valid_until();
+    let short = guard.extend(Duration::from_millis(1900)).await;
+    assert!(matches!(short, Err(Error::InvalidConfig(_))), "{short:?}");
+    assert_eq!(guard.valid_until(), before);
+    assert!(!guard.is_lost());
+    guard.extend(Duration::from_secs(2)).await.unwrap();
+    assert!(guard.valid_until() > before);
+    guard.release().await.unwrap();
 }
