@@ -54,13 +54,15 @@ impl Gates {
     ///
     /// Cancel safe: a dropped wait leaves the queue.
     pub(crate) async fn enter(self: &Arc<Self>, key: &Arc<str>, name_prefix: &str) -> GatePermit {
-        let gate = self.gate(key, name_prefix);
-        gate.queued.fetch_add(1, Ordering::SeqCst);
+        // Made before `gate`, so dropped after it: a permit dropped unfilled (this future
+        // cancelled) must find the map's reference the only one left to forget the key.
         let mut permit = GatePermit {
             gates: self.clone(),
             key: key.clone(),
             turn: None,
         };
+        let gate = self.gate(key, name_prefix);
+        gate.queued.fetch_add(1, Ordering::SeqCst);
         let queued = Queued(&gate);
         permit.turn = Some(gate.turn.clone().lock_owned().await);
         drop(queued);
@@ -73,12 +75,13 @@ impl Gates {
         key: &Arc<str>,
         name_prefix: &str,
     ) -> Option<GatePermit> {
-        let gate = self.gate(key, name_prefix);
+        // Before `gate`, as in `enter`: a failed try forgets an idle key.
         let mut permit = GatePermit {
             gates: self.clone(),
             key: key.clone(),
             turn: None,
         };
+        let gate = self.gate(key, name_prefix);
         permit.turn = Some(gate.turn.clone().try_lock_owned().ok()?);
         Some(permit)
     }
@@ -142,6 +145,30 @@ mod tests {
         let second = second.await.unwrap();
         assert_eq!(gates.queued("p/"), 0);
         drop(second);
+        assert!(gates.gates.lock().unwrap().is_empty());
+    }
+
+    /// A waiter handed the turn and dropped before it ran, as the last one: the key is
+    /// forgotten all the same.
+    #[tokio::test]
+    async fn a_dropped_waiter_leaves_no_gate_behind() {
+        let gates = Arc::new(Gates::default());
+        let key: Arc<str> = "p/k".into();
+        let first = gates.enter(&key, "p/").await;
+        let mut waiting = Box::pin(gates.enter(&key, "p/"));
+        tokio::select! {
+            biased;
+            _ = &mut waiting => panic!("entered while the turn was taken"),
+            () = std::future::ready(()) => {}
+        }
+        // The turn goes to the waiter, which is dropped before it takes it.
+        drop(first);
+        drop(waiting);
+        assert!(gates.gates.lock().unwrap().is_empty());
+        // And a failed try.
+        let first = gates.enter(&key, "p/").await;
+        assert!(gates.try_enter(&key, "p/").is_none());
+        drop(first);
         assert!(gates.gates.lock().unwrap().is_empty());
     }
 }
