@@ -154,7 +154,7 @@ impl RedisTls {
 ///
 /// Query options (all optional): `prefix=STR` (key prefix, default `fencelock:`),
 /// `layout=tagged|raw` (`raw`: the key is exactly prefix + name, default prefix empty),
-/// `wait_replicas=N` and `wait_timeout=DUR` (replica check after acquiring),
+/// `wait_replicas=N` and `wait_timeout=DUR` (replica check after every grant),
 /// `timeout=DUR` (response timeout, default 2 s), `connect_timeout=DUR` (default 5 s),
 /// `token_ttl=DUR` (how long the token counter outlives the last grant, default 24 h,
 /// never less than that grant's lease),
@@ -175,7 +175,9 @@ pub struct RedisConfig {
     pub password: Option<String>,
     /// How lock names map to keys.
     pub layout: KeyLayout,
-    /// Replicas that must acknowledge an acquire (`WAIT`), 0 = no check.
+    /// Replicas that must acknowledge every grant (`WAIT`): a lock's, a term's, a
+    /// semaphore's or read-write lock's; 0 = no check. A grant acknowledged by fewer is
+    /// released and refused with a retryable error.
     pub wait_replicas: u32,
     /// How long to wait for those acknowledgements.
     pub wait_timeout: Duration,

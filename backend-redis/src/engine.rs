@@ -437,8 +437,10 @@ impl Engine {
         }
     }
 
-    /// The replica check: `WAIT n timeout` must see `n` acknowledgements.
-    async fn wait_replicas(&self) -> Result<(), Error> {
+    /// The replica check: `WAIT n timeout` must see `n` acknowledgements. Run after
+    /// every grant (a lock's, a term's, a semaphore's or read-write lock's) when
+    /// `wait_replicas` is set; the caller undoes the grant when it fails.
+    pub(crate) async fn wait_replicas(&self) -> Result<(), Error> {
         let wanted = self.config.wait_replicas;
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(wanted).arg(millis(self.config.wait_timeout));
@@ -450,7 +452,7 @@ impl Engine {
                 BACKEND,
                 true,
                 format!(
-                    "only {acks} of {wanted} replicas acknowledged the lock within {:?}; it was released",
+                    "only {acks} of {wanted} replicas acknowledged the grant within {:?}; it was released",
                     self.config.wait_timeout
                 ),
             ))

@@ -319,6 +319,14 @@ async fn try_member(
                     "the lease ran out before the grant was answered",
                 ));
             }
+            // The replica check (`wait_replicas`), as for a lock: a grant too few replicas
+            // acknowledged is undone and refused.
+            if engine.config.wait_replicas > 0 {
+                if let Err(error) = engine.wait_replicas().await {
+                    engine.undo(&mut in_flight, engine.config.timeout).await;
+                    return Err(error);
+                }
+            }
             in_flight.armed = false;
             Ok(Reply::Granted {
                 token,

@@ -147,6 +147,46 @@ async fn replica_check_fails_without_replicas_and_releases() {
     assert!(!exists, "a failed replica check left the key");
 }
 
+/// The replica check holds for semaphores and read-write locks as for locks: on a server
+/// without replicas a permit, a read and a write each fail as the lock does (a retryable
+/// backend error), and leave neither a holder key nor an index entry. The check used to
+/// run on the lock path only, so these were granted without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_check_holds_for_semaphores_and_rw_locks() {
+    let server = RedisServer::shared();
+    let locks = locks(&format!(
+        "{}?wait_replicas=1&wait_timeout=100ms&prefix=rcm:",
+        server.url()
+    ))
+    .await;
+    let lock_error = locks.try_lock("replicated").await.unwrap_err();
+    let no_wait = AcquireOptions::new().no_wait();
+    let permits = fencelock_core::Permits::new(1, 3).unwrap();
+    for (what, outcome) in [
+        (
+            "permits",
+            locks.acquire_permits("pool", permits, no_wait).await,
+        ),
+        ("read", locks.acquire_read("doc", no_wait).await),
+        ("write", locks.acquire_write("doc", no_wait).await),
+    ] {
+        let err = outcome.expect_err(what);
+        assert!(
+            matches!(
+                (&err, &lock_error),
+                (Error::Backend { .. }, Error::Backend { .. })
+            ),
+            "{what}: {err:?}, the lock's: {lock_error:?}"
+        );
+        assert!(err.is_retryable(), "{what}: {err:?}");
+        assert!(format!("{err:?}").contains("replicas"), "{what}: {err:?}");
+    }
+    let mut conn = raw(server).await;
+    let left: Vec<String> = conn.keys("rcm:*").await.unwrap();
+    let left: Vec<&String> = left.iter().filter(|k| !k.ends_with(":token")).collect();
+    assert!(left.is_empty(), "failed replica checks left {left:?}");
+}
+
 /// Someone deletes the key (or the server clock jumps and it expires): the holder's next
 /// renewal reports the loss at once, long before its deadline; a late release is `Lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
