@@ -511,6 +511,7 @@ impl HeldLock for EtcdHeld {
         };
         let shared = self.shared.clone();
         let (key, revision) = (shared.key.clone(), shared.revision);
+        let home = runtime.clone();
         let work = async move {
             // This guard's next extend starts when this one is done.
             let _turn = turn;
@@ -519,7 +520,7 @@ impl HeldLock for EtcdHeld {
             // after etcd applied it, or any exit below that does not keep the lease, has
             // it revoked in the background (with retries), instead of a keyless lease
             // living out its TTL (up to a year) unseen.
-            let mut unkept = Unkept::new(&client);
+            let mut unkept = Unkept::new(&client, &home);
             let options = LeaseGrantOptions::new().with_id(unkept.id());
             let granted = match tokio::time::timeout(
                 timeout,

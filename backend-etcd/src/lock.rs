@@ -238,7 +238,10 @@ impl EtcdLock {
         // at least `ROUND_TRIP_GRACE`), also when etcd hangs (a request caught in an election
         // waits for etcd's own request timeout).
         let (session, fixed_now) = match lease {
-            Lease::Fixed(ttl) if no_wait => (Session::grant(&inner.client, ttl, None).await?, true),
+            Lease::Fixed(ttl) if no_wait => (
+                Session::grant(&inner.client, ttl, &inner.runtime, false).await?,
+                true,
+            ),
             Lease::Fixed(_) => (
                 within(
                     steps,
@@ -395,7 +398,7 @@ impl EtcdLock {
         value: &str,
         pending: &mut Armed,
     ) -> Result<Arc<Session>, Error> {
-        let fixed = Session::grant(&self.inner.client, ttl, None).await?;
+        let fixed = Session::grant(&self.inner.client, ttl, &self.inner.runtime, false).await?;
         // From here the clean-up revokes the fixed lease as well as deleting our key.
         pending.get().fixed_lease = Some(fixed.lease_id());
         let txn = Txn::new()

@@ -41,20 +41,24 @@ pub(crate) fn drift_margin(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(50)
 }
 
-/// A lease being granted: revoked in the background when dropped before
-/// [`keep`](Unkept::keep) (the grant was cancelled or failed, maybe after etcd applied
-/// it). Its ID is random and positive; a collision with a live lease fails the grant
-/// (retryably), and the revoke then does not run.
+/// A lease being granted: revoked in the background, on the client's runtime, when
+/// dropped before [`keep`](Unkept::keep) (the grant was cancelled or failed, maybe after
+/// etcd applied it), also when it is dropped outside any runtime. Its ID is random and
+/// positive; a collision with a live lease fails the grant (retryably), and the revoke
+/// then does not run.
 pub(crate) struct Unkept {
     client: Client,
+    runtime: Handle,
     id: i64,
     armed: bool,
 }
 
 impl Unkept {
-    pub(crate) fn new(client: &Client) -> Self {
+    /// A lease to grant with [`id`](Self::id); revoked on `runtime` unless kept.
+    pub(crate) fn new(client: &Client, runtime: &Handle) -> Self {
         Unkept {
             client: client.clone(),
+            runtime: runtime.clone(),
             id: fastrand::i64(1..i64::MAX),
             armed: true,
         }
@@ -76,11 +80,8 @@ impl Drop for Unkept {
         if !self.armed {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let (mut leases, id) = (self.client.lease_client(), self.id);
-        runtime.spawn(async move {
+        self.runtime.spawn(async move {
             // "Not found" may mean the cancelled grant has not reached etcd yet (the
             // revoke travels on another stream), so it is asked again a little later;
             // a grant that never arrives leaves nothing to undo.
@@ -96,7 +97,8 @@ impl Drop for Unkept {
 }
 
 impl Session {
-    /// Grants a lease of `ttl` and, when `keep_alive`, starts its keepalive stream.
+    /// Grants a lease of `ttl` and, when `keep_alive`, starts its keepalive stream on
+    /// `runtime` (the client's), where a grant that is dropped or fails is also revoked.
     ///
     /// # Errors
     ///
@@ -105,7 +107,8 @@ impl Session {
     pub(crate) async fn grant(
         client: &Client,
         ttl: Duration,
-        keep_alive: Option<&Handle>,
+        runtime: &Handle,
+        keep_alive: bool,
     ) -> Result<Arc<Self>, Error> {
         let mut lease = client.lease_client();
         let sent = Instant::now();
@@ -113,7 +116,7 @@ impl Session {
         // The lease's ID is chosen here, before the request: a grant dropped in flight
         // (the acquire cancelled), or failing after etcd applied it, is then revoked in
         // the background instead of living out its TTL unseen.
-        let mut unkept = Unkept::new(client);
+        let mut unkept = Unkept::new(client, runtime);
         let granted = match lease
             .grant(seconds, Some(LeaseGrantOptions::new().with_id(unkept.id)))
             .await
@@ -144,7 +147,7 @@ impl Session {
             next_guard: AtomicU64::new(0),
             keepalive: Mutex::new(None),
         });
-        if let Some(runtime) = keep_alive {
+        if keep_alive {
             let (keeper, stream) = lease.keep_alive(granted.id()).await.map_err(map)?;
             let task = runtime.spawn(keep_alive_loop(
                 client.clone(),
@@ -467,7 +470,7 @@ impl Sessions {
             return Ok(session);
         }
         self.make_room(client, ttl)?;
-        let session = Session::grant(client, ttl, Some(&self.runtime)).await?;
+        let session = Session::grant(client, ttl, &self.runtime, true).await?;
         self.live
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -497,7 +500,8 @@ impl Sessions {
                 );
                 let mut leases = client.lease_client();
                 let id = session.lease_id;
-                tokio::spawn(async move { leases.revoke(id).await });
+                // On the client's runtime: the acquire's may end before the revoke.
+                self.runtime.spawn(async move { leases.revoke(id).await });
             }
         }
         if live.len() >= MAX_SESSIONS {

@@ -704,3 +704,74 @@ async fn two_extends_at_once_are_not_a_loss() {
     );
     guard.release().await.unwrap();
 }
+
+/// The IDs of the leases etcd holds that were granted for `ttl`.
+async fn leases_granted_for(client: &etcd_client::Client, ttl: i64) -> Vec<i64> {
+    let mut client = client.clone();
+    let mut found = Vec::new();
+    for lease in client.leases().await.unwrap().leases() {
+        let live = client.lease_time_to_live(lease.id(), None).await.unwrap();
+        if live.granted_ttl() == ttl {
+            found.push(lease.id());
+        }
+    }
+    found
+}
+
+/// A fixed-lease try polled inside the client's runtime and dropped outside any runtime
+/// while its lease grant is on its way leaves no lease: its revoke runs on the client's
+/// runtime. It used to look for the current runtime, find none and skip the revoke,
+/// leaving a keyless lease to live out its TTL (here 10 min; up to a year).
+#[test]
+fn an_acquire_dropped_outside_a_runtime_leaves_no_lease() {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("dropped-outside-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        ..EtcdConfig::default()
+    };
+    let (locks, direct) = runtime.block_on(async {
+        (
+            EtcdLock::connect(config(proxy.addr())).await.unwrap(),
+            EtcdLock::connect(config(server.endpoint())).await.unwrap(),
+        )
+    });
+    // A TTL nothing else here uses.
+    let ttl = 613;
+    let before = runtime.block_on(leases_granted_for(direct.client(), ttl));
+    let options = AcquireOptions::new()
+        .fixed_lease(Duration::from_secs(ttl as u64))
+        .no_wait();
+    let mut acquire = Box::pin(locks.acquire("x", options));
+    proxy.set(Fault::DelayReplies(Duration::from_millis(300)));
+    runtime.block_on(async {
+        let polled = tokio::time::timeout(Duration::from_millis(50), &mut acquire).await;
+        assert!(polled.is_err(), "the grant was meant to be on its way");
+    });
+    // Outside any runtime.
+    drop(acquire);
+    proxy.set(Fault::Pass);
+    runtime.block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            let mut left = leases_granted_for(direct.client(), ttl).await;
+            left.retain(|lease| !before.contains(lease));
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the dropped acquire's lease was left: {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
