@@ -582,7 +582,9 @@ impl Node {
         Ok(keys)
     }
 
-    /// `SCAN` to completion on one server (`at`: a cluster node's address).
+    /// `SCAN` to completion on one server (`at`: a cluster node's address). Keys that
+    /// are not UTF-8 are skipped: no lock name is, and the raw layout's pattern (`*`
+    /// with an empty prefix) matches whatever else the database holds.
     async fn scan_one(&self, pattern: &str, at: Option<(&str, u16)>) -> Result<Vec<String>, Error> {
         let mut keys = Vec::new();
         let mut cursor = 0u64;
@@ -593,7 +595,7 @@ impl Node {
                 .arg(pattern)
                 .arg("COUNT")
                 .arg(1000);
-            let (next, batch): (u64, Vec<String>) = match (self, at) {
+            let (next, batch): (u64, Vec<Vec<u8>>) = match (self, at) {
                 (Node::Cluster { conn, .. }, Some((host, port))) => {
                     use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
                     let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
@@ -611,7 +613,11 @@ impl Node {
                 }
                 _ => self.query(&cmd).await?,
             };
-            keys.extend(batch);
+            keys.extend(
+                batch
+                    .into_iter()
+                    .filter_map(|key| String::from_utf8(key).ok()),
+            );
             if next == 0 {
                 return Ok(keys);
             }

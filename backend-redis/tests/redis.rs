@@ -1,7 +1,7 @@
 //! Redis-specific behaviour on real servers: the raw key layout against a hand-written
 //! `SET NX PX` lock, authentication, the replica check, loss on a deleted or overwritten
-//! key (that lock's alone), nothing left behind by dropped guards, and unlock messages
-//! only for awaited locks.
+//! key (that lock's alone), nothing left behind by dropped guards, unlock messages only
+//! for awaited locks, and `list` past keys that are not UTF-8.
 
 use std::time::Duration;
 
@@ -185,6 +185,37 @@ async fn replica_check_holds_for_semaphores_and_rw_locks() {
     let left: Vec<String> = conn.keys("rcm:*").await.unwrap();
     let left: Vec<&String> = left.iter().filter(|k| !k.ends_with(":token")).collect();
     assert!(left.is_empty(), "failed replica checks left {left:?}");
+}
+
+/// `list` skips keys that are not UTF-8 (no lock name is) instead of failing on them: in
+/// the raw layout, whose empty prefix scans every key of the database, and in the tagged
+/// layout, whose pattern matches any bytes between the braces. Database 2, so that only
+/// this test's keys are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_skips_keys_that_are_not_utf8() {
+    let server = RedisServer::shared();
+    let db = format!("{}/2", server.url());
+    let mut conn = redis::Client::open(db.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let binary: [&[u8]; 2] = [b"\xff\xfe", b"fencelock:{\xff}"];
+    for key in binary {
+        let () = conn.set(key, 1).await.unwrap();
+    }
+    for layout in ["raw", "tagged"] {
+        let locks = locks(&format!("{db}?layout={layout}")).await;
+        let guard = locks.try_lock("listed").await.unwrap().unwrap();
+        let listed = locks
+            .list("")
+            .await
+            .unwrap_or_else(|e| panic!("{layout}: {e:?}"));
+        let names: Vec<&str> = listed.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["listed"], "{layout}");
+        guard.release().await.unwrap();
+    }
+    let _: i64 = conn.del(&binary[..]).await.unwrap();
 }
 
 /// Someone deletes the key (or the server clock jumps and it expires): the holder's next
