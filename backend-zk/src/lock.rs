@@ -94,6 +94,18 @@ use crate::transport::Transport;
 /// comes before it and watches the nearest writer before it (FIFO, no writer
 /// starvation). The token is the grant's node's czxid.
 ///
+/// # Inspect, list and revoke
+///
+/// A lock's directory may hold nodes that are no lock's: under the root `/`, the
+/// directory of lock `admin` is Kafka's `/admin`. [`inspect`](DistributedLock::inspect),
+/// [`list`](DistributedLock::list) and [`revoke`](DistributedLock::revoke) see only the
+/// nodes of the recipes above, named as Curator and fencelock name them
+/// (`[_c_<uuid>-]lock-<seq>`, `latch-<seq>`, `__READ__<seq>`, `__WRIT__<seq>`): the first
+/// of them holds, the others wait. A directory without one is free and is not listed,
+/// and no other node is ever deleted. `list` reports the children of the root whose names
+/// are encoded lock names and which hold such a node (so neither semaphores nor
+/// read-write locks, which live under `%sem` and `%rw`).
+///
 /// Clones share the sessions.
 ///
 /// # Examples
@@ -337,7 +349,10 @@ pub(crate) async fn synced(session: &ZkSession) -> Result<(), Error> {
     retry(|| session.client.sync("/")).await.map_err(map)
 }
 
-/// The holder node of `dir` (path, stat, number of waiters), if any.
+/// The holder node of `dir` (path, stat, number of waiters), if any: the first of its
+/// recipe nodes ([`names::recipe_node`]). Other nodes (another application's, in a
+/// directory that is no lock's) are neither holders nor waiters, so `inspect` reports
+/// them as no lock, `list` leaves their directory out and `revoke` never deletes them.
 async fn holder(
     session: &ZkSession,
     dir: &str,
@@ -348,6 +363,7 @@ async fn holder(
             Err(zk::Error::NoNode) => return Ok(None),
             Err(err) => return Err(map(err)),
         };
+        children.retain(|child| names::recipe_node(child).is_some());
         if children.is_empty() {
             return Ok(None);
         }
@@ -511,8 +527,10 @@ impl DistributedLock for ZkLock {
         let mut found = Vec::new();
         for name in names {
             let dir = names::lock_dir(root, &name);
-            // Lock directories are containers that outlive their last lock until the
-            // server reaps them: only those with nodes are listed.
+            // Only directories with a node of the lock recipes are listed: lock
+            // directories are containers that outlive their last lock until the server
+            // reaps them, and under the root `/` other applications' nodes (`/kafka`,
+            // `/admin`) have names a lock could have.
             if let Some(found_holder) = holder(&session, &dir).await? {
                 found.push(ListedLock::new(name, describe(found_holder)));
             }

@@ -93,6 +93,26 @@ impl Recipe {
     }
 }
 
+/// The recipe of `child` if it is a node one of the recipes makes, named as Curator and
+/// fencelock name them: `[_c_<uuid>-]<recipe name><sequence number>` (the protection
+/// prefix is optional, as for Curator nodes made without protection). `None` for any
+/// other node, such as another application's node in a lock directory (under the root
+/// `/`, Kafka's `/admin/delete_topics/<topic>` lies in the directory of lock `admin`),
+/// even one with a recipe's name inside its own (`padlock-0000000001`): such a node is
+/// never a holder or a waiter, and never deleted.
+pub(crate) fn recipe_node(child: &str) -> Option<Recipe> {
+    let recipe = Recipe::of(child)?;
+    let protection = &child[..child.rfind(recipe.node_name())?];
+    let protected = protection.is_empty()
+        || protection
+            .strip_prefix("_c_")
+            .and_then(|rest| rest.strip_suffix('-'))
+            .is_some_and(|uuid| {
+                uuid.len() == 36 && uuid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+            });
+    (protected && matches!(rank(child), Rank::Sequence(_))).then_some(recipe)
+}
+
 /// Whether `c` must be percent-encoded in a path segment.
 pub(crate) fn needs_escape(c: char) -> bool {
     let u = u32::from(c);
@@ -420,6 +440,41 @@ mod tests {
         );
         assert_eq!(Recipe::of("_c_a-lock-0000000005"), Some(Recipe::Lock));
         assert_eq!(Recipe::of("stray"), None);
+    }
+
+    #[test]
+    fn only_nodes_named_as_the_recipes_name_them_are_recipe_nodes() {
+        let uuid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+        for (child, recipe) in [
+            (format!("_c_{uuid}-lock-0000000001"), Recipe::Lock),
+            (format!("_c_{uuid}-latch-0000000007"), Recipe::Latch),
+            (format!("_c_{uuid}-__READ__0000000002"), Recipe::Read),
+            (format!("_c_{uuid}-__WRIT__-2147483648"), Recipe::Write),
+            ("lock-0000000003".to_owned(), Recipe::Lock),
+            ("latch-0000000002".to_owned(), Recipe::Latch),
+        ] {
+            assert_eq!(recipe_node(&child), Some(recipe), "{child}");
+        }
+        let prefix = protected_prefix(Recipe::Lock);
+        assert_eq!(
+            recipe_node(&format!("{prefix}0000000042")),
+            Some(Recipe::Lock)
+        );
+        for child in [
+            "child",
+            "delete_topics",
+            "0000000001",
+            "padlock-0000000001",
+            "x-lock-0000000001",
+            "_c_a-lock-0000000001",
+            "lock-",
+            "lock-12",
+            "lock-abcdefghij",
+            "_c_0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0-lease-0000000001",
+            "_c_0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1fz-lock-0000000001",
+        ] {
+            assert_eq!(recipe_node(child), None, "{child}");
+        }
     }
 
     /// After 2³⁰ acquisitions in one directory the server's counter runs past

@@ -1,11 +1,14 @@
 //! ZooKeeper specifics of leader election beyond the conformance suite: a lock and an
 //! election never share a name, an observation's watch is removed when it is dropped or
 //! the client closed, and an observer follows the election across a server restart.
+//! And what else a lock's directory may hold: `inspect`, `list` and `revoke` see only the
+//! recipes' nodes there.
 
 use std::time::Duration;
 
 use fencelock_core::{AcquireOptions, DistributedLock, Error, LeaderChanges};
 use fencelock_testkit::ZkServer;
+use fencelock_zk::zookeeper_client as zk;
 use fencelock_zk::{ZkConfig, ZkLock};
 
 const STEP: Duration = Duration::from_secs(20);
@@ -121,6 +124,73 @@ async fn a_lock_and_an_election_never_share_a_name() {
         "the leader was not deposed"
     );
     term.release().await.unwrap();
+    locks.close().await.unwrap();
+}
+
+/// A lock's directory may hold nodes of other applications (under the default root `/`,
+/// Kafka's `/admin/delete_topics/<topic>` is "lock `admin`"): `inspect`, `list` and
+/// `revoke` see only the nodes of the lock recipes, named as Curator and fencelock name
+/// them. A directory of other nodes is free, not listed, and keeps its nodes; beside a
+/// lock, they are neither its holder nor its waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_see_only_lock_nodes() {
+    let server = ZkServer::shared();
+    let root = root();
+    let locks = client_of(server, &root).await;
+    let raw = locks.client().await.unwrap();
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let plain = format!("{root}/plain/child");
+    // Named like a lock node only in part (`lock-` and a sequence number).
+    let lookalike = format!("{root}/lookalike/padlock-0000000001");
+    raw.mkdir(&plain, &persistent).await.unwrap();
+    raw.mkdir(&lookalike, &persistent).await.unwrap();
+    let exists = |path: String| {
+        let raw = raw.clone();
+        async move { raw.check_stat(&path).await.unwrap().is_some() }
+    };
+
+    for name in ["plain", "lookalike"] {
+        let info = locks.inspect(name).await.unwrap();
+        assert!(!info.is_held(), "{name}: {info:?}");
+        assert_eq!(info.waiters, Some(0), "{name}: {info:?}");
+        let revoked = locks.revoke(name).await;
+        assert!(matches!(revoked, Ok(None)), "{name}: {revoked:?}");
+    }
+    assert!(exists(plain.clone()).await, "revoke deleted {plain}");
+    assert!(
+        exists(lookalike.clone()).await,
+        "revoke deleted {lookalike}"
+    );
+    let listed = locks.list("").await.unwrap();
+    assert!(listed.is_empty(), "{listed:?}");
+
+    // A lock beside another application's node.
+    let guard = locks
+        .acquire("plain", AcquireOptions::new().no_wait())
+        .await
+        .unwrap();
+    let info = locks.inspect("plain").await.unwrap();
+    assert_eq!(
+        info.holder.as_ref().map(|h| h.token),
+        Some(guard.token()),
+        "{info:?}"
+    );
+    assert_eq!(info.waiters, Some(0), "{info:?}");
+    let listed = locks.list("").await.unwrap();
+    assert_eq!(
+        listed.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+        ["plain"],
+        "{listed:?}"
+    );
+    let revoked = locks.revoke("plain").await.unwrap();
+    assert_eq!(revoked.map(|h| h.token), Some(guard.token()));
+    tokio::time::timeout(STEP, guard.lost())
+        .await
+        .expect("the revoked holder learns of it");
+    assert!(
+        exists(plain).await,
+        "revoke deleted another application's node"
+    );
     locks.close().await.unwrap();
 }
 
