@@ -44,7 +44,8 @@ pub enum Topology {
     Sentinel {
         /// The Sentinels to ask.
         sentinels: Vec<Endpoint>,
-        /// The monitored master's name.
+        /// The monitored master's name (percent-decoded from the URL's path: `cache%3Aeu`
+        /// is `cache:eu`).
         service: String,
         /// The logical database (`?db=N`).
         db: i64,
@@ -437,12 +438,14 @@ impl RedisConfig {
                 }
             }
             "redis+sentinel" | "rediss+sentinel" => {
-                if path.is_empty() {
+                // Percent-encoded like any path (the facade's config file writes it so).
+                let service = urlparts::percent_decode(path, "the service name").map_err(&bad)?;
+                if service.is_empty() {
                     return Err(bad("expected /SERVICE_NAME after the sentinels".into()));
                 }
                 Topology::Sentinel {
                     sentinels: endpoints,
-                    service: path.to_owned(),
+                    service,
                     db: query_db.unwrap_or(0),
                     tls: scheme == "rediss+sentinel",
                 }
@@ -600,6 +603,33 @@ mod tests {
                     db: 0,
                 },
             ),
+            (
+                "redis://h?db=4",
+                Topology::Single {
+                    endpoint: ep("h", 6379),
+                    tls: false,
+                    db: 4,
+                },
+            ),
+            // The service name is percent-decoded (the facade's config file encodes it).
+            (
+                "redis+sentinel://s:26379/cache%3Aeu",
+                Topology::Sentinel {
+                    sentinels: vec![ep("s", 26379)],
+                    service: "cache:eu".into(),
+                    db: 0,
+                    tls: false,
+                },
+            ),
+            (
+                "redis+sentinel://s:26379/a%2Fb%20c",
+                Topology::Sentinel {
+                    sentinels: vec![ep("s", 26379)],
+                    service: "a/b c".into(),
+                    db: 0,
+                    tls: false,
+                },
+            ),
         ];
         for (url, topology) in cases {
             let config = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -644,6 +674,8 @@ mod tests {
             "redis://h:1?timeout=5x",
             "redis://h:1/abc",
             "redis://:1",
+            // Not UTF-8 once decoded.
+            "redis+sentinel://a:1/%FF",
         ] {
             let err = RedisConfig::from_url(url).unwrap_err();
             assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
