@@ -988,15 +988,31 @@ impl DistributedLock for EtcdLock {
 
     async fn close(&self) -> Result<(), Error> {
         self.inner.closed.cancel();
+        // Every guard is told before anything is awaited, and the revokes run in a task
+        // of their own: a dropped `close` leaves no session renewed, no guard valid, and
+        // no lease unrevoked.
+        let sessions = self.inner.sessions.close();
         let fixed = self.inner.fixed.close();
-        let mut outcome = self.inner.sessions.revoke_all(&self.inner.client).await;
-        for lease in fixed {
-            if let Err(error) = revoke(&self.inner.client, lease).await {
-                tracing::warn!(lease, %error, "etcd: a fixed lease could not be revoked at close; it expires on its own");
-                outcome = outcome.and(Err(error));
+        let client = self.inner.client.clone();
+        let revoking = self.inner.runtime.spawn(async move {
+            let mut outcome = Ok(());
+            for lease in sessions {
+                if let Err(error) = revoke(&client, lease).await {
+                    tracing::warn!(lease, %error, "etcd: a session lease could not be revoked at close; it expires on its own");
+                    outcome = outcome.and(Err(error));
+                }
             }
-        }
-        outcome
+            for lease in fixed {
+                if let Err(error) = revoke(&client, lease).await {
+                    tracing::warn!(lease, %error, "etcd: a fixed lease could not be revoked at close; it expires on its own");
+                    outcome = outcome.and(Err(error));
+                }
+            }
+            outcome
+        });
+        revoking
+            .await
+            .unwrap_or_else(|_| Err(Error::unavailable(BACKEND, "the close task failed")))
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -1,7 +1,7 @@
 //! One lease per client (per lease duration), kept alive by one keepalive stream.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -440,8 +440,10 @@ pub(crate) struct Sessions {
     /// The live sessions, read without waiting on every acquire.
     live: std::sync::RwLock<HashMap<Duration, Arc<Session>>>,
     /// Serializes granting, so concurrent first acquisitions share one new session.
-    /// Holds `true` once the client is closed: nothing is granted any more.
-    granting: tokio::sync::Mutex<bool>,
+    granting: tokio::sync::Mutex<()>,
+    /// Set once the client is closed (under `live`'s write lock): nothing is granted or
+    /// handed out any more.
+    closed: AtomicBool,
 }
 
 impl Sessions {
@@ -451,6 +453,7 @@ impl Sessions {
             runtime,
             live: std::sync::RwLock::default(),
             granting: tokio::sync::Mutex::default(),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -460,21 +463,30 @@ impl Sessions {
         if let Some(session) = self.live(ttl) {
             return Ok(session);
         }
-        let closed = self.granting.lock().await;
-        if *closed {
-            return Err(Error::Closed {
-                backend: crate::error::BACKEND,
-            });
+        let _granting = self.granting.lock().await;
+        let closed = || Error::Closed {
+            backend: crate::error::BACKEND,
+        };
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(closed());
         }
         if let Some(session) = self.live(ttl) {
             return Ok(session);
         }
         self.make_room(client, ttl)?;
         let session = Session::grant(client, ttl, &self.runtime, true).await?;
-        self.live
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(ttl, session.clone());
+        let mut live = self.live.write().unwrap_or_else(PoisonError::into_inner);
+        if self.closed.load(Ordering::SeqCst) {
+            // Closed while granting: `close` did not see this session, so it is ended
+            // here.
+            drop(live);
+            session.mark_lost(LossCause::ClientClosed, "the client was closed");
+            let mut leases = client.lease_client();
+            let id = session.lease_id;
+            self.runtime.spawn(async move { leases.revoke(id).await });
+            return Err(closed());
+        }
+        live.insert(ttl, session.clone());
         Ok(session)
     }
 
@@ -519,27 +531,22 @@ impl Sessions {
         sessions.get(&ttl).filter(|s| !s.is_lost()).cloned()
     }
 
-    /// Revokes every session lease and grants none any more (on close). Returns the
-    /// first revocation that failed (that lease expires on its own).
-    pub(crate) async fn revoke_all(&self, client: &Client) -> Result<(), Error> {
-        let mut closed = self.granting.lock().await;
-        *closed = true;
-        let sessions: Vec<Arc<Session>> = self
-            .live
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
-        let mut outcome = Ok(());
-        for session in sessions {
-            session.mark_lost(LossCause::ClientClosed, "the client was closed");
-            if let Err(error) = revoke(client, session.lease_id).await {
-                tracing::warn!(lease = session.lease_id, %error, "etcd: a session lease could not be revoked at close; it expires on its own");
-                outcome = outcome.and(Err(error));
-            }
-        }
-        outcome
+    /// Marks every session lost, so its guards are told and its keepalive stops, and
+    /// grants none any more (on close). Returns their leases, to revoke. Nothing is
+    /// awaited: a `close` dropped right after leaves no session renewed.
+    pub(crate) fn close(&self) -> Vec<i64> {
+        let sessions: Vec<Arc<Session>> = {
+            let mut live = self.live.write().unwrap_or_else(PoisonError::into_inner);
+            self.closed.store(true, Ordering::SeqCst);
+            live.drain().map(|(_, s)| s).collect()
+        };
+        sessions
+            .iter()
+            .map(|session| {
+                session.mark_lost(LossCause::ClientClosed, "the client was closed");
+                session.lease_id
+            })
+            .collect()
     }
 }
 

@@ -775,3 +775,61 @@ fn an_acquire_dropped_outside_a_runtime_leaves_no_lease() {
         }
     });
 }
+
+/// A `close` dropped while its first revoke is on its way still ends every session: all
+/// were marked lost before it, and their revokes (and the fixed leases') go on in the
+/// background, so every name is free soon after. The sessions after the first used to
+/// stay alive and renewed, their guards valid, while a retried `close` said `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_close_still_ends_every_session() {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("dropped-close-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        lease: Duration::from_secs(2),
+        ..EtcdConfig::default()
+    };
+    let locks = EtcdLock::connect(config(proxy.addr())).await.unwrap();
+    let names = ["two", "three", "fixed"];
+    let guards = [
+        locks.lock(names[0]).await.unwrap(),
+        locks
+            .acquire(
+                names[1],
+                AcquireOptions::new().lease(Duration::from_secs(3)),
+            )
+            .await
+            .unwrap(),
+        locks
+            .acquire(
+                names[2],
+                AcquireOptions::new()
+                    .fixed_lease(Duration::from_secs(60))
+                    .no_wait(),
+            )
+            .await
+            .unwrap(),
+    ];
+    proxy.set(Fault::DelayReplies(Duration::from_millis(500)));
+    let dropped = tokio::time::timeout(Duration::from_millis(200), locks.close()).await;
+    assert!(dropped.is_err(), "the close was meant to be cut short");
+    proxy.set(Fault::Pass);
+    let _ = locks.close().await;
+    for (name, guard) in names.iter().zip(&guards) {
+        assert!(guard.is_lost(), "{name}: still valid after close");
+    }
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    for name in names {
+        let next = direct
+            .acquire(
+                name,
+                AcquireOptions::new().wait_timeout(Duration::from_secs(2)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: still held after close: {e}"));
+        next.release().await.unwrap();
+    }
+}
