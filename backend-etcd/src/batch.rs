@@ -227,8 +227,10 @@ impl Batcher {
     /// Deletes `key` if it is still the incarnation created at `revision` (etcd #22082: a
     /// late delete must never remove a newer key). Returns whether it deleted it.
     ///
-    /// Cancel safety: once called, the delete is carried out even if the caller goes
-    /// away.
+    /// Cancel safety: a delete that queued behind others is sent even if the caller goes
+    /// away, but one the caller sends itself (the lane was idle) may or may not reach
+    /// etcd if the caller is dropped. Either way the caller must treat the key as
+    /// possibly still there until it has the answer (a release keeps its clean-up armed).
     pub(crate) async fn delete_incarnation(
         self: &Arc<Self>,
         key: &str,
