@@ -129,6 +129,11 @@ pub struct ZkLock {
 impl ZkLock {
     /// Validates `config` and opens the default session.
     ///
+    /// The client's sessions (their connections, renewals and clean-up) run on the Tokio
+    /// runtime this is called on, whichever runtime later calls run on: it must outlive
+    /// the client. Once it has shut down, a call that needs a new session fails with a
+    /// non-retryable [`Error::Backend`].
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped connect leaves no session behind.
@@ -143,7 +148,12 @@ impl ZkLock {
     pub async fn connect(config: ZkConfig) -> Result<Self, Error> {
         config.validate()?;
         let transport = Transport::prepare(&config)?;
-        let pool = Arc::new(SessionPool::new(config, transport));
+        // The client's runtime: every session is opened and served there.
+        let pool = Arc::new(SessionPool::new(
+            config,
+            transport,
+            tokio::runtime::Handle::current(),
+        ));
         pool.get(pool.config().session_timeout()).await?;
         Ok(ZkLock { pool })
     }

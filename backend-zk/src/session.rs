@@ -17,6 +17,10 @@
 //!   authenticate.
 //!
 //! The monitor holds the session weakly: dropping the last user closes the session.
+//!
+//! Sessions are opened on the client's runtime (see [`SessionPool`]), so their tasks
+//! (the client's connection, the monitor, the watcher, background clean-up) live as long
+//! as the client, whichever call opened them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -173,7 +177,8 @@ impl ZkSession {
         }
     }
 
-    /// The runtime the session lives on, for background clean-up from `Drop`.
+    /// The runtime the session lives on (the client's), for background clean-up from
+    /// `Drop`.
     pub(crate) fn runtime(&self) -> &Handle {
         &self.runtime
     }
@@ -419,6 +424,12 @@ pub(crate) struct SessionPool {
     config: ZkConfig,
     /// The TLS and SASL material, read once.
     transport: Transport,
+    /// The client's runtime (where [`ZkLock::connect`](crate::ZkLock::connect) ran). Every
+    /// session is opened on it, whichever call needs the session, so that its connection
+    /// task, monitor and watcher live as long as the client: opened on the runtime of the
+    /// acquire that needed it, a session died with that runtime (a `block_on`, another
+    /// test's), for every lock of its lease duration.
+    runtime: Handle,
     slots: Mutex<HashMap<Duration, Slot>>,
     /// Cancelled by [`SessionPool::close`]: no session is opened any more, and waiting
     /// acquires end.
@@ -426,10 +437,12 @@ pub(crate) struct SessionPool {
 }
 
 impl SessionPool {
-    pub(crate) fn new(config: ZkConfig, transport: Transport) -> Self {
+    /// A pool opening its sessions on `runtime`, the client's.
+    pub(crate) fn new(config: ZkConfig, transport: Transport, runtime: Handle) -> Self {
         SessionPool {
             config,
             transport,
+            runtime,
             slots: Mutex::new(HashMap::new()),
             closed: CancellationToken::new(),
         }
@@ -492,9 +505,30 @@ impl SessionPool {
         if let Some(session) = current.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
-        let session = ZkSession::connect(&self.config, &self.transport, timeout).await?;
+        let session = self.connect(timeout).await?;
         *current = Some(session.clone());
         Ok(session)
+    }
+
+    /// [`ZkSession::connect`] on the client's runtime (see [`SessionPool::runtime`]).
+    /// Dropping the future stops the connect.
+    async fn connect(&self, timeout: Duration) -> Result<Arc<ZkSession>, Error> {
+        let (config, transport) = (self.config.clone(), self.transport.clone());
+        let task = self
+            .runtime
+            .spawn(async move { ZkSession::connect(&config, &transport, timeout).await });
+        let _stop = AbortOnDrop(task.abort_handle());
+        match task.await {
+            Ok(connected) => connected,
+            Err(error) => Err(Error::backend(
+                BACKEND,
+                false,
+                format!(
+                    "the ZooKeeper session could not be opened on the client's runtime (the \
+                     one ZkLock::connect ran on; it must outlive the client): {error}"
+                ),
+            )),
+        }
     }
 
     /// Whether [`SessionPool::close`] was called, as a future to select on.
@@ -522,6 +556,15 @@ impl SessionPool {
             }
         }
         outcome
+    }
+}
+
+/// Aborts a task when dropped (a finished one is left as it is).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -1,6 +1,7 @@
 //! Sessions, one per lease duration: bounded in number (each is a connection, and
 //! ZooKeeper limits connections per client address, `maxClientCnxns`, 60 by default), and
-//! leases checked against `min_lease`, at acquire and at extend.
+//! leases checked against `min_lease`, at acquire and at extend. They live on the client's
+//! runtime, whichever call opened them.
 
 use std::time::Duration;
 
@@ -145,4 +146,44 @@ async fn extend_refuses_a_lease_shorter_than_min_lease() {
     guard.extend(Duration::from_secs(2)).await.unwrap();
     assert!(guard.valid_until() > before);
     guard.release().await.unwrap();
+}
+
+/// A session runs on the client's runtime, not on that of the acquire that opened it:
+/// when that runtime ended (a `block_on`, another test's), the session's connection and
+/// its renewals ended with it, and every later lock of that lease duration was refused
+/// or lost.
+#[test]
+fn a_session_outlives_the_runtime_of_the_acquire_that_opened_it() {
+    let runtime = |threads| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let main = runtime(2);
+    let locks = main.block_on(client());
+    // Not the configured session timeout: this acquire opens a session of its own.
+    let options = AcquireOptions::new()
+        .no_wait()
+        .lease(Duration::from_secs(3));
+    let short = runtime(1);
+    let first = short
+        .block_on(locks.acquire("outlives-first", options))
+        .unwrap();
+    short.block_on(first.release()).unwrap();
+    drop(short);
+    main.block_on(async {
+        let guard = tokio::time::timeout(
+            Duration::from_secs(10),
+            locks.acquire("outlives-second", options),
+        )
+        .await
+        .expect("the acquire answers")
+        .expect("granted in the session the ended runtime opened");
+        // Past the session timeout: renewed all along.
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+        guard.release().await.unwrap();
+    });
 }
