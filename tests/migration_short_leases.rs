@@ -222,3 +222,51 @@ async fn a_2s_lease_from_the_options_holds_on_redis_and_zookeeper_legs() {
         ),
     );
 }
+
+/// A migration guard taken on a runtime that then shuts down (a `block_on` on a helper
+/// thread) keeps following its legs, which renew on their clients' runtime: it is not
+/// reported lost while both legs hold.
+#[test]
+fn a_guard_taken_on_a_runtime_that_ends_keeps_following_its_legs() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!(
+        "{}&second_leg_wait=1s",
+        fencelock::migration_url(MigrationPhase::LegacyFirst, &redis_url(), &etcd_url())
+    );
+    let locks = main.block_on(connect(&url));
+    let name = unique("short-lived-runtime");
+    let guard = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let short = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                short.block_on(locks.acquire(&name, AcquireOptions::new().lease(LEG_LEASE)))
+            })
+            .join()
+            .unwrap()
+    })
+    .unwrap_or_else(|e| panic!("acquire: {e}"));
+    main.block_on(async {
+        let start = Instant::now();
+        while start.elapsed() < LEG_LEASE * 2 + LEG_LEASE / 2 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            assert!(
+                !guard.is_lost(),
+                "lost after {:?} while both legs held: {:?}",
+                start.elapsed(),
+                guard.lost_reason()
+            );
+            assert!(
+                guard.valid_until() > Instant::now(),
+                "the deadline fell behind the legs"
+            );
+        }
+        guard.release().await.unwrap();
+    });
+}

@@ -181,6 +181,12 @@ pub struct MigrationLock {
     /// The leg taken second, in the two-leg phases.
     second: Option<Leg>,
     second_leg_wait: Duration,
+    /// Where a two-leg guard's follower and an observer's mapping run: the runtime
+    /// this was made on (the legs' clients renew on theirs), so that a guard taken on
+    /// a runtime that then ends (a `block_on` on a helper thread) is not reported lost
+    /// while its legs hold. `None` when made outside a runtime: then the runtime of
+    /// each call.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl MigrationLock {
@@ -189,6 +195,10 @@ impl MigrationLock {
 
     /// A migration lock in `phase`, with legacy epoch 0 and target epoch 1. A leg the
     /// phase does not take may be `None`.
+    ///
+    /// Made inside a Tokio runtime, a two-leg guard follows its legs on that runtime,
+    /// whichever runtime acquired it (as the legs' own clients renew on theirs); made
+    /// outside one, on the runtime of each acquire.
     ///
     /// # Errors
     ///
@@ -223,6 +233,7 @@ impl MigrationLock {
             first,
             second,
             second_leg_wait: Self::DEFAULT_SECOND_LEG_WAIT,
+            runtime: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
@@ -319,7 +330,9 @@ impl DistributedLock for MigrationLock {
         match &self.second {
             None => acquire::single(name, &self.first, options).await,
             Some(second) => {
-                acquire::both(name, &self.first, second, options, self.second_leg_wait).await
+                let legs = (&self.first, second);
+                let runtime = self.runtime.as_ref();
+                acquire::both(name, legs, options, self.second_leg_wait, runtime).await
             }
         }
     }
@@ -469,8 +482,15 @@ impl DistributedLock for MigrationLock {
         let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+            .ok_or_else(|| {
+                Error::InvalidConfig("the migration layer needs a Tokio runtime".into())
+            })?;
         // Maps each term's token to the era's; ends with the caller's stream.
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             loop {
                 let change = tokio::select! {
                     () = stopped.cancelled() => return,

@@ -61,14 +61,14 @@ pub(super) async fn wrap_single(
 /// orders during a rolling change.
 pub(super) async fn both(
     name: &str,
-    first: &Leg,
-    second: &Leg,
+    legs: (&Leg, &Leg),
     options: AcquireOptions,
     second_wait: Duration,
+    runtime: Option<&tokio::runtime::Handle>,
 ) -> Result<LockGuard, Error> {
     let wait = crate::WaitDeadline::new(options.wait_kind());
     tokio::select! {
-        taken = attempts(name, (first, second), options, second_wait, wait) => taken,
+        taken = attempts(name, legs, options, (second_wait, wait), runtime) => taken,
         // A leg that stopped answering (or a release that hangs between attempts): the
         // whole acquire still ends with the wait, or the round-trip grace. What the
         // dropped attempt held is released in the background, as for any cancellation.
@@ -83,8 +83,8 @@ async fn attempts(
     name: &str,
     (first, second): (&Leg, &Leg),
     options: AcquireOptions,
-    second_wait: Duration,
-    wait: crate::WaitDeadline,
+    (second_wait, wait): (Duration, crate::WaitDeadline),
+    runtime: Option<&tokio::runtime::Handle>,
 ) -> Result<LockGuard, Error> {
     let no_wait = options.wait_kind() == Wait::NoWait;
     let mut attempt: u32 = 0;
@@ -108,7 +108,8 @@ async fn attempts(
             Ok(second_guard) => {
                 if let Some(first_guard) = restarted(first_guard, &second_guard, options).await {
                     if !second_guard.is_lost() {
-                        return combine(name, first, first_guard, second, second_guard).await;
+                        let legs = ((first, first_guard), (second, second_guard));
+                        return combine(name, legs, runtime).await;
                     }
                     release_quietly(first_guard).await;
                 }
@@ -189,13 +190,15 @@ async fn restarted(
 /// of their own configuration.
 async fn combine(
     name: &str,
-    first: &Leg,
-    first_guard: LockGuard,
-    second: &Leg,
-    second_guard: LockGuard,
+    ((first, first_guard), (second, second_guard)): ((&Leg, LockGuard), (&Leg, LockGuard)),
+    runtime: Option<&tokio::runtime::Handle>,
 ) -> Result<LockGuard, Error> {
     let token = era_token(first.epoch, first_guard.token());
-    let runtime = tokio::runtime::Handle::try_current();
+    // The lock's own runtime (see `MigrationLock::runtime`), else this call's.
+    let runtime = runtime
+        .cloned()
+        .ok_or(())
+        .or_else(|()| tokio::runtime::Handle::try_current());
     let (token, runtime) = match (token, runtime) {
         (Ok(token), Ok(runtime)) => (token, runtime),
         (Err(error), _) => {
