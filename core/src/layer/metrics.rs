@@ -194,6 +194,10 @@ impl MetricsOptions {
 pub struct Metrics {
     inner: Arc<dyn DistributedLock>,
     options: MetricsOptions,
+    /// Where a held guard's loss is watched: the runtime this was made on, so that a
+    /// loss is counted when it happens also for a guard acquired on a runtime that has
+    /// ended since. `None` when made outside a runtime: then each acquire's.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Metrics {
@@ -214,7 +218,7 @@ impl Metrics {
             unheld: AtomicBool::new(false),
             ended: AtomicBool::new(false),
         });
-        record.watch(liveness.clone());
+        record.watch(self.runtime.as_ref(), liveness.clone());
         let held = Arc::new(MeteredHeld {
             held: guard.held().clone(),
             liveness: liveness.clone(),
@@ -231,9 +235,16 @@ impl Metrics {
     }
 
     /// Wraps `inner`, and describes the metrics to the installed recorder.
+    ///
+    /// Made inside a Tokio runtime, the losses of held guards are watched on it,
+    /// whichever runtime acquired them; made outside one, on each acquire's.
     pub fn new(inner: Arc<dyn DistributedLock>, options: MetricsOptions) -> Self {
         describe();
-        Metrics { inner, options }
+        Metrics {
+            inner,
+            options,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        }
     }
 
     /// The wrapped lock.
@@ -518,9 +529,17 @@ struct HoldRecord {
 
 impl HoldRecord {
     /// Watches the grant until it is lost (counted) or ends.
-    fn watch(self: &Arc<Self>, liveness: Liveness) {
+    /// Outside any runtime nothing watches: the loss is counted when the guard is
+    /// released or dropped.
+    fn watch(self: &Arc<Self>, runtime: Option<&tokio::runtime::Handle>, liveness: Liveness) {
+        let Some(runtime) = runtime
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        else {
+            return;
+        };
         let record = self.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             tokio::select! {
                 biased;
                 _ = liveness.ended() => {}
@@ -780,6 +799,44 @@ mod tests {
         assert_eq!(count(LOCK_LOST_TOTAL, &lost), 1.0);
         assert_eq!(count(LOCKS_HELD, &labels), 0.0);
         assert_eq!(count(LOCK_HOLD_SECONDS, &labels), 1.0);
+    }
+
+    /// A loss is counted when it happens also for a guard acquired on a runtime that
+    /// has ended since (a `block_on` on a helper thread), while the guard lives on.
+    #[test]
+    fn a_loss_is_counted_for_a_guard_acquired_on_a_runtime_that_ended() {
+        let main = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (_memory, locks) =
+            main.block_on(async { metered(MetricsOptions::new().with_name_label()) });
+        let labels = ["backend=mem", "name=m-short-runtime"];
+        let guard = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let short = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    let opts = AcquireOptions::new().fixed_lease(Duration::from_millis(200));
+                    short.block_on(locks.acquire("m-short-runtime", opts))
+                })
+                .join()
+                .unwrap()
+        })
+        .unwrap();
+        main.block_on(async {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let lost = [labels[0], labels[1], "cause=lease_expired"];
+            assert_eq!(
+                count(LOCK_LOST_TOTAL, &lost),
+                1.0,
+                "not counted while the guard lives"
+            );
+            drop(guard);
+        });
     }
 
     /// A loss is counted when the guard is dropped as soon as it learns of it (what
