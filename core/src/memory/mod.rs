@@ -254,8 +254,20 @@ fn check_options(options: AcquireOptions) -> Result<(), Error> {
                  longer one or a fixed lease"
             )))
         }
+        // Renewal runs on a Tokio runtime: refused here, before anything is granted,
+        // rather than granted and then failing with the name held until the lease ends.
+        crate::Lease::Renewing(_) if tokio::runtime::Handle::try_current().is_err() => {
+            Err(needs_a_runtime("a renewing lease"))
+        }
         _ => Ok(()),
     }
+}
+
+/// What needs a Tokio runtime and was asked for outside one.
+fn needs_a_runtime(what: &str) -> Error {
+    Error::InvalidConfig(format!(
+        "{what} needs a Tokio runtime (the mem:// backend renews and observes on one);          call it from within one, or use a fixed lease"
+    ))
 }
 
 impl MemoryLock {
@@ -503,13 +515,16 @@ impl DistributedLock for MemoryLock {
         // the name (nobody campaigns), and looks, so the end of the term is pushed as
         // etcd's deletion would be; and it ends the stream with `Closed` when this client
         // closes. It ends with the observation.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(needs_a_runtime("observing"));
+        };
         let (keeper, mut kept) = tokio::sync::mpsc::unbounded_channel();
         self.shared.table().observe(&key, keeper);
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         let closed = self.client.closed.clone();
         let shared = Arc::downgrade(&self.shared);
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             // Forwards until the observation ends: `true` when it ends with `Closed`
             // (this client closed, or every handle of it is gone without a close).
             let closing = async {

@@ -674,3 +674,49 @@ async fn changes_queued_when_the_client_goes_come_before_closed() {
         "{seen:?}"
     );
 }
+
+/// Outside a Tokio runtime (another executor), a renewing acquire is refused with a
+/// typed error before anything is granted, rather than granted and then panicking with
+/// the name left held until its lease ran out; so is observing. A fixed lease needs no
+/// runtime.
+#[test]
+fn outside_a_runtime_a_renewing_acquire_is_refused_and_leaves_nothing() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
+        let mut future = std::pin::pin!(future);
+        future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+    }
+    let locks = MemoryLock::new();
+    let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        poll_once(locks.try_lock("outside"))
+    }));
+    assert!(
+        matches!(tried, Ok(Poll::Ready(Err(Error::InvalidConfig(_))))),
+        "{tried:?}"
+    );
+    let observed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        poll_once(locks.observe("outside")).map(|r| r.map(drop))
+    }));
+    assert!(
+        matches!(observed, Ok(Poll::Ready(Err(Error::InvalidConfig(_))))),
+        "{observed:?}"
+    );
+    let fixed = AcquireOptions::new()
+        .fixed_lease(Duration::from_secs(30))
+        .no_wait();
+    match poll_once(locks.acquire("outside", fixed)) {
+        Poll::Ready(Ok(guard)) => drop(guard),
+        other => panic!("{other:?}"),
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let guard = locks.try_lock("outside").await.unwrap();
+        assert!(guard.is_some(), "the name was left held");
+    });
+}
