@@ -37,7 +37,7 @@ pub enum Topology {
         endpoint: Endpoint,
         /// Whether to use TLS (`rediss://`).
         tls: bool,
-        /// The logical database (`/N` in the URL).
+        /// The logical database (`/N` or `?db=N` in the URL, not both).
         db: i64,
     },
     /// A master found through Sentinels (`redis+sentinel://s1,s2,s3/service`).
@@ -161,8 +161,10 @@ impl RedisTls {
 /// never less than that grant's lease),
 /// `poll_min=DUR` and `poll_max=DUR` (raw layout: how often a waiter looks at a
 /// hand-written lock, default 50 ms doubling to 1 s; see [`RedisConfig::poll_min`]),
-/// `db=N`, `sentinel_username=USER` and `sentinel_password=PASS` (the Sentinels' own
-/// credentials, when they require a password) (Sentinel only), and for the TLS schemes
+/// `db=N` (the logical database, a number from 0; Sentinel, or a single server instead
+/// of the path `/N`: giving both is an error), `sentinel_username=USER` and
+/// `sentinel_password=PASS` (the Sentinels' own credentials, when they require a
+/// password) (Sentinel only), and for the TLS schemes
 /// only `ca=PATH`, `cert=PATH`, `key=PATH` (see [`RedisTls`]). Durations are `250ms`, `2s`, `5m` (see
 /// [`fencelock_core::parse_duration`]).
 #[derive(Clone, PartialEq, Eq)]
@@ -393,11 +395,10 @@ impl RedisConfig {
                     ));
                 }
                 "db" => {
-                    query_db = Some(
-                        value
-                            .parse()
-                            .map_err(|_| bad("db must be a number".into()))?,
-                    )
+                    query_db =
+                        Some(database(&value).ok_or_else(|| {
+                            bad("db must be a database number (0, 1, ...)".into())
+                        })?)
                 }
                 other => return Err(bad(format!("unknown option `{other}`"))),
             }
@@ -425,11 +426,18 @@ impl RedisConfig {
         let scheme = scheme.to_ascii_lowercase();
         config.topology = match scheme.as_str() {
             "redis" | "rediss" => {
-                let db = if path.is_empty() {
-                    query_db.unwrap_or(0)
-                } else {
-                    path.parse()
-                        .map_err(|_| bad("the path must be a database number".into()))?
+                let db = match (path.is_empty(), query_db) {
+                    (true, db) => db.unwrap_or(0),
+                    (false, None) => database(path).ok_or_else(|| {
+                        bad("the path must be a database number (0, 1, ...)".into())
+                    })?,
+                    // Even when equal: one of them would otherwise win silently.
+                    (false, Some(_)) => {
+                        return Err(bad(
+                            "the database is given twice: use the path (/N) or db=N, not both"
+                                .into(),
+                        ));
+                    }
                 };
                 Topology::Single {
                     endpoint: single_host("redis://")?,
@@ -485,6 +493,15 @@ impl RedisConfig {
         config.check_tls()?;
         Ok(config)
     }
+}
+
+/// A logical database number as written in a URL: decimal digits only (no sign), so a
+/// negative number is refused here rather than by the server at connect time.
+fn database(text: &str) -> Option<i64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 impl fmt::Debug for RedisConfig {
@@ -674,6 +691,15 @@ mod tests {
             "redis://h:1?timeout=5x",
             "redis://h:1/abc",
             "redis://:1",
+            // A database is a number from 0, given once (path or `db=`, not both).
+            "redis://h/-1",
+            "redis://h?db=-1",
+            "redis://h?db=x",
+            "redis://h/1?db=2",
+            "redis://h/1?db=1",
+            "rediss://h/1?db=2",
+            "redis+sentinel://a:1/m?db=-1",
+            "redis+sentinel://a:1/m?db=1.5",
             // Not UTF-8 once decoded.
             "redis+sentinel://a:1/%FF",
         ] {
