@@ -72,8 +72,11 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// - [`Error::UnknownScheme`]: no backend has this scheme; the error lists the supported
 ///   ones.
 /// - [`Error::BackendNotCompiled`]: a known scheme whose cargo feature is off.
-/// - [`Error::InvalidUrl`]: the URL is malformed or has parts the backend does not accept.
-///   Passwords are redacted from the message.
+/// - [`Error::InvalidUrl`]: the URL is malformed or has parts the backend does not accept
+///   (or one given twice). Passwords are redacted from the message.
+/// - [`Error::InvalidConfig`]: a value out of range (a lease below the backend's minimum,
+///   an empty etcd prefix), an unknown requirement, or `metrics=true` without the
+///   `metrics` feature.
 /// - [`Error::RequirementNotMet`]: the backend lacks a required capability.
 /// - Backend errors when the backend cannot be reached.
 ///

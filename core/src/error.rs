@@ -45,8 +45,10 @@ pub enum Error {
         reason: String,
     },
 
-    /// An operation needs the lock, but this guard does not hold it (for example it was
-    /// already released).
+    /// An operation needs the lock, but this guard does not hold it. The contract's
+    /// error list has it; no operation of this version returns it: `release` consumes
+    /// the guard, and an operation on a guard that lost its lock answers
+    /// [`Error::Lost`].
     #[error("lock {name:?} is not held by this guard")]
     NotHeld {
         /// The lock name.

@@ -146,7 +146,8 @@ impl LockGuard {
     }
 
     /// The fencing token of this grant: larger than every token granted before for this
-    /// name.
+    /// name (for a semaphore's permits and a read lock, which others hold at the same
+    /// time: larger than that of every grant completed before this one was requested).
     pub fn token(&self) -> FencingToken {
         self.token
     }

@@ -24,13 +24,16 @@ use crate::{
 ///    the limits [`capabilities`](Self::capabilities) states.
 /// 2. **Fencing**: each guard's token is larger than every token granted before for the
 ///    same name.
-/// 3. **Leases**: a renewing lease is renewed every third of its duration while the guard
-///    lives; a fixed lease is never renewed.
+/// 3. **Leases**: a renewing lease is renewed at least every third of its duration while
+///    the guard lives; a fixed lease is never renewed.
 /// 4. **Loss is reported** through the guard, at the latest at its `valid_until()`.
 /// 5. **Release** deletes only this grant, never a newer holder's.
 /// 6. **Cancellation**: dropping an `acquire` future at any await point leaves nothing
 ///    behind (no key, no queue entry, no task), promptly.
-/// 7. **Waiting** does not poll: waiters are woken by the backend.
+/// 7. **Waiting** does not poll: waiters are woken by the backend. (The exceptions are
+///    documented where they are: Redis's raw layout, whose hand-written holders publish
+///    nothing on release, is polled at a bounded, growing interval; a Redis lock key
+///    without an expiry, set by hand, is looked at again every second.)
 /// 8. **Names**: every name accepted by [`validate_name`](crate::validate_name) works and
 ///    is independent of every other name; bad names fail before any I/O.
 /// 9. **Not reentrant**: a lock held by a guard is held for its own client and task too:
@@ -51,6 +54,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// - [`Error::Contended`] with [`Wait::NoWait`](crate::Wait::NoWait) when held;
     /// - [`Error::Timeout`] when the wait ran out;
     /// - [`Error::Lost`] when the backend session ended while waiting;
+    /// - [`Error::Closed`] after [`close`](Self::close);
+    /// - [`Error::TooManyWaiters`] when a waiter cap (`max_waiters=`) is reached;
     /// - [`Error::Unavailable`] / [`Error::Backend`] for backend failures
     ///   ([`Error::is_retryable`] tells which are worth retrying).
     ///
@@ -80,7 +85,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for a bad name; backend errors as for `acquire`.
+    /// [`Error::InvalidName`] for a bad name; [`Error::Closed`] after
+    /// [`close`](Self::close); backend errors as for `acquire`.
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error>;
 
     /// The locks whose names start with `prefix` (`""`: all) that someone holds or waits
@@ -148,7 +154,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// Takes `permits.count()` of the `permits.limit()` permits of semaphore `name`,
     /// waiting as `options` allow, with the lock's lease and loss rules; the guard's
     /// release gives them back, and a crashed holder's permits come back when its lease
-    /// ends. Every grant has a token larger than every earlier grant's of that semaphore.
+    /// ends. Every grant has a token larger than that of every grant of that semaphore
+    /// completed before this request was made (permits held together may carry tokens
+    /// in either order: on etcd they follow the queue).
     /// Semaphores are a namespace of their own: a semaphore and a lock of the same name
     /// are unrelated. Capabilities say whether the backend has them
     /// ([`Capabilities::semaphore`]); waiting is FIFO where
@@ -181,7 +189,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// behind it, so a stream of readers never starves a writer (on backends with FIFO
     /// waiting, [`Capabilities::fifo`], every request is served in order; on the others,
     /// Redis, a waiting writer holds back later readers, and writers race each other). The guard
-    /// has a token larger than every earlier grant's of `name`, and the lock's lease,
+    /// has a token larger than that of every grant of `name` completed before this
+    /// request was made (readers held together may carry tokens in either order; a
+    /// writer's is larger than every earlier grant's), and the lock's lease,
     /// wait, loss and cancellation rules. Read-write locks are a namespace of their own:
     /// unrelated to the lock or the semaphore of the same name. Capabilities say whether
     /// the backend has them ([`Capabilities::rw_lock`]).
