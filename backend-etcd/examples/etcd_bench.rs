@@ -10,7 +10,10 @@
 //!   across the implementations (so drift of a shared machine hits all alike): pooled p50,
 //!   p99 (hdrhistogram), ops/s, and each one's p50 over raw's in each round, with the
 //!   median over rounds;
-//! - contended: 4 clients (4 connections and sessions) on one name: handoffs/s;
+//! - contended: 4 clients (4 connections and sessions) on one name for 3 s, three
+//!   interleaved repeats: ops/s, hand-overs/s (grants to another client than the
+//!   previous grant) and fairness (most / fewest grants of one client; FIFO waiting
+//!   keeps it near 1);
 //! - distinct: 32 workers on one client, each on its own name: locks/s, the median of
 //!   three interleaved rounds, and each one's rate over raw's per round.
 //!
@@ -28,6 +31,7 @@
 //!   kept-alive lease.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
@@ -38,7 +42,8 @@ use fencelock_testkit::bench::{self, Rounds, Run};
 const UNCONTENDED_ROUNDS: usize = 10;
 const UNCONTENDED_OPS: usize = 300;
 const CONTENDED_CLIENTS: usize = 4;
-const CONTENDED_OPS: usize = 250;
+const CONTENDED_RUN: Duration = Duration::from_secs(3);
+const CONTENDED_REPEATS: usize = 3;
 const DISTINCT_WORKERS: usize = 32;
 const DISTINCT_OPS: usize = 150;
 const DISTINCT_ROUNDS: usize = 3;
@@ -107,6 +112,11 @@ impl Contender {
     }
 
     async fn op(&self, kind: Kind, name: &str) {
+        self.op_then(kind, name, || {}).await;
+    }
+
+    /// One op, calling `held` while the lock is held.
+    async fn op_then(&self, kind: Kind, name: &str, held: impl FnOnce()) {
         match kind {
             Kind::Fencelock => {
                 let guard = self
@@ -114,6 +124,7 @@ impl Contender {
                     .acquire(name, AcquireOptions::new())
                     .await
                     .expect("acquire");
+                held();
                 guard.release().await.expect("release");
             }
             Kind::Raw | Kind::RawChecked => {
@@ -136,6 +147,7 @@ impl Contender {
                     }
                     tokio::task::yield_now().await;
                 };
+                held();
                 if kind == Kind::RawChecked {
                     // The incarnation check fencelock's release must make (etcd #22082).
                     let release = Txn::new()
@@ -157,21 +169,60 @@ impl Contender {
                     .lock(format!("v3lock/{name}"), Some(options))
                     .await
                     .expect("lock");
+                held();
                 lock.unlock(granted.key()).await.expect("unlock");
             }
         }
     }
 }
 
-/// Every client of `cs` does [`CONTENDED_OPS`] ops on one name.
-async fn contended(cs: &[Arc<Contender>], kind: Kind) -> Run {
-    let workers = cs.iter().map(|c| {
-        let c = c.clone();
-        tokio::spawn(
-            async move { bench::timed_ops(CONTENDED_OPS, || c.op(kind, "contended")).await },
-        )
+/// One contended run: the ops, the hand-overs and each client's grants.
+struct Contended {
+    run: Run,
+    handoffs: u64,
+    per_client: Vec<u64>,
+}
+
+/// Every client of `cs` does ops on one name for [`CONTENDED_RUN`].
+async fn contended(cs: &[Arc<Contender>], kind: Kind, repeat: usize) -> Contended {
+    let name = format!("contended-{repeat}");
+    let last = Arc::new(AtomicU64::new(u64::MAX));
+    let handoffs = Arc::new(AtomicU64::new(0));
+    let deadline = tokio::time::Instant::now() + CONTENDED_RUN;
+    let workers = cs.iter().enumerate().map(|(i, c)| {
+        let (c, name, last, handoffs) = (c.clone(), name.clone(), last.clone(), handoffs.clone());
+        tokio::spawn(async move {
+            let mut h = bench::histogram();
+            while tokio::time::Instant::now() < deadline {
+                let start = std::time::Instant::now();
+                c.op_then(kind, &name, || {
+                    if last.swap(i as u64, Ordering::Relaxed) != i as u64 {
+                        handoffs.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .await;
+                bench::record(&mut h, start.elapsed());
+            }
+            Ok::<_, tokio::task::JoinError>(h)
+        })
     });
-    bench::run_workers(workers).await.expect("worker")
+    let workers = workers.map(|w| async move { w.await? });
+    let (elapsed, histograms) = bench::timed_join(workers).await.expect("worker");
+    let per_client: Vec<u64> = histograms.iter().map(|h| h.len()).collect();
+    let mut pooled = bench::histogram();
+    for h in &histograms {
+        bench::merge(&mut pooled, h);
+    }
+    let run = Run {
+        histogram: pooled,
+        elapsed,
+        cpu: Duration::ZERO,
+    };
+    Contended {
+        run,
+        handoffs: handoffs.load(Ordering::Relaxed),
+        per_client,
+    }
 }
 
 /// [`DISTINCT_WORKERS`] workers on `c`, each doing [`DISTINCT_OPS`] ops on its own name.
@@ -220,12 +271,43 @@ async fn main() {
         println!("{}", bench::latency_lines(&measured, raw, Kind::label));
     }
     if wanted("ETCD_BENCH_WORKLOADS", "contended") {
-        println!("contended ({CONTENDED_CLIENTS} clients x {CONTENDED_OPS} ops on one name)");
-        let runs = bench::interleave_runs(kinds, 1, |kind, _| contended(&contenders, kind)).await;
+        println!(
+            "contended ({CONTENDED_CLIENTS} clients on one name, {CONTENDED_RUN:?} each, {CONTENDED_REPEATS} interleaved repeats)"
+        );
+        let results = bench::interleave_runs(kinds, CONTENDED_REPEATS, |kind, repeat| {
+            contended(&contenders, kind, repeat)
+        })
+        .await;
+        let runs: Vec<Vec<Run>> = results
+            .iter()
+            .map(|rs| rs.iter().map(|r| r.run.clone()).collect())
+            .collect();
         println!(
             "{}",
-            bench::rate_lines(kinds, &runs, None, "handoffs/s", Kind::label)
+            bench::rate_lines(kinds, &runs, None, "ops/s", Kind::label)
         );
+        for (kind, rs) in kinds.iter().zip(&results) {
+            let handoffs: Vec<f64> = rs
+                .iter()
+                .map(|r| r.handoffs as f64 / r.run.elapsed.as_secs_f64())
+                .collect();
+            let fairness: Vec<f64> = rs
+                .iter()
+                .map(|r| {
+                    let max = r.per_client.iter().copied().max().unwrap_or(0);
+                    let min = r.per_client.iter().copied().min().unwrap_or(0);
+                    max as f64 / min.max(1) as f64
+                })
+                .collect();
+            let each: Vec<String> = handoffs.iter().map(|r| format!("{r:.0}")).collect();
+            println!(
+                "  {:<11} hand-overs/s median {:.0} ({})  fairness max/min {}",
+                kind.label(),
+                bench::median(handoffs.clone()),
+                each.join(" "),
+                bench::ratios(&fairness),
+            );
+        }
     }
     if wanted("ETCD_BENCH_WORKLOADS", "distinct") {
         println!(
