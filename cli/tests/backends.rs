@@ -182,11 +182,19 @@ fn waiting_signals_and_inspect(url: &str) {
     assert_code(&after, 0);
 }
 
+/// `url` with the facade's own query options added (`retry=`, `max_waiters=`), which
+/// every consumer of the URL must accept, the raw-client floor of `--baseline` too.
+fn with_facade_options(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}retry=2&max_waiters=64")
+}
+
 fn bench_json(url: &str) {
+    let url = with_facade_options(url);
     let out = output(fencelock().args([
         "bench",
         "--url",
-        url,
+        &url,
         "--workload",
         "contended",
         "--clients",

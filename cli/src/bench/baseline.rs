@@ -40,6 +40,7 @@ const SPIN: Duration = Duration::from_millis(1);
 ///
 /// Cancel safe: a dropped connect leaves no client behind.
 pub async fn connect(url: &str) -> Result<(Arc<dyn Cycle>, &'static str), Failure> {
+    let url = &backend_url(url);
     let scheme = url
         .split_once("://")
         .map_or("", |(s, _)| s)
@@ -61,6 +62,29 @@ pub async fn connect(url: &str) -> Result<(Arc<dyn Cycle>, &'static str), Failur
         other => Err(Failure::usage(format!(
             "--baseline has no raw-client floor for {other}:// (it has for mem, etcd, zk and single-server redis)"
         ))),
+    }
+}
+
+/// `url` without the query options the facade takes out for itself (`retry=`,
+/// `require=`, `metrics=`, `max_waiters=`, ...): the URL the backend's own parser sees.
+///
+/// [`fencelock::Config`] keeps that URL but does not hand it out, so the facade is asked
+/// pair by pair: `mem://` takes no query option at all, so a pair it accepts after
+/// `mem://?` is one the facade consumes. The list of the facade's options thus stays the
+/// library's, not a copy here. The URL itself was checked whole by `Config::from_url`.
+fn backend_url(url: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let own: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter(|pair| fencelock::Config::from_url(&format!("mem://?{pair}")).is_err())
+        .collect();
+    if own.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head}?{}", own.join("&"))
     }
 }
 
@@ -303,5 +327,20 @@ mod tests {
         assert!(!floor.cycle("floor-b", soon, Duration::ZERO).await.unwrap());
         drop(held);
         assert!(connect("redlock://a:1,b:2,c:3").await.is_err());
+    }
+
+    #[test]
+    fn the_backend_gets_its_own_options_only() {
+        assert_eq!(backend_url("mem://"), "mem://");
+        assert_eq!(backend_url("mem://?retry=2"), "mem://");
+        assert_eq!(
+            backend_url("etcd://h:2379/p?retry=2&lease=2s&require=linearizable&max_waiters=3"),
+            "etcd://h:2379/p?lease=2s"
+        );
+        assert_eq!(
+            backend_url("zk://h/p?metrics=false&session_timeout=2s&retry_min_delay=10ms"),
+            "zk://h/p?session_timeout=2s"
+        );
+        assert_eq!(backend_url("redis://h:1?prefix=x"), "redis://h:1?prefix=x");
     }
 }
