@@ -12,11 +12,16 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0        success (run: the command's own status is passed through;
            a command killed by signal N gives 128+N)
-  64       bad usage: option, duration, URL, scheme, lock name or lease
+  64       bad usage: option, duration, URL, scheme, lock name, lease, or a
+           requirement not met
   69       the lock backend is unreachable or failed
-  70       internal error
-  75       not acquired within --wait: someone else holds the lock
-  76       run: the lock was lost while the command ran (the command was stopped)
+  70       internal error (bench: a scale workload's check failed)
+  74       standard output could not be written (a closed pipe, a full disk)
+  75       not acquired: someone else holds the lock (within --wait, or at once
+           with -n), or the URL's max_waiters= limit is full; run and hold:
+           -E CODE changes it
+  76       run, hold: the lock was lost while held (run: the command was
+           stopped), or found lost at release
   126/127  run: the command could not be executed / was not found";
 
 /// Distributed locks with fencing tokens over etcd, ZooKeeper, Redis and memory.
@@ -68,7 +73,8 @@ Examples:
   fencelock capabilities --url redis://127.0.0.1:6379
   fencelock capabilities --url etcd://127.0.0.1:2379/locks --require linearizable --require fencing=strong --json
 
-Exit codes: 0, 64 usage or a requirement not met, 69 backend unavailable.";
+Exit codes: 0, 64 usage or a requirement not met, 69 backend unavailable,
+74 output unwritable.";
 
 const COMPLETIONS_HELP: &str = "\
 Examples:
@@ -121,14 +127,15 @@ and exits 0. Exits 76 if the lock is lost meanwhile. Like `etcdctl lock NAME`.
 Examples:
   fencelock hold --url zk://127.0.0.1:2181/locks maintenance
 
-Exit codes: 0, 64 usage, 69 backend unavailable, 75 (or -E) not acquired, 76 lost.";
+Exit codes: 0, 64 usage, 69 backend unavailable, 74 output unwritable (the lock
+is released), 75 (or -E) not acquired, 76 lost.";
 
 const INSPECT_HELP: &str = "\
 Examples:
   fencelock inspect --url zk://127.0.0.1:2181/locks nightly-report
   FENCELOCK_CONFIG=/etc/fencelock.toml fencelock inspect --json orders/SKU-8842
 
-Exit codes: 0 (held or not), 64 usage, 69 backend unavailable.";
+Exit codes: 0 (held or not), 64 usage, 69 backend unavailable, 74 output unwritable.";
 
 const LIST_HELP: &str = "\
 Lists every lock whose name starts with PREFIX (all locks without one) that
@@ -139,7 +146,8 @@ Examples:
   fencelock list --url etcd://127.0.0.1:2379/locks orders/
   fencelock list --json
 
-Exit codes: 0 (even when nothing is listed), 64 usage, 69 backend unavailable.";
+Exit codes: 0 (even when nothing is listed), 64 usage, 69 backend unavailable,
+74 output unwritable.";
 
 const REVOKE_HELP: &str = "\
 Deletes the holder's key or node, as an operator would by hand: the holder's
@@ -154,7 +162,7 @@ Examples:
   fencelock revoke --url zk://127.0.0.1:2181/locks --yes nightly-report   # take it away
 
 Exit codes: 0 revoked (or nobody held it), 64 usage or --yes missing,
-69 backend unavailable.";
+69 backend unavailable, 74 output unwritable.";
 
 const BENCH_HELP: &str = "\
 Workloads: uncontended (one client, one name: acquire+release latency p50/p99/
@@ -184,7 +192,8 @@ Examples:
   fencelock bench --url etcd://127.0.0.1:2379/bench --workload contended --clients 8 --json
   fencelock bench --url zk://127.0.0.1:2181/bench --workload waiters --count 10000 --processes 10
 
-Exit codes: 0, 64 usage, 69 backend unavailable.";
+Exit codes: 0, 64 usage, 69 backend unavailable, 70 a scale workload's check failed,
+74 output unwritable.";
 
 /// Where the locks live.
 #[derive(Debug, Args)]
@@ -461,6 +470,51 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// The exit codes `--help` lists, the README's table lists and `exit::code` defines
+    /// are the same; 76 is `hold`'s as well as `run`'s.
+    #[test]
+    fn help_and_readme_list_every_exit_code() {
+        use crate::exit::code;
+        let defined = [
+            code::USAGE,
+            code::UNAVAILABLE,
+            code::INTERNAL,
+            code::IO_ERROR,
+            code::NOT_ACQUIRED,
+            code::LOST,
+            code::CANNOT_EXECUTE,
+            code::NOT_FOUND,
+        ];
+        // `  64       ...` in the help, `| 64 | ...` and `| 126 / 127 | ...` in the README.
+        let codes_in = |lines: Vec<&str>| {
+            let mut codes: Vec<u8> = lines
+                .iter()
+                .flat_map(|l| l.split(['/', ' ']).filter_map(|w| w.parse::<u8>().ok()))
+                .filter(|&c| c != code::OK)
+                .collect();
+            codes.sort_unstable();
+            codes
+        };
+        let help: Vec<&str> = EXIT_CODES
+            .lines()
+            .filter(|l| l.starts_with("  ") && l.trim_start().starts_with(char::is_numeric))
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        let readme = include_str!("../README.md");
+        let table: Vec<&str> = readme
+            .split("## Exit codes")
+            .nth(1)
+            .expect("the README has an exit code section")
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| code"))
+            .map(|l| l.split('|').nth(1).unwrap())
+            .collect();
+        assert_eq!(codes_in(help), defined, "--help: {EXIT_CODES}");
+        assert_eq!(codes_in(table), defined, "README");
+        let lost = EXIT_CODES.lines().find(|l| l.contains("  76 ")).unwrap();
+        assert!(lost.contains("run") && lost.contains("hold"), "{lost}");
     }
 
     #[test]

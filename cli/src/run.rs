@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 use crate::args::{RunArgs, WaitArgs};
 use crate::child;
 use crate::events::Events;
-use crate::exit::{Failure, code, one_line};
+use crate::exit::{Failure, code, code_of, one_line};
 use crate::signals::{self, Received, Signals};
 
 /// How long the release of a lost lock may take before fencelock gives up on it (the
@@ -187,6 +187,9 @@ fn not_acquired(error: Error, name: &str, wait: &WaitArgs) -> Failure {
             conflict,
             format!("lock {name:?} is held by another owner (not waiting)"),
         ),
+        // Any other refusal (the client's `max_waiters=` limit is full): not acquired,
+        // so `-E` applies to it as to the others.
+        other if code_of(&other) == code::NOT_ACQUIRED => Failure::new(conflict, one_line(&other)),
         other => other.into(),
     }
 }
@@ -323,6 +326,57 @@ fn status_code(status: ExitStatus) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn wait_args(args: &[&str]) -> WaitArgs {
+        use clap::Parser as _;
+        let line = ["fencelock", "run"]
+            .iter()
+            .chain(args)
+            .chain(&["job", "--", "true"]);
+        match crate::args::Cli::try_parse_from(line).unwrap().command {
+            crate::args::Command::Run(run) => run.wait,
+            _ => unreachable!("a run command line"),
+        }
+    }
+
+    /// Every refusal that exits 75 (someone holds the lock, or the client's
+    /// `max_waiters=` limit is full) takes `-E CODE` instead; other errors keep theirs.
+    #[test]
+    fn the_conflict_exit_code_applies_to_every_refusal() {
+        let refusals = [
+            Error::Timeout {
+                name: "job".into(),
+                waited: Duration::from_secs(1),
+            },
+            Error::Contended { name: "job".into() },
+            Error::TooManyWaiters {
+                name: "job".into(),
+                limit: 1,
+            },
+        ];
+        for error in refusals {
+            assert_eq!(crate::exit::code_of(&error), code::NOT_ACQUIRED, "{error}");
+            let what = error.to_string();
+            let failure = not_acquired(error, "job", &wait_args(&["-E", "3"]));
+            assert_eq!(failure.code, 3, "{what}");
+            assert!(failure.message.contains("job"), "{}", failure.message);
+        }
+        let default = not_acquired(
+            Error::TooManyWaiters {
+                name: "job".into(),
+                limit: 1,
+            },
+            "job",
+            &wait_args(&[]),
+        );
+        assert_eq!(default.code, code::NOT_ACQUIRED);
+        let usage = not_acquired(
+            Error::InvalidConfig("x".into()),
+            "job",
+            &wait_args(&["-E", "3"]),
+        );
+        assert_eq!(usage.code, code::USAGE);
+    }
 
     #[test]
     fn exit_statuses_follow_the_shell() {
