@@ -140,6 +140,11 @@ impl Engine {
         }
     }
 
+    /// Whether this client talks to a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.nodes.first().is_some_and(Node::is_cluster)
+    }
+
     /// The subscribers a waiter for a key in `slot` subscribes with: on a cluster, the
     /// one of the master serving the slot (the first if none was found); otherwise one
     /// per node.

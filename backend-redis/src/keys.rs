@@ -37,7 +37,10 @@ impl KeyLayout {
     /// The migration layout: the lock key is exactly `PREFIX` + name (the prefix may be
     /// empty), as a hand-written `SET key value NX PX ms` lock would use, so both exclude
     /// each other. On Redis Cluster, a key containing `}` without a non-empty `{tag}`
-    /// cannot have its auxiliary keys in its slot; use a tag in such keys.
+    /// cannot have its auxiliary keys in its slot: a lock or election of such a name is
+    /// refused there with [`Error::InvalidName`](fencelock_core::Error::InvalidName)
+    /// before anything is sent (and `list` skips it); use a tag in such keys. Its
+    /// semaphore and read-write lock, whose keys share a slot of their own, work.
     pub fn raw(prefix: impl Into<String>) -> Self {
         KeyLayout {
             prefix: prefix.into(),
@@ -272,6 +275,19 @@ pub(crate) struct KeySet {
     pub slot: u16,
 }
 
+impl KeySet {
+    /// Whether every key and channel of the lock is in the lock key's cluster slot, as one
+    /// script on a Redis Cluster needs. Always so in the tagged layout; in the raw layout
+    /// not for a lock key with `}` and no non-empty `{tag}` (`a}b`: its auxiliary keys'
+    /// tag `{a}b}` hashes on `a`), which a Cluster cannot serve (see
+    /// [`KeyLayout::raw`]).
+    pub(crate) fn share_a_slot(&self) -> bool {
+        [&self.token, &self.waiters, &self.channel, &self.election]
+            .into_iter()
+            .all(|key| slot(key) == self.slot)
+    }
+}
+
 /// `key` followed by `suffix`, in one allocation (`format!` showed in the client's CPU
 /// per lock).
 fn joined(key: &str, suffix: &str) -> String {
@@ -396,6 +412,26 @@ mod tests {
         assert_eq!(slot(&k.channel), slot(&k.lock));
         assert_eq!(slot(&k.election), slot(&k.lock));
         assert_eq!(slot(&k.waiters), slot(&k.lock));
+    }
+
+    /// The keys of a name share its lock key's slot, except a raw lock key with `}` and
+    /// no non-empty tag, which a Cluster then refuses (see `RedisLock::lock_keys`).
+    #[test]
+    fn raw_keys_with_a_brace_and_no_tag_do_not_share_a_slot() {
+        for name in ["a", "a}b", "x{}y}", "{t}x}y", "锁"] {
+            assert!(KeyLayout::default().keys(name).share_a_slot(), "{name}");
+        }
+        for prefix in ["", "lock:"] {
+            let raw = KeyLayout::raw(prefix);
+            for name in ["a", "order:SKU-8842", "{order}:1", "{t}x}y", "锁"] {
+                assert!(raw.keys(name).share_a_slot(), "{prefix}{name}");
+            }
+            for name in ["a}b", "x{}y}", "}"] {
+                let keys = raw.keys(name);
+                assert!(!keys.share_a_slot(), "{prefix}{name}");
+                assert_ne!(slot(&keys.token), keys.slot, "{prefix}{name}");
+            }
+        }
     }
 
     #[test]

@@ -96,7 +96,7 @@ impl RedisLock {
         validate_name(name)?;
         options.validate(MIN_LEASE)?;
         self.check_open()?;
-        let keys = self.engine.config.layout.keys(name);
+        let keys = self.lock_keys(name)?;
         let wait = WaitDeadline::new(options.wait_kind());
         let waiting = self.wait_for_grant(name, &keys, options, value, wait);
         let span = if value.is_some() {
@@ -256,6 +256,23 @@ impl RedisLock {
         ))
     }
 
+    /// The keys of lock (or election) `name`. On a Redis Cluster, a name whose keys
+    /// cannot share one slot (the raw layout's `}` without a tag: see
+    /// [`KeyLayout::raw`](crate::KeyLayout::raw)) is [`Error::InvalidName`], before any
+    /// I/O: its scripts would fail with `CROSSSLOT`.
+    pub(crate) fn lock_keys(&self, name: &str) -> Result<LockKeys, Error> {
+        let keys = self.engine.config.layout.keys(name);
+        if self.engine.is_cluster() && !keys.share_a_slot() {
+            return Err(Error::InvalidName {
+                name: name.chars().take(64).collect(),
+                reason: "in the raw layout on a Redis Cluster, a lock key with `}` and no \
+                         non-empty {tag} cannot keep its token key in its slot: put a {tag} \
+                         in the name",
+            });
+        }
+        Ok(keys)
+    }
+
     /// The client's shared state.
     pub(crate) fn engine(&self) -> &Arc<Engine> {
         &self.engine
@@ -323,7 +340,7 @@ impl DistributedLock for RedisLock {
     async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
         validate_name(election)?;
         self.check_open()?;
-        let keys = self.engine.config.layout.keys(election);
+        let keys = self.lock_keys(election)?;
         Ok(self.holder_of(&keys).await?.map(|h| h.leader()))
     }
 
@@ -332,7 +349,7 @@ impl DistributedLock for RedisLock {
     async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
         validate_name(election)?;
         self.check_open()?;
-        let keys = self.engine.config.layout.keys(election);
+        let keys = self.lock_keys(election)?;
         let wake = Arc::new(Notify::new());
         // Subscribed before the first read: a change after the read is a message.
         let subscriptions = join_all(
@@ -362,7 +379,7 @@ impl DistributedLock for RedisLock {
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
         validate_name(name)?;
         self.check_open()?;
-        let keys = self.engine.config.layout.keys(name);
+        let keys = self.lock_keys(name)?;
         Ok(match self.holder_of(&keys).await? {
             Some(h) => LockInfo::held(holder_info(&h), None),
             None => LockInfo::free(None),
@@ -398,9 +415,13 @@ impl DistributedLock for RedisLock {
         }
         let mut found = Vec::with_capacity(names.len());
         for name in names {
+            // A raw key a Cluster cannot serve as a lock (see `lock_keys`) is not read.
+            let Ok(keys) = self.lock_keys(&name) else {
+                continue;
+            };
             // A key seen by the scan may have gone since; a name a Redlock minority
             // holds has no holder: neither is listed.
-            match self.holder_of(&layout.keys(&name)).await {
+            match self.holder_of(&keys).await {
                 Ok(Some(holder)) => found.push(ListedLock::new(
                     name,
                     LockInfo::held(holder_info(&holder), None),
@@ -418,7 +439,7 @@ impl DistributedLock for RedisLock {
     async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
         validate_name(name)?;
         self.check_open()?;
-        let keys = self.engine.config.layout.keys(name);
+        let keys = self.lock_keys(name)?;
         let Some(holder) = self.holder_of(&keys).await? else {
             return Ok(None);
         };

@@ -2,7 +2,8 @@
 //! lease runs out publishes nothing, yet observers are told; the leader's value lives in
 //! the lock key (and goes with it on release, revocation and expiry, and is renewed with
 //! it); a plain lock's layout is unchanged; on Cluster everything of a term is in the
-//! lock key's slot; observers stop when dropped and report a closed client.
+//! lock key's slot (and a raw name that cannot have it so is refused); observers stop
+//! when dropped and report a closed client.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -299,4 +300,42 @@ async fn cluster_terms_stay_in_their_slot() {
         assert_eq!(next(&mut changes, Duration::from_secs(5)).await, None);
     }
     assert!(masters.len() > 1, "the names fell on one master only");
+}
+
+/// The raw layout on a Cluster: a lock key with `}` and no hash tag (`PREFIX` + `a}b`)
+/// cannot have its counter, marker and channels in its slot (their `{…a}b}` tag hashes on
+/// the part before the `}`), so every operation on that name is a typed `InvalidName`
+/// before any I/O, never a `CROSSSLOT` script error. Names whose keys share the slot
+/// still work (one with a tag and a `}` after it among them), and so does the odd name's
+/// semaphore, whose keys share a slot of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_names_whose_keys_cannot_share_a_slot_are_invalid_on_a_cluster() {
+    let cluster = cluster();
+    let prefix = unique("raw");
+    let lock = locks(&format!("{}?layout=raw&prefix={prefix}:", cluster.url())).await;
+    let odd = "a}b";
+    let invalid = |what: &str, outcome: Result<(), Error>| {
+        assert!(
+            matches!(outcome, Err(Error::InvalidName { .. })),
+            "{what}: {outcome:?}"
+        );
+    };
+    let no_wait = AcquireOptions::new().no_wait();
+    invalid("acquire", lock.acquire(odd, no_wait).await.map(drop));
+    invalid("campaign", lock.campaign(odd, "v", no_wait).await.map(drop));
+    invalid("leader", lock.leader(odd).await.map(drop));
+    invalid("observe", lock.observe(odd).await.map(drop));
+    invalid("inspect", lock.inspect(odd).await.map(drop));
+    invalid("revoke", lock.revoke(odd).await.map(drop));
+    for name in ["plain", "{tag}x}y"] {
+        let guard = lock.acquire(name, no_wait).await.expect(name);
+        assert!(lock.inspect(name).await.unwrap().holder.is_some(), "{name}");
+        guard.release().await.unwrap();
+    }
+    let permits = fencelock_core::Permits::new(1, 2).unwrap();
+    let permit = lock
+        .acquire_permits(odd, permits, no_wait)
+        .await
+        .expect("the odd name's semaphore");
+    permit.release().await.unwrap();
 }
