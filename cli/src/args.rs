@@ -120,12 +120,14 @@ Exit codes: the command's own; 64 usage, 69 backend unavailable, 75 (or -E)
 not acquired within --wait, 76 lock lost, 126/127 command not executable / not found.";
 
 const HOLD_HELP: &str = "\
-Prints `NAME KEY TOKEN` (KEY is - where the backend has none; --json: an object)
-once acquired, then holds the lock until SIGINT, SIGTERM or SIGHUP, releases it
-and exits 0. Exits 76 if the lock is lost meanwhile. Like `etcdctl lock NAME`.
+Prints `NAME KEY TOKEN`, separated by tabs (a name may contain spaces, never a
+tab; KEY is - where the backend has none; --json: an object) once acquired, then
+holds the lock until SIGINT, SIGTERM or SIGHUP, releases it and exits 0. Exits 76
+if the lock is lost meanwhile. Like `etcdctl lock NAME`.
 
 Examples:
   fencelock hold --url zk://127.0.0.1:2181/locks maintenance
+  fencelock hold --url etcd://127.0.0.1:2379/locks 'nightly report' | cut -f3   # the token
 
 Exit codes: 0, 64 usage, 69 backend unavailable, 74 output unwritable (the lock
 is released), 75 (or -E) not acquired, 76 lost.";

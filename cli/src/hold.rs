@@ -29,7 +29,9 @@ pub async fn hold(args: HoldArgs) -> Result<u8, Failure> {
     let line = if events.is_json() {
         json!({ "name": guard.name(), "key": key, "token": guard.token().get() }).to_string()
     } else {
-        format!("{} {key} {}", guard.name(), guard.token())
+        // Tabs, not spaces: a name may contain spaces (and so may the key, built from
+        // it), never a tab (no control characters).
+        format!("{}\t{key}\t{}", guard.name(), guard.token())
     };
     if let Err(failure) = crate::exit::println_out(&line) {
         // Nobody learns the token: give the lock back rather than hold it unseen.

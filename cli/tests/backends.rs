@@ -295,7 +295,7 @@ fn unreachable_backend_is_69(url: &str) {
     assert_code(&out, 69);
 }
 
-/// `hold` prints `NAME KEY TOKEN`, holds until SIGTERM and releases; meanwhile
+/// `hold` prints `NAME<TAB>KEY<TAB>TOKEN`, holds until SIGTERM and releases; meanwhile
 /// `--nonblock` fails at once with `--conflict-exit-code`, `--wait 1s` gives up after
 /// 1 s (within a few hundred milliseconds, whatever the backend) and says so in the
 /// user's words; `FENCELOCK_KEY` names the key on every backend.
@@ -338,7 +338,7 @@ fn hold_nonblock_wait_and_key(url: &str) {
     let out = holder.wait(Duration::from_secs(20));
     assert_code(&out, 0);
     let line = stdout(&out);
-    let fields: Vec<&str> = line.split_whitespace().collect();
+    let fields: Vec<&str> = line.trim_end().split('\t').collect();
     assert_eq!(fields.len(), 3, "{line}");
     assert_eq!(fields[0], name);
     assert_ne!(fields[1], "-", "the backend's key: {line}");

@@ -511,6 +511,38 @@ fn a_terminal_stop_stops_the_command_too() {
     assert!(gone_within(pid, Duration::from_secs(5)));
 }
 
+/// `hold` prints `NAME<TAB>KEY<TAB>TOKEN`: a name may contain spaces (never a tab: no
+/// control characters), so a script splitting on tabs reads the right fields.
+#[test]
+fn hold_separates_its_fields_by_tabs_a_name_may_hold_spaces() {
+    use std::io::BufRead as _;
+    let name = "nightly report/db 1";
+    let mut holder = fencelock()
+        .args(["hold", "--url", "mem://", name])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = holder.id();
+    let stdout = holder.stdout.take().unwrap();
+    let (sent, line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = sent.send(line);
+    });
+    let line = line.recv_timeout(Duration::from_secs(20));
+    signal(pid, Signal::SIGTERM);
+    let status = holder.wait().unwrap();
+    let line = line.expect("hold prints its line once acquired");
+    assert_eq!(status.code(), Some(0), "{line:?}");
+    let fields: Vec<&str> = line.strip_suffix('\n').unwrap().split('\t').collect();
+    assert_eq!(fields.len(), 3, "{line:?}");
+    assert_eq!(fields[0], name);
+    assert_eq!(fields[1], "-", "mem:// has no key");
+    assert!(fields[2].parse::<u64>().unwrap() > 0, "{line:?}");
+}
+
 /// `--processes` needs the waiters workload, a count it divides, and a backend other
 /// processes can reach: `mem://` locks inside one process only.
 #[test]
