@@ -569,6 +569,22 @@ impl DistributedLock for ZkLock {
         }
     }
 
+    /// Closes the client, as [`DistributedLock::close`] describes: every lock held
+    /// through it is given up and its node deleted, waiting acquires and observations
+    /// end, and every later call fails with [`Error::Closed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: from its first poll the client takes no new request and every lock
+    /// it holds is reported lost ([`LossCause::ClientClosed`](fencelock_core::LossCause));
+    /// the nodes are deleted by a task on the client's runtime, which a dropped `close`
+    /// does not stop. Calling `close` again waits for those deletes, then returns `Ok`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] or [`Error::Backend`] when a node could not be deleted in
+    /// `connect_timeout` (it goes with its session), or the client's runtime has shut
+    /// down; the client is closed regardless.
     async fn close(&self) -> Result<(), Error> {
         self.pool.close().await
     }

@@ -64,8 +64,8 @@ pub(crate) struct ZkSession {
 struct Registered {
     liveness: Liveness,
     cap: Option<Instant>,
-    /// The grant's nodes, deleted by [`ZkSession::close`]. Weak: the guard owns them, and
-    /// they hold the session.
+    /// The grant's nodes, deleted at close ([`ZkSession::give_up`]). Weak: the guard owns
+    /// them, and they hold the session.
     tracked: Weak<Tracked>,
 }
 
@@ -262,12 +262,11 @@ impl ZkSession {
         self.held().remove(&id);
     }
 
-    /// Gives up every lock held on this session (on close): each guard reports
-    /// [`LossCause::ClientClosed`] and its node is deleted, each delete bounded by
-    /// `limit`. Returns the first delete that failed (that node goes with the session).
-    pub(crate) async fn close(&self, limit: Duration) -> Result<(), Error> {
-        let nodes: Vec<String> = self
-            .held()
+    /// Gives up every lock held on this session (on close), at once: each guard reports
+    /// [`LossCause::ClientClosed`], and the monitor forgets it. Returns the paths of their
+    /// nodes, for [`delete_given_up`](Self::delete_given_up).
+    pub(crate) fn give_up(&self) -> Vec<String> {
+        self.held()
             .drain()
             .flat_map(|(_, entry)| {
                 entry
@@ -279,7 +278,17 @@ impl ZkSession {
                     .flat_map(|t| t.nodes().map(|node| node.path.clone()))
                     .collect::<Vec<_>>()
             })
-            .collect();
+            .collect()
+    }
+
+    /// Deletes the `nodes` of the locks [`give_up`](Self::give_up) gave up, each delete
+    /// bounded by `limit`. Returns the first delete that failed (that node goes with the
+    /// session).
+    pub(crate) async fn delete_given_up(
+        &self,
+        nodes: Vec<String>,
+        limit: Duration,
+    ) -> Result<(), Error> {
         let mut outcome = Ok(());
         for node in nodes {
             let deleted = tokio::time::timeout(limit, self.client.delete(&node, None)).await;
@@ -434,6 +443,8 @@ pub(crate) struct SessionPool {
     /// Cancelled by [`SessionPool::close`]: no session is opened any more, and waiting
     /// acquires end.
     closed: CancellationToken,
+    /// Cancelled when the deletes of the first [`SessionPool::close`] are over.
+    close_done: CancellationToken,
 }
 
 impl SessionPool {
@@ -445,6 +456,7 @@ impl SessionPool {
             runtime,
             slots: Mutex::new(HashMap::new()),
             closed: CancellationToken::new(),
+            close_done: CancellationToken::new(),
         }
     }
 
@@ -539,23 +551,69 @@ impl SessionPool {
     /// Closes the client: every lock held is given up and its node deleted, and the
     /// sessions are dropped (each ends on the server when the last guard using it is
     /// gone). Returns the first delete that failed.
+    ///
+    /// Before its first await, the client is closed to new requests and the locks of
+    /// every session are marked lost (those of a session being opened right now, which
+    /// holds none yet, once it is open). The deletes run as a task on the client's
+    /// runtime, so a dropped `close` does not stop them, and a later `close` waits for
+    /// them. A close that stopped half-way left the locks of the sessions it had not
+    /// reached held, and the next `close` found nothing to do.
     pub(crate) async fn close(&self) -> Result<(), Error> {
-        self.closed.cancel();
-        let slots: Vec<Slot> = self
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .map(|(_, slot)| slot)
-            .collect();
-        let mut outcome = Ok(());
+        let slots: Option<Vec<Slot>> = {
+            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.closed.is_cancelled() {
+                None
+            } else {
+                self.closed.cancel();
+                Some(slots.drain().map(|(_, slot)| slot).collect())
+            }
+        };
+        let Some(slots) = slots else {
+            // Closed already: the first close's deletes go on without it, if it was
+            // dropped.
+            self.close_done.cancelled().await;
+            return Ok(());
+        };
+        // Cancelled when the deletes are over, or dropped with the runtime.
+        let done = self.close_done.clone().drop_guard();
+        let mut given_up = Vec::new();
+        // Held by a request opening (or looking up) a session: done in the task.
+        let mut busy = Vec::new();
         for slot in slots {
-            let session = slot.lock().await.take();
-            if let Some(session) = session {
-                outcome = outcome.and(session.close(self.config.connect_timeout()).await);
+            let taken = slot.try_lock().map(|mut current| current.take());
+            match taken {
+                Ok(Some(session)) => {
+                    let nodes = session.give_up();
+                    given_up.push((session, nodes));
+                }
+                Ok(None) => {}
+                Err(_) => busy.push(slot),
             }
         }
-        outcome
+        let limit = self.config.connect_timeout();
+        let deletes = async move {
+            let _done = done;
+            let mut outcome = Ok(());
+            for (session, nodes) in given_up {
+                outcome = outcome.and(session.delete_given_up(nodes, limit).await);
+            }
+            for slot in busy {
+                let session = slot.lock().await.take();
+                if let Some(session) = session {
+                    let nodes = session.give_up();
+                    outcome = outcome.and(session.delete_given_up(nodes, limit).await);
+                }
+            }
+            outcome
+        };
+        match self.runtime.spawn(deletes).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::unavailable(
+                BACKEND,
+                "the lock nodes could not be deleted at close: the client's runtime has shut \
+                 down; they go with their sessions",
+            )),
+        }
     }
 }
 

@@ -1,12 +1,12 @@
 //! Sessions, one per lease duration: bounded in number (each is a connection, and
 //! ZooKeeper limits connections per client address, `maxClientCnxns`, 60 by default), and
 //! leases checked against `min_lease`, at acquire and at extend. They live on the client's
-//! runtime, whichever call opened them.
+//! runtime, whichever call opened them, and a dropped `close` still closes them all.
 
 use std::time::Duration;
 
-use fencelock_core::{AcquireOptions, DistributedLock, Error};
-use fencelock_testkit::ZkServer;
+use fencelock_core::{AcquireOptions, DistributedLock, Error, LossCause};
+use fencelock_testkit::{Fault, FaultProxy, ZkServer};
 use fencelock_zk::{ZkConfig, ZkLock};
 
 async fn client() -> ZkLock {
@@ -186,4 +186,61 @@ fn a_session_outlives_the_runtime_of_the_acquire_that_opened_it() {
         assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
         guard.release().await.unwrap();
     });
+}
+
+/// A `close` dropped before it is done still gives up the locks of every session (here
+/// two, of two lease durations): their guards report the loss at once and their nodes
+/// are deleted in the background, which a second `close` waits for; the names are free
+/// for others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_close_still_gives_up_the_locks_of_every_session() {
+    let server = ZkServer::shared();
+    let proxy = FaultProxy::start(&server.connect_string());
+    let url = |hosts: &str| {
+        format!(
+            "zk://{hosts}/sessions-close-{:x}?min_lease=1s&session_timeout=4s",
+            std::process::id()
+        )
+    };
+    let locks = ZkLock::connect(ZkConfig::from_url(&url(&proxy.addr())).unwrap())
+        .await
+        .unwrap();
+    let other = ZkLock::connect(ZkConfig::from_url(&url(&server.connect_string())).unwrap())
+        .await
+        .unwrap();
+    let options = AcquireOptions::new().no_wait();
+    let guards = [
+        locks.acquire("close-a", options).await.unwrap(),
+        locks
+            .acquire("close-b", options.lease(Duration::from_secs(3)))
+            .await
+            .unwrap(),
+    ];
+    proxy.set(Fault::DelayReplies(Duration::from_millis(500)));
+    let dropped = tokio::time::timeout(Duration::from_millis(200), locks.close()).await;
+    assert!(
+        dropped.is_err(),
+        "the close did not wait for a reply: {dropped:?}"
+    );
+    for guard in &guards {
+        assert_eq!(
+            guard.lost_cause(),
+            Some(LossCause::ClientClosed),
+            "{}: {:?}",
+            guard.name(),
+            guard.lost_reason()
+        );
+    }
+    proxy.set(Fault::Pass);
+    locks.close().await.expect("the second close");
+    for guard in &guards {
+        let next = other
+            .acquire(
+                guard.name(),
+                AcquireOptions::new().wait_timeout(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{} is not free: {e}", guard.name()));
+        next.release().await.unwrap();
+    }
 }
