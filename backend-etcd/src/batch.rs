@@ -9,10 +9,15 @@
 //! only the hand-off to the lane's task.
 //!
 //! A combined transaction is all or nothing: its compares are joined by AND. If it fails
-//! (one name was taken, one key was gone) or errs, every request in it is sent again on
+//! (one name was taken, one key was gone) or etcd refused it before applying anything
+//! (say, more operations than its `--max-txn-ops`), every request in it is sent again on
 //! its own, so each caller gets exactly the answer a transaction of its own would have
-//! given. Creates are grouped by lease, so that one lease etcd no longer knows cannot fail
-//! the creates on another.
+//! given. If its answer is lost (etcd may still apply it), every caller is told the
+//! outcome is unknown instead: requests sent again could be answered, and their keys
+//! released, before etcd applies the combined one, which would then make keys again.
+//! The callers' clean-ups delete their keys, and look for late ones for
+//! [`LATE_CREATE_WINDOW`](crate::held::LATE_CREATE_WINDOW). Creates are grouped by lease,
+//! so that one lease etcd no longer knows cannot fail the creates on another.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -32,10 +37,9 @@ pub(crate) enum Created {
     /// Our key was created at this revision: we hold the lock.
     Granted(i64),
     /// The name was taken. `ours` is the create revision of our own key when it exists
-    /// all the same: created by an earlier send of this request whose answer was lost
-    /// (a combined transaction that erred after etcd applied it), or left by an earlier
-    /// grant. It is never taken as a grant (its token may not be new); the caller must
-    /// delete it.
+    /// all the same: made by an earlier create of ours that etcd applied after answering
+    /// it with an error, or left by an earlier grant. It is never taken as a grant (its
+    /// token may not be new); the caller must delete it.
     Taken { ours: Option<i64> },
     /// The name was taken, and the request asked to queue then: the same transaction put
     /// our key unless a stale key of ours was there (`stale`: left as it was, never given
@@ -295,19 +299,30 @@ impl Batcher {
                             .map(|c| put(c.key.as_str(), c.lease, &c.value))
                             .collect::<Vec<_>>(),
                     );
-                if let Ok(response) = self.client.kv_client().txn(txn).await {
-                    if response.succeeded() {
+                match self.client.kv_client().txn(txn).await {
+                    Ok(response) if response.succeeded() => {
                         let revision = response.header().map_or(0, |h| h.revision());
                         for create in batch {
                             let _ = create.reply.send(Ok(Created::Granted(revision)));
                         }
                         continue;
                     }
+                    // A compare failed, or etcd refused the whole before applying
+                    // anything: each on its own below gets its exact answer.
+                    Ok(_) => {}
+                    Err(error) if !crate::error::outcome_unknown(&error) => {}
+                    // No answer: etcd may still apply it, after any create sent again
+                    // now was answered and its key perhaps released, and so make keys
+                    // nobody holds. Each caller learns the outcome is unknown; its
+                    // clean-up deletes its key and then looks for a late one.
+                    Err(error) => {
+                        for create in batch {
+                            let _ = create.reply.send(Err(unknown_outcome(&error)));
+                        }
+                        continue;
+                    }
                 }
             }
-            // Failed or erred: each on its own. A combined create that erred after etcd
-            // applied it left our keys; each single create then finds its own key and
-            // reports it, so the caller deletes it instead of leaving it on the lease.
             join_all(batch.into_iter().map(|create| async move {
                 let answer = self
                     .create_one(
@@ -436,6 +451,14 @@ impl Batcher {
             .await;
         }
     }
+}
+
+/// What each caller of a combined create whose answer was lost is told: an error whose
+/// outcome is unknown ([`crate::error::outcome_unknown`]), retryable.
+fn unknown_outcome(error: &etcd_client::Error) -> etcd_client::Error {
+    etcd_client::Error::IoError(std::io::Error::other(format!(
+        "the answer to a combined create was lost ({error}); etcd may still apply it"
+    )))
 }
 
 fn put(key: &str, lease: i64, value: &str) -> TxnOp {

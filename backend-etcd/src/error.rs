@@ -66,6 +66,30 @@ pub(crate) fn is_lease_exists(error: &etcd_client::Error) -> bool {
     matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease already exists"))
 }
 
+/// Whether etcd may still apply a request it answered with `error`: anything but a
+/// refusal it makes before applying anything (bad arguments or too many operations, a
+/// lease it does not know, permissions, authentication, rate limits, a full database).
+/// A broken connection, a timeout, a leader change, or an error of the client's own
+/// leave the outcome unknown.
+pub(crate) fn outcome_unknown(error: &etcd_client::Error) -> bool {
+    use tonic_code::*;
+    match error {
+        etcd_client::Error::GRpcStatus(status) => !matches!(
+            status.code() as i32,
+            INVALID_ARGUMENT
+                | NOT_FOUND
+                | ALREADY_EXISTS
+                | PERMISSION_DENIED
+                | RESOURCE_EXHAUSTED
+                | FAILED_PRECONDITION
+                | OUT_OF_RANGE
+                | UNIMPLEMENTED
+                | UNAUTHENTICATED
+        ),
+        _ => true,
+    }
+}
+
 /// Whether a mapped error came from [`is_lease_not_found`].
 pub(crate) fn is_stale_session(error: &Error) -> bool {
     use std::error::Error as _;
@@ -84,9 +108,16 @@ pub(crate) fn timed_out(what: &str) -> Error {
 /// tonic directly.
 mod tonic_code {
     pub const CANCELLED: i32 = 1;
+    pub const INVALID_ARGUMENT: i32 = 3;
     pub const DEADLINE_EXCEEDED: i32 = 4;
-    pub const RESOURCE_EXHAUSTED: i32 = 8;
-    pub const ABORTED: i32 = 10;
-    pub const UNAVAILABLE: i32 = 14;
+    pub const NOT_FOUND: i32 = 5;
+    pub const ALREADY_EXISTS: i32 = 6;
     pub const PERMISSION_DENIED: i32 = 7;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const FAILED_PRECONDITION: i32 = 9;
+    pub const ABORTED: i32 = 10;
+    pub const OUT_OF_RANGE: i32 = 11;
+    pub const UNIMPLEMENTED: i32 = 12;
+    pub const UNAVAILABLE: i32 = 14;
+    pub const UNAUTHENTICATED: i32 = 16;
 }

@@ -109,6 +109,32 @@ impl Gates {
     }
 }
 
+impl GatePermit {
+    /// What it takes to try this gate again later, without holding it now.
+    pub(crate) fn reentry(&self) -> Reentry {
+        Reentry {
+            gates: self.gates.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+/// A gate to try again later; see [`GatePermit::reentry`].
+#[derive(Debug)]
+pub(crate) struct Reentry {
+    gates: Arc<Gates>,
+    key: Arc<str>,
+}
+
+impl Reentry {
+    /// Takes the turn if nobody in this client has it.
+    pub(crate) fn try_enter(&self) -> Option<GatePermit> {
+        // The key is `{name prefix}{lease id}`, and the name prefix ends with its `/`.
+        let prefix = self.key.rfind('/').map_or(0, |at| at + 1);
+        self.gates.try_enter(&self.key, &self.key[..prefix])
+    }
+}
+
 /// Counts a task as queued while it waits.
 struct Queued<'a>(&'a Gate);
 

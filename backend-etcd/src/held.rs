@@ -13,7 +13,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::error::{map, timed_out};
-use crate::gate::GatePermit;
+use crate::gate::{GatePermit, Reentry};
 use crate::session::{FixedLeases, Session, Unkept, drift_margin};
 use crate::watches::{Ended, KeyWatch, KeyWatches};
 
@@ -63,8 +63,9 @@ pub(crate) struct Cleanup {
     pub(crate) permit: Option<GatePermit>,
     /// A create that was sent and is still running in its own task: it is never
     /// abandoned, so the clean-up learns from its answer exactly which incarnation of our
-    /// key exists (`Some(revision)`), or that none does (`None`). `Err` means etcd did not
-    /// answer: then the key is deleted by name.
+    /// key exists (`Some(revision)`), or that none does (`None`). `Err` means etcd
+    /// answered with an error whose outcome is unknown: then the key is deleted by name,
+    /// and looked for a while longer in case etcd applies the create late.
     pub(crate) create: Option<InFlightCreate>,
 }
 
@@ -89,8 +90,13 @@ impl Cleanup {
     /// by then the key is deleted by name, and the create's answer is still awaited
     /// while the session lives (holding the gate turn, so this client's next acquire of
     /// the name waits for it) to delete the incarnation it made, which etcd may apply
-    /// after the deletion. A key on a dedicated fixed lease gets one attempt: its lease
-    /// expires anyway.
+    /// after the deletion. A create etcd answered with an error whose outcome is unknown
+    /// (a timeout, a broken connection, a leader change: etcd may still apply it) has
+    /// its key deleted by name, and then, for [`LATE_CREATE_WINDOW`], an incarnation of
+    /// the key that appears on our session lease is deleted too (see
+    /// [`sweep`](Self::sweep)); the gate turn is returned before that.
+    /// A key on a dedicated fixed lease gets one attempt: its lease expires anyway, and a
+    /// create applied after the lease was revoked fails.
     /// A key on the shared session lease would live as long as the session, so attempts
     /// continue (with backoff) until one succeeds or the session is lost; if deleting keeps
     /// failing for three lease periods while the session stays alive, the session is
@@ -102,6 +108,10 @@ impl Cleanup {
         let permit = self.permit.take();
         let runtime = self.runtime.clone();
         runtime.spawn(async move {
+            // A create etcd answered with an error may still be applied: its key is
+            // looked for after the deletion by name. (`Unknown` without a create running:
+            // the caller had the error.)
+            let mut late = self.state == KeyState::Unknown && self.create.is_none();
             // A create still in flight would race a delete by name (etcd may apply it
             // after the delete): wait for its answer and delete exactly what it made.
             let mut create = self.create.take();
@@ -115,8 +125,12 @@ impl Cleanup {
                         self.state = KeyState::Absent;
                         create = None;
                     }
-                    // Ended without an answer: the key is deleted by name.
-                    Ok(_) => create = None,
+                    // An error, whose outcome is unknown: the key is deleted by name, and
+                    // looked for afterwards.
+                    Ok(_) => {
+                        create = None;
+                        late = true;
+                    }
                     // Still running (a partition, or queued behind a slow create in the
                     // batcher's lane): deleted by name now, and by its answer later.
                     Err(_) => {}
@@ -135,13 +149,81 @@ impl Cleanup {
                     },
                     None => None,
                 };
-                if let Some(Ok(Ok(Some(revision)))) = answer {
-                    self.state = KeyState::Created(revision);
-                    self.undo().await;
+                match answer {
+                    Some(Ok(Ok(Some(revision)))) => {
+                        self.state = KeyState::Created(revision);
+                        self.undo().await;
+                    }
+                    Some(Ok(Ok(None))) | None => {}
+                    // Answered with an error at last: it may still be applied.
+                    Some(_) => late = true,
                 }
             }
+            // Our acquires of the name may go on; the sweep enters the gate again only
+            // to delete a key it finds.
+            let reentry = permit.as_ref().map(GatePermit::reentry);
             drop(permit);
+            if late {
+                self.sweep(reentry).await;
+            }
         });
+    }
+
+    /// After the deletion by name of a key whose create etcd answered with an error
+    /// (it may still apply it): for [`LATE_CREATE_WINDOW`], reads the key now and then
+    /// and deletes an incarnation of it on our session lease that appears, which would
+    /// otherwise hold the name for as long as the session lives. A key of a dedicated
+    /// lease needs none of this: the lease is revoked, and a create on it fails.
+    ///
+    /// `reentry` is the gate of a key this client's acquires of the name share: a key
+    /// found while one of them has the turn is that one's (or one it deals with as a
+    /// stale key of ours), and is left alone. Without a gate (a queue key, used once)
+    /// every incarnation found is the late create's.
+    async fn sweep(&mut self, reentry: Option<Reentry>) {
+        let Some(session) = self.session.clone() else {
+            return;
+        };
+        // Done by the first clean-up (or left to expire): only the key is looked for.
+        self.fixed_lease = None;
+        self.moved_maybe.clear();
+        let until = Instant::now() + LATE_CREATE_WINDOW;
+        let mut pause = Duration::from_millis(250);
+        loop {
+            let now = Instant::now();
+            if now >= until || session.is_lost() {
+                return;
+            }
+            tokio::time::sleep(pause.min(until - now)).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+            let mut kv = self.client.kv_client();
+            let options = GetOptions::new().with_keys_only();
+            let read = tokio::time::timeout(self.timeout, kv.get(&*self.key, Some(options))).await;
+            let Some(found) = read
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|read| read.kvs().first().cloned())
+            else {
+                continue;
+            };
+            if found.lease() != session.lease_id() {
+                continue;
+            }
+            let turn = match &reentry {
+                Some(reentry) => match reentry.try_enter() {
+                    Some(turn) => Some(turn),
+                    // One of our acquires has the name: the key is its business.
+                    None => continue,
+                },
+                None => None,
+            };
+            tracing::warn!(key = %self.key, revision = found.create_revision(), "etcd: a create applied after its error was answered left a key; deleting it");
+            self.state = KeyState::Created(found.create_revision());
+            self.undo().await;
+            self.state = KeyState::Absent;
+            drop(turn);
+            // A create lands once.
+            return;
+        }
     }
 
     /// Deletes (or revokes) until done. Each attempt is bounded by the clean-up timeout;
@@ -235,6 +317,13 @@ impl Cleanup {
         Ok(())
     }
 }
+
+/// How long after a create that etcd answered with an error (a request timeout, a
+/// broken connection, a leader change) its clean-up looks for the key that create may
+/// still make. etcd gives up waiting for a proposal after its request timeout (5 s plus
+/// twice the election timeout: 7 s by default), and an entry the old leader replicated
+/// is committed within about an election after that.
+pub(crate) const LATE_CREATE_WINDOW: Duration = Duration::from_secs(10);
 
 /// How long past its wait timeout a waiter that gives up may spend deleting its key
 /// before returning; the rest goes to the background.
@@ -790,5 +879,146 @@ async fn read_incarnation(client: &Client, key: &str, revision: i64) -> Option<i
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use etcd_client::{Client, GetOptions, PutOptions};
+    use tokio::runtime::Handle;
+    use tokio::time::Instant;
+
+    use super::{Cleanup, InFlightCreate, KeyState};
+    use crate::batch::Batcher;
+    use crate::gate::{GatePermit, Gates};
+    use crate::session::Session;
+
+    /// A client, its session, and a key of ours on the session lease.
+    struct Setup {
+        client: Arc<Client>,
+        session: Arc<Session>,
+        gates: Arc<Gates>,
+        names: String,
+        key: Arc<str>,
+    }
+
+    impl Setup {
+        async fn new(test: &str) -> Self {
+            let server = fencelock_testkit::EtcdServer::shared();
+            let client = Arc::new(Client::connect([server.endpoint()], None).await.unwrap());
+            let ttl = Duration::from_secs(10);
+            let session = Session::grant(&client, ttl, &Handle::current(), true)
+                .await
+                .unwrap();
+            let names = format!("held-unit-{test}-{:x}/x/", std::process::id());
+            let key = crate::keys::own_key(&names, session.lease_id()).into();
+            Setup {
+                client,
+                session,
+                gates: Arc::default(),
+                names,
+                key,
+            }
+        }
+
+        fn turn(&self) -> Option<GatePermit> {
+            self.gates.try_enter(&self.key, &self.names)
+        }
+
+        /// The clean-up of an acquire whose create etcd answered with an error.
+        fn cleanup(&self, permit: GatePermit, create: Option<InFlightCreate>) -> Cleanup {
+            Cleanup {
+                client: self.client.clone(),
+                batcher: Arc::new(Batcher::new(self.client.clone(), Handle::current())),
+                runtime: Handle::current(),
+                timeout: Duration::from_secs(1),
+                key: self.key.clone(),
+                state: KeyState::Unknown,
+                session: Some(self.session.clone()),
+                fixed_lease: None,
+                moved_maybe: Vec::new(),
+                permit: Some(permit),
+                create,
+            }
+        }
+
+        /// What a create etcd applies late does: our key, on our session lease.
+        async fn put_key(&self) {
+            let options = PutOptions::new().with_lease(self.session.lease_id());
+            self.client
+                .kv_client()
+                .put(&*self.key, "", Some(options))
+                .await
+                .unwrap();
+        }
+
+        async fn exists(&self) -> bool {
+            let options = GetOptions::new().with_count_only();
+            let read = self.client.kv_client().get(&*self.key, Some(options)).await;
+            read.unwrap().count() > 0
+        }
+
+        async fn gone_within(&self, limit: Duration) -> bool {
+            let deadline = Instant::now() + limit;
+            while self.exists().await {
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            true
+        }
+    }
+
+    /// A create answered with an error after 300 ms (a timeout: etcd may still apply
+    /// it) and applied at 500 ms, after its clean-up deleted the key by name: the key
+    /// is deleted too. It used to stay on the session lease, first under the name, for
+    /// as long as the client lived.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_create_applied_after_its_error_leaves_no_key() {
+        let setup = Setup::new("late").await;
+        let create = tokio::spawn(async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Err(())
+        });
+        setup.cleanup(setup.turn().unwrap(), Some(create)).spawn();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        setup.put_key().await;
+        assert!(
+            setup.gone_within(Duration::from_secs(3)).await,
+            "the late create's key was left"
+        );
+    }
+
+    /// The same when the caller had the error (no create running any more); and a key
+    /// found while one of this client's acquires of the name has the gate turn is that
+    /// acquire's, left alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_key_is_left_to_an_acquire_that_has_the_name() {
+        let setup = Setup::new("turn").await;
+        setup.cleanup(setup.turn().unwrap(), None).spawn();
+        // The clean-up deletes by name, then gives the turn back: an acquire takes it.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let turn = loop {
+            if let Some(turn) = setup.turn() {
+                break turn;
+            }
+            assert!(Instant::now() < deadline, "the turn was never given back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        setup.put_key().await;
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert!(
+            setup.exists().await,
+            "the key of an acquire that had the turn was deleted"
+        );
+        drop(turn);
+        assert!(
+            setup.gone_within(Duration::from_secs(3)).await,
+            "the late create's key was left"
+        );
     }
 }

@@ -543,8 +543,10 @@ impl EtcdLock {
             let response = request.await;
             let made = match &response {
                 Ok(value) => Ok(ours(value)),
-                // Refused by RBAC: nothing was created.
-                Err(e) if crate::error::is_permission_denied(e) => Ok(None),
+                // Refused before anything was applied (RBAC, a lease etcd no longer
+                // knows, ...): nothing was created.
+                Err(e) if !crate::error::outcome_unknown(e) => Ok(None),
+                // etcd may still apply it.
                 Err(_) => Err(()),
             };
             let _ = answer.send(response);
@@ -647,17 +649,17 @@ impl EtcdLock {
     }
 }
 
-/// Maps a create's error; a lease etcd no longer knows means the session is gone, and
-/// nothing was created.
+/// Maps a create's error; a lease etcd no longer knows means the session is gone. A
+/// refusal leaves nothing to clean up; any other error leaves the key's state unknown
+/// (etcd may still apply the create), for the clean-up to deal with.
 fn stale(error: etcd_client::Error, pending: &mut Armed) -> Error {
-    if crate::error::is_permission_denied(&error) {
-        // Refused by RBAC: etcd did nothing, and there is nothing to clean up (a delete
-        // would be refused the same way).
+    if !crate::error::outcome_unknown(&error) {
+        // Refused before anything was applied (RBAC, a lease etcd no longer knows, ...):
+        // there is nothing to clean up (a delete RBAC refused would be refused the same
+        // way).
         pending.get().state = KeyState::Absent;
-        return map(error);
     }
     if crate::error::is_lease_not_found(&error) {
-        pending.get().state = KeyState::Absent;
         if let Some(session) = &pending.get().session {
             session.mark_lost(
                 LossCause::SessionEnded,

@@ -833,3 +833,86 @@ async fn a_dropped_close_still_ends_every_session() {
         next.release().await.unwrap();
     }
 }
+
+/// A combined create of the group commit whose answer is lost after etcd applied it is
+/// answered to each caller as an error whose outcome is unknown (retryable), not sent
+/// again: a create sent again could be answered, and its key released, before etcd
+/// applies a combined create held up in it, which would then make keys nobody holds.
+/// (Sent again here, each found its own key and reported the free name as taken.) The
+/// clean-ups delete the keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_to_a_combined_create_is_an_unknown_outcome() {
+    use etcd_client::GetOptions;
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("combined-create-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        ..EtcdConfig::default()
+    };
+    let locks = std::sync::Arc::new(EtcdLock::connect(config(proxy.addr())).await.unwrap());
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let delay = Duration::from_millis(300);
+    proxy.set(Fault::Delay {
+        min: delay,
+        max: delay,
+    });
+    // The first create goes out alone and occupies the lane for a round trip; the
+    // others queue and go out together as soon as it is answered.
+    let try_lock = |name: &'static str| {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.try_lock(name).await })
+    };
+    let first = try_lock("a");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let names = ["b", "c", "d", "e"];
+    let rest: Vec<_> = names.iter().map(|&name| try_lock(name)).collect();
+    // Once etcd has applied the combined create (all five keys exist), its answer is
+    // in the proxy for a delay: cut it there.
+    let under = format!("{prefix}/");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let made = direct
+            .client()
+            .kv_client()
+            .get(
+                under.as_str(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .unwrap()
+            .count();
+        if made == 5 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the combined create never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.set(Fault::Pass);
+    proxy.reset_connections();
+    let first = first.await.unwrap().unwrap();
+    assert!(first.is_some(), "the lone create was granted");
+    for (name, outcome) in names.iter().zip(rest) {
+        let outcome = outcome.await.unwrap().map(|g| g.is_some());
+        assert!(
+            matches!(&outcome, Err(e) if e.is_retryable()),
+            "{name}: {outcome:?}"
+        );
+    }
+    // Nothing of the combined create is left.
+    for name in names {
+        let next = direct
+            .acquire(
+                name,
+                AcquireOptions::new().wait_timeout(Duration::from_secs(2)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        next.release().await.unwrap();
+    }
+}
