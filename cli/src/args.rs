@@ -175,7 +175,9 @@ URL's backend (mem: tokio Mutex; etcd: create-if-absent txn + delete; ZooKeeper:
 create ephemeral + delete; Redis: SET NX PX + compare-and-delete script), so the
 difference is the library's overhead on this deployment. Each implementation is
 warmed up (--warmup), then measured in --rounds rounds, library and floor
-interleaved; latencies go into an HDR histogram. --hold keeps each lock that long.
+interleaved; latencies go into an HDR histogram. --hold keeps each lock that long;
+--lease sets the library's lease. Handoffs are grants to another client than the
+grant before. A flag the workload would not use is refused (exit 64).
 
 Scale workloads (one client, the library only, checked as they run): waiters
 (--count waiters queued on one name in batches, then served: each exactly once,
@@ -422,34 +424,38 @@ pub struct BenchArgs {
     /// What to measure
     #[arg(long, value_enum)]
     pub workload: Workload,
-    /// Clients (contended) or workers (many-keys)
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub clients: u16,
-    /// How long to measure each implementation (split into --rounds)
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "5s")]
-    pub duration: Duration,
-    /// Unmeasured run of each implementation first
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "1s")]
-    pub warmup: Duration,
+    // The flags one workload uses and another does not are `Option`s without a clap
+    // default, so that one given explicitly to a workload that would ignore it can be
+    // refused (`bench::check_flags`); the accessors below apply the defaults.
+    /// Contended and many-keys: clients or workers [default: 4]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub clients: Option<u16>,
+    /// How long to measure each implementation, split into --rounds [default: 5s]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub duration: Option<Duration>,
+    /// Unmeasured run of each implementation first [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub warmup: Option<Duration>,
     /// Rounds, the library and the floor interleaved (so both see the same machine)
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
-    pub rounds: u16,
-    /// How long each holder keeps the lock (inside the critical section)
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "0")]
-    pub hold: Duration,
+    /// [default: 3]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub rounds: Option<u16>,
+    /// How long each holder keeps the lock (inside the critical section) [default: 0]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub hold: Option<Duration>,
     /// Also run the raw-client floor of the backend
     #[arg(long)]
     pub baseline: bool,
     /// Scale workloads: how many waiters, held locks or cycles
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub count: Option<u64>,
-    /// Scale workloads: the renewing lease of every lock (default: the backend's)
+    /// The renewing lease of every lock the library takes [default: the backend's]
     #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
     pub lease: Option<Duration>,
     /// Waiters workload: queue the --count waiters from this many processes of this
-    /// binary (count/N each), started one after another
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub processes: u16,
+    /// binary (count/N each), started one after another [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub processes: Option<u16>,
     /// Internal: run as child process INDEX of a `--processes` waiters bench
     #[arg(long, hide = true, value_name = "INDEX", requires = "waiters_name")]
     pub waiters_child: Option<u16>,
@@ -462,6 +468,38 @@ pub struct BenchArgs {
     /// No progress lines on stderr
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+impl BenchArgs {
+    /// `--clients`, 4 by default.
+    pub fn clients(&self) -> u16 {
+        self.clients.unwrap_or(4)
+    }
+
+    /// `--duration`, 5 s by default.
+    pub fn duration(&self) -> Duration {
+        self.duration.unwrap_or(Duration::from_secs(5))
+    }
+
+    /// `--warmup`, 1 s by default.
+    pub fn warmup(&self) -> Duration {
+        self.warmup.unwrap_or(Duration::from_secs(1))
+    }
+
+    /// `--rounds`, 3 by default.
+    pub fn rounds(&self) -> u16 {
+        self.rounds.unwrap_or(3)
+    }
+
+    /// `--hold`, none by default.
+    pub fn hold(&self) -> Duration {
+        self.hold.unwrap_or_default()
+    }
+
+    /// `--processes`, 1 by default.
+    pub fn processes(&self) -> u16 {
+        self.processes.unwrap_or(1)
+    }
 }
 
 #[cfg(test)]

@@ -217,23 +217,33 @@ fn every_subcommand_has_help_with_an_example() {
 #[test]
 fn bench_json_has_every_field_for_each_workload() {
     for (workload, clients) in [("uncontended", 1), ("contended", 3), ("many-keys", 3)] {
-        let out = output(fencelock().args([
+        let mut command = fencelock();
+        command.args([
             "bench",
             "--workload",
             workload,
-            "--clients",
-            "3",
             "--duration",
             "300ms",
             "--warmup",
             "100ms",
             "--baseline",
             "--json",
-        ]));
+        ]);
+        if clients > 1 {
+            command.args(["--clients", "3"]);
+        }
+        let out = output(&mut command);
         assert_code(&out, 0);
         let doc = check_bench_json(&stdout(&out), workload, true);
         assert_eq!(doc["clients"], clients);
         assert_eq!(doc["backend"], "mem");
+        assert!(doc["lease_s"].is_null(), "the backend's lease: {doc}");
+        if workload == "contended" {
+            // Three clients on one FIFO lock: the lock changes hands.
+            for run in ["fencelock", "baseline"] {
+                assert!(doc[run]["handoffs"].as_u64().unwrap() > 0, "{doc}");
+            }
+        }
     }
     let out =
         output(fencelock().args(["bench", "--workload", "uncontended", "--duration", "200ms"]));
@@ -509,6 +519,83 @@ fn a_terminal_stop_stops_the_command_too() {
     }
     drop(running);
     assert!(gone_within(pid, Duration::from_secs(5)));
+}
+
+/// A flag the chosen workload would not use is refused, naming the flag and the
+/// workload, before anything runs: the scale workloads have no clients, rounds, warm-up,
+/// duration or hold time; the others run for --duration, not --count, and the
+/// uncontended one has one client.
+#[test]
+fn bench_refuses_a_flag_its_workload_would_not_use() {
+    let quick = ["--duration", "100ms", "--warmup", "0"];
+    for (workload, args, flag) in [
+        (
+            "waiters",
+            &["--count", "10", "--clients", "2"][..],
+            "--clients",
+        ),
+        ("held", &["--count", "10", "--duration", "1s"], "--duration"),
+        ("cycles", &["--count", "10", "--warmup", "0"], "--warmup"),
+        ("cycles", &["--count", "10", "--rounds", "1"], "--rounds"),
+        ("waiters", &["--count", "10", "--hold", "1ms"], "--hold"),
+        ("held", &["--count", "10", "--baseline"], "--baseline"),
+        ("uncontended", &["--count", "10"], "--count"),
+        ("contended", &["--count", "10"], "--count"),
+        ("uncontended", &["--clients", "2"], "--clients"),
+        ("many-keys", &["--processes", "1"], "--processes"),
+        (
+            "contended",
+            &["--waiters-child", "0", "--waiters-name", "x"],
+            "--waiters-child",
+        ),
+    ] {
+        let mut command = fencelock();
+        command
+            .args(["bench", "--quiet", "--workload", workload])
+            .args(args);
+        if !args.contains(&"--count") {
+            command.args(quick);
+        }
+        let out = output(&mut command);
+        assert_code(&out, USAGE);
+        let err = stderr(&out);
+        assert!(
+            err.contains(flag) && err.contains(workload),
+            "{workload} {args:?}: {err}"
+        );
+    }
+}
+
+/// `--lease` reaches the acquires of the uncontended, contended and many-keys workloads
+/// too: reported, and a lease shorter than the backend's shortest is refused.
+#[test]
+fn bench_lease_applies_to_every_workload() {
+    let run = |lease: &str| {
+        output(fencelock().args([
+            "bench",
+            "--workload",
+            "contended",
+            "--clients",
+            "2",
+            "--duration",
+            "100ms",
+            "--warmup",
+            "0",
+            "--rounds",
+            "1",
+            "--lease",
+            lease,
+            "--json",
+            "--quiet",
+        ]))
+    };
+    let out = run("2s");
+    assert_code(&out, 0);
+    let doc = check_bench_json(&stdout(&out), "contended", false);
+    assert_eq!(doc["lease_s"], 2.0, "{doc}");
+    let out = run("1ns");
+    assert_code(&out, USAGE);
+    assert!(stderr(&out).contains("lease"), "{}", stderr(&out));
 }
 
 /// `hold` prints `NAME<TAB>KEY<TAB>TOKEN`: a name may contain spaces (never a tab: no

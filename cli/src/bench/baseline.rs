@@ -23,7 +23,7 @@ use fencelock_zk::ZkConfig;
 use fencelock_zk::zookeeper_client as zk;
 use tokio::time::Instant;
 
-use super::driver::Cycle;
+use super::driver::{Cycle, Granted};
 use crate::exit::{Failure, code, one_line};
 
 /// The sleep between two tries of a contended floor.
@@ -106,11 +106,18 @@ fn mem_locks(name: &str) -> Arc<tokio::sync::Mutex<()>> {
 
 #[async_trait]
 impl Cycle for MemFloor {
-    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
+    async fn cycle(
+        &self,
+        name: &str,
+        deadline: Instant,
+        hold: Duration,
+        granted: Granted<'_>,
+    ) -> Result<bool, Failure> {
         let lock = mem_locks(name);
         let Ok(guard) = tokio::time::timeout_at(deadline, lock.lock_owned()).await else {
             return Ok(false);
         };
+        granted();
         hold_for(hold).await;
         drop(guard);
         Ok(true)
@@ -142,7 +149,13 @@ impl EtcdFloor {
 
 #[async_trait]
 impl Cycle for EtcdFloor {
-    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
+    async fn cycle(
+        &self,
+        name: &str,
+        deadline: Instant,
+        hold: Duration,
+        granted: Granted<'_>,
+    ) -> Result<bool, Failure> {
         let key = format!("{}/{name}", self.prefix);
         let value = format!("{:x}", random_u64());
         let mut kv = self.client.kv_client();
@@ -159,6 +172,7 @@ impl Cycle for EtcdFloor {
             }
             tokio::time::sleep(SPIN).await;
         }
+        granted();
         hold_for(hold).await;
         let release = Txn::new()
             .when([Compare::value(
@@ -208,7 +222,13 @@ impl ZkFloor {
 
 #[async_trait]
 impl Cycle for ZkFloor {
-    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
+    async fn cycle(
+        &self,
+        name: &str,
+        deadline: Instant,
+        hold: Duration,
+        granted: Granted<'_>,
+    ) -> Result<bool, Failure> {
         let path = format!("{}/{}", self.root, name.replace('/', "_"));
         let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
         let fail = |e: zk::Error| unavailable("zookeeper")(one_line(&e));
@@ -223,6 +243,7 @@ impl Cycle for ZkFloor {
             }
             tokio::time::sleep(SPIN).await;
         }
+        granted();
         hold_for(hold).await;
         self.client.delete(&path, None).await.map_err(fail)?;
         Ok(true)
@@ -263,7 +284,13 @@ impl RedisFloor {
 
 #[async_trait]
 impl Cycle for RedisFloor {
-    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
+    async fn cycle(
+        &self,
+        name: &str,
+        deadline: Instant,
+        hold: Duration,
+        granted: Granted<'_>,
+    ) -> Result<bool, Failure> {
         let key = format!("fencelock-bench-raw:{name}");
         let value = format!("{:x}", random_u64());
         let mut connection = self.connection.clone();
@@ -286,6 +313,7 @@ impl Cycle for RedisFloor {
             }
             tokio::time::sleep(SPIN).await;
         }
+        granted();
         hold_for(hold).await;
         let _: i64 = self
             .release
@@ -321,10 +349,20 @@ mod tests {
     async fn mem_floor_excludes_and_times_out() {
         let (floor, _) = connect("mem://").await.unwrap();
         let far = Instant::now() + Duration::from_secs(5);
-        assert!(floor.cycle("floor-a", far, Duration::ZERO).await.unwrap());
+        assert!(
+            floor
+                .cycle("floor-a", far, Duration::ZERO, &|| {})
+                .await
+                .unwrap()
+        );
         let held = mem_locks("floor-b").lock_owned().await;
         let soon = Instant::now() + Duration::from_millis(20);
-        assert!(!floor.cycle("floor-b", soon, Duration::ZERO).await.unwrap());
+        assert!(
+            !floor
+                .cycle("floor-b", soon, Duration::ZERO, &|| {})
+                .await
+                .unwrap()
+        );
         drop(held);
         assert!(connect("redlock://a:1,b:2,c:3").await.is_err());
     }

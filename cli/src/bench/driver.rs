@@ -2,7 +2,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,27 +13,50 @@ use tokio::time::Instant;
 use crate::args::Workload;
 use crate::exit::Failure;
 
+/// Called by [`Cycle::cycle`] once the lock is granted, while it is held: so the calls
+/// of the clients of one name are in grant order.
+pub type Granted<'a> = &'a (dyn Fn() + Send + Sync);
+
 /// One way of taking and releasing a lock: the library or a raw-client floor.
 #[async_trait]
 pub trait Cycle: Send + Sync {
-    /// Acquires `name`, waiting at most until `deadline`, holds it for `hold`, and
-    /// releases it. `Ok(false)` when the deadline came first.
-    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure>;
+    /// Acquires `name`, waiting at most until `deadline`, calls `granted`, holds the
+    /// lock for `hold`, and releases it. `Ok(false)` when the deadline came first.
+    async fn cycle(
+        &self,
+        name: &str,
+        deadline: Instant,
+        hold: Duration,
+        granted: Granted<'_>,
+    ) -> Result<bool, Failure>;
 }
 
-/// The library, through `DistributedLock`.
-pub struct Library(pub Arc<dyn DistributedLock>);
+/// The library, through `DistributedLock`, with these options (`--lease`); the wait is
+/// each cycle's own.
+pub struct Library {
+    /// The client.
+    pub locks: Arc<dyn DistributedLock>,
+    /// The acquire options, but for the wait.
+    pub options: AcquireOptions,
+}
 
 #[async_trait]
 impl Cycle for Library {
-    async fn cycle(&self, name: &str, deadline: Instant, hold: Duration) -> Result<bool, Failure> {
+    async fn cycle(
+        &self,
+        name: &str,
+        deadline: Instant,
+        hold: Duration,
+        granted: Granted<'_>,
+    ) -> Result<bool, Failure> {
         let wait = deadline.saturating_duration_since(Instant::now());
         match self
-            .0
-            .acquire(name, AcquireOptions::new().wait_timeout(wait))
+            .locks
+            .acquire(name, self.options.wait_timeout(wait))
             .await
         {
             Ok(guard) => {
+                granted();
                 if !hold.is_zero() {
                     tokio::time::sleep(hold).await;
                 }
@@ -61,6 +84,9 @@ pub struct Measurement {
     pub latencies: Histogram<u64>,
     /// Completed cycles per client.
     pub per_client: Vec<u64>,
+    /// Contended: grants to another client than the grant before (the lock changing
+    /// hands, not one client taking it again); `None` for other workloads.
+    pub handoffs: Option<u64>,
 }
 
 /// An empty latency histogram: microseconds from 1 µs to an hour, 3 significant digits.
@@ -72,6 +98,12 @@ impl Measurement {
     /// Cycles per second.
     pub fn ops_per_sec(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
+    }
+
+    /// Hand-overs per second (contended only).
+    pub fn handoffs_per_sec(&self) -> Option<f64> {
+        self.handoffs
+            .map(|h| h as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON))
     }
 
     /// The latency at quantile `q` (0..=1; 1 is the maximum); zero without samples.
@@ -93,6 +125,10 @@ impl Measurement {
         for (mine, theirs) in self.per_client.iter_mut().zip(other.per_client) {
             *mine += theirs;
         }
+        self.handoffs = match (self.handoffs, other.handoffs) {
+            (Some(mine), Some(theirs)) => Some(mine + theirs),
+            (mine, theirs) => mine.or(theirs),
+        };
     }
 
     /// Jain's fairness index of the per-client counts: 1 when all clients got the lock
@@ -156,6 +192,10 @@ pub async fn drive(
     let start = Instant::now();
     let deadline = start + duration;
     let total = Arc::new(AtomicU64::new(0));
+    // The client granted last and the hand-overs, counted under the lock (contended:
+    // one name for all clients).
+    let last = Arc::new(AtomicUsize::new(usize::MAX));
+    let handoffs = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = clients
         .iter()
         .enumerate()
@@ -163,11 +203,18 @@ pub async fn drive(
             let client = client.clone();
             let name = lock_name(workload, prefix, i);
             let total = total.clone();
+            let (last, handoffs) = (last.clone(), handoffs.clone());
             tokio::spawn(async move {
+                let granted = move || {
+                    let before = last.swap(i, Ordering::AcqRel);
+                    if before != i && before != usize::MAX {
+                        handoffs.fetch_add(1, Ordering::Relaxed);
+                    }
+                };
                 let mut latencies = new_histogram();
                 while Instant::now() < deadline {
                     let begun = Instant::now();
-                    if !client.cycle(&name, deadline, hold).await? {
+                    if !client.cycle(&name, deadline, hold, &granted).await? {
                         break;
                     }
                     let micros = u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -187,6 +234,7 @@ pub async fn drive(
         elapsed: Duration::ZERO,
         latencies: new_histogram(),
         per_client: Vec::new(),
+        handoffs: None,
     };
     let mut failure = None;
     for task in tasks {
@@ -209,6 +257,9 @@ pub async fn drive(
     }
     measurement.elapsed = start.elapsed();
     measurement.ops = measurement.latencies.len();
+    // On distinct names (uncontended, many-keys) nothing changes hands.
+    measurement.handoffs =
+        (workload == Workload::Contended).then(|| handoffs.load(Ordering::Relaxed));
     Ok(measurement)
 }
 
@@ -268,6 +319,7 @@ mod tests {
             elapsed: Duration::from_secs(2),
             latencies,
             per_client,
+            handoffs: None,
         }
     }
 

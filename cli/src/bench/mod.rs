@@ -9,6 +9,7 @@ mod scale;
 use std::sync::Arc;
 
 use driver::{Cycle, Drive, Library, Measurement, drive};
+use fencelock::AcquireOptions;
 
 use crate::args::{Backend, BenchArgs, Workload};
 use crate::exit::{Failure, code};
@@ -23,14 +24,9 @@ use crate::exit::{Failure, code};
 ///
 /// Dropping it ends the run; guards still held are released in the background.
 pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
+    check_flags(&args)?;
     // bench may keep the in-process default: it measures, it excludes nobody.
     let (target, config) = crate::backend::config(&args.url, true)?;
-    if args.processes > 1 && args.workload != Workload::Waiters {
-        return Err(Failure::usage(
-            "--processes is for --workload waiters (the waiters queued from several \
-             processes)",
-        ));
-    }
     if let (Some(index), Some(name)) = (args.waiters_child, &args.waiters_name) {
         // A child of a `--processes` waiters bench (see `processes`).
         let locks = fencelock::connect_config(&config).await?;
@@ -38,18 +34,9 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         let _ = locks.close().await;
         return done.map(|()| code::OK);
     }
-    if matches!(
-        args.workload,
-        Workload::Waiters | Workload::Held | Workload::Cycles
-    ) {
-        if args.baseline {
-            return Err(Failure::usage(
-                "--baseline is for uncontended, contended and many-keys; the scale \
-                 workloads measure the library alone",
-            ));
-        }
-        if args.processes > 1 {
-            processes::per_process(args.count.unwrap_or(10_000), args.processes)?;
+    if is_scale(args.workload) {
+        if args.processes() > 1 {
+            processes::per_process(args.count.unwrap_or(10_000), args.processes())?;
             if config.scheme() == "mem" {
                 return Err(Failure::usage(
                     "--processes needs a backend processes can share: mem:// locks \
@@ -65,7 +52,7 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
             _ => None,
         };
         let prefix = format!("fencelock-bench/{}-{}", std::process::id(), nanos());
-        let report = if args.processes > 1 {
+        let report = if args.processes() > 1 {
             processes::parent(&args, &target, locks.clone(), &prefix).await
         } else {
             scale::run(&args, locks.clone(), other.clone(), &prefix).await
@@ -84,7 +71,7 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
     }
     let clients = match args.workload {
         Workload::Uncontended => 1,
-        Workload::Contended | Workload::ManyKeys => usize::from(args.clients),
+        Workload::Contended | Workload::ManyKeys => usize::from(args.clients()),
         Workload::Waiters | Workload::Held | Workload::Cycles => 1,
     };
     // Contending clients each get their own connection (as separate processes would);
@@ -108,10 +95,14 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
 
     let mut library: Vec<Arc<dyn Cycle>> = Vec::new();
     let mut backend = "";
+    let options = match args.lease {
+        Some(lease) => AcquireOptions::new().lease(lease),
+        None => AcquireOptions::new(),
+    };
     for _ in 0..connections {
         let locks = fencelock::connect_config(&config).await?;
         backend = locks.backend();
-        library.push(Arc::new(Library(locks)));
+        library.push(Arc::new(Library { locks, options }));
     }
     let library = spread(library, clients);
     let floor = if let Some(url) = &baseline_url {
@@ -129,12 +120,12 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
 
     let run = |duration| Drive {
         duration,
-        hold: args.hold,
+        hold: args.hold(),
         quiet: args.quiet,
     };
     let library_label = format!("fencelock {backend} backend");
     // Warm-up: connections, caches, scripts, JIT of the servers. Not measured.
-    if !args.warmup.is_zero() {
+    if !args.warmup().is_zero() {
         let warm = format!("{prefix}/warmup");
         drive(
             "warm-up",
@@ -142,7 +133,7 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
             args.workload,
             &warm,
             &library,
-            run(args.warmup),
+            run(args.warmup()),
         )
         .await?;
         if let Some((floor, _)) = &floor {
@@ -152,16 +143,16 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
                 args.workload,
                 &warm,
                 floor,
-                run(args.warmup),
+                run(args.warmup()),
             )
             .await?;
         }
     }
     // Rounds, interleaved: a slow moment of a shared machine hits both.
-    let round = args.duration / u32::from(args.rounds);
+    let round = args.duration() / u32::from(args.rounds());
     let mut fencelock: Option<Measurement> = None;
     let mut baseline: Option<Measurement> = None;
-    for _ in 0..args.rounds {
+    for _ in 0..args.rounds() {
         let m = drive(
             "fencelock",
             library_label.clone(),
@@ -202,9 +193,10 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         backend,
         workload: args.workload.as_str(),
         clients,
-        duration: args.duration,
-        rounds: args.rounds,
-        hold: args.hold,
+        duration: args.duration(),
+        rounds: args.rounds(),
+        hold: args.hold(),
+        lease: args.lease,
     };
     if args.json {
         crate::exit::println_out(&report::json(&setup, &fencelock, baseline.as_ref()).to_string())?;
@@ -213,6 +205,97 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         crate::exit::print_out(&report::table(&setup, &rows))?;
     }
     Ok(code::OK)
+}
+
+/// Whether `workload` is one of the scale workloads (`scale`), not one driven for a
+/// duration (`driver`).
+fn is_scale(workload: Workload) -> bool {
+    matches!(
+        workload,
+        Workload::Waiters | Workload::Held | Workload::Cycles
+    )
+}
+
+/// Refuses a flag given to a workload that would not use it: silently ignored, it
+/// would make the report look like it measured what was asked.
+///
+/// # Errors
+///
+/// A usage [`Failure`] naming the first such flag and the workload.
+fn check_flags(args: &BenchArgs) -> Result<(), Failure> {
+    let workload = args.workload;
+    let refuse = |flag: &str, meant_for: &str, why: &str| {
+        Err(Failure::usage(format!(
+            "{flag} is for --workload {meant_for}, not --workload {}: {why}",
+            workload.as_str()
+        )))
+    };
+    const DRIVEN: &str = "uncontended, contended or many-keys";
+    if is_scale(workload) {
+        let timed = "a scale workload runs once, until its --count is done";
+        if args.clients.is_some() {
+            return refuse(
+                "--clients",
+                "contended or many-keys",
+                "a scale workload runs one client (waiters: --processes for more)",
+            );
+        }
+        if args.duration.is_some() {
+            return refuse("--duration", DRIVEN, timed);
+        }
+        if args.warmup.is_some() {
+            return refuse("--warmup", DRIVEN, timed);
+        }
+        if args.rounds.is_some() {
+            return refuse("--rounds", DRIVEN, timed);
+        }
+        if args.hold.is_some() {
+            return refuse(
+                "--hold",
+                DRIVEN,
+                "a scale workload releases each lock at once (held: after 5 lease periods)",
+            );
+        }
+        if args.baseline {
+            return refuse(
+                "--baseline",
+                DRIVEN,
+                "a scale workload measures the library alone",
+            );
+        }
+    } else {
+        if args.count.is_some() {
+            return refuse(
+                "--count",
+                "waiters, held or cycles",
+                "this workload runs for --duration (split into --rounds)",
+            );
+        }
+        if args.clients.is_some() && workload == Workload::Uncontended {
+            return refuse(
+                "--clients",
+                "contended or many-keys",
+                "the uncontended workload runs one client",
+            );
+        }
+    }
+    if workload != Workload::Waiters {
+        if args.processes.is_some() {
+            return refuse(
+                "--processes",
+                "waiters",
+                "the waiters queued from several processes",
+            );
+        }
+        if args.waiters_child.is_some() {
+            return refuse(
+                "--waiters-child",
+                "waiters",
+                "it is internal to --processes",
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `clients` handles over the given connections, round robin.

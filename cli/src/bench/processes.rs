@@ -89,9 +89,9 @@ pub async fn parent(
     locks: Arc<dyn DistributedLock>,
     prefix: &str,
 ) -> Result<Value, Failure> {
-    let processes = usize::from(args.processes);
+    let processes = usize::from(args.processes());
     let total = args.count.unwrap_or(10_000);
-    let per = per_process(total, args.processes)?;
+    let per = per_process(total, args.processes())?;
     let count = usize::try_from(total).unwrap_or(usize::MAX);
     let name = format!("{prefix}/waiters");
     let fifo = locks.capabilities().fifo;
@@ -325,7 +325,7 @@ impl Children {
         };
         self.stdins.push(stdin);
         let (queued, queued_rx) = oneshot::channel();
-        let processes = args.processes;
+        let processes = args.processes();
         self.tasks.spawn(async move {
             let errors = tokio::spawn(async move {
                 let mut text = String::new();

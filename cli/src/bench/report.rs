@@ -22,6 +22,8 @@ pub struct Setup<'a> {
     pub rounds: u16,
     /// Time each holder kept the lock.
     pub hold: Duration,
+    /// The library's lease (`--lease`); `None`: the backend's.
+    pub lease: Option<Duration>,
 }
 
 fn micros(d: Duration) -> f64 {
@@ -41,6 +43,8 @@ pub fn measurement_json(m: &Measurement) -> Value {
         "max_us": micros(m.quantile(1.0)),
         "per_client_ops": m.per_client,
         "fairness": m.fairness(),
+        "handoffs": m.handoffs,
+        "handoffs_per_sec": m.handoffs_per_sec(),
     })
 }
 
@@ -54,6 +58,7 @@ pub fn json(setup: &Setup<'_>, fencelock: &Measurement, baseline: Option<&Measur
         "duration_s": setup.duration.as_secs_f64(),
         "rounds": setup.rounds,
         "hold_s": setup.hold.as_secs_f64(),
+        "lease_s": setup.lease.map(|l| l.as_secs_f64()),
         "fencelock": measurement_json(fencelock),
         "baseline": baseline.map(measurement_json),
     })
@@ -61,8 +66,12 @@ pub fn json(setup: &Setup<'_>, fencelock: &Measurement, baseline: Option<&Measur
 
 /// The whole report as a table.
 pub fn table(setup: &Setup<'_>, rows: &[&Measurement]) -> String {
+    let lease = setup
+        .lease
+        .map_or_else(|| "the backend's".to_owned(), |l| format!("{l:?}"));
     let mut out = format!(
-        "{} on {} ({}), {} client(s), {:?} each in {} interleaved round(s), hold {:?}\n\n",
+        "{} on {} ({}), {} client(s), {:?} each in {} interleaved round(s), hold {:?}, \
+         lease {lease}\n\n",
         setup.workload,
         setup.backend,
         setup.url,
@@ -72,15 +81,19 @@ pub fn table(setup: &Setup<'_>, rows: &[&Measurement]) -> String {
         setup.hold
     );
     out.push_str(&format!(
-        "{:<10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}  {}\n",
-        "impl", "ops", "ops/s", "p50", "p99", "p99.9", "max", "fairness", "what"
+        "{:<10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}  {}\n",
+        "impl", "ops", "ops/s", "handoffs/s", "p50", "p99", "p99.9", "max", "fairness", "what"
     ));
     for m in rows {
+        let handoffs = m
+            .handoffs_per_sec()
+            .map_or_else(|| "-".to_owned(), |h| format!("{h:.0}"));
         out.push_str(&format!(
-            "{:<10} {:>9} {:>10.0} {:>10} {:>10} {:>10} {:>10} {:>9.3}  {}\n",
+            "{:<10} {:>9} {:>10.0} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9.3}  {}\n",
             m.label,
             m.ops,
             m.ops_per_sec(),
+            handoffs,
             format!("{:.2?}", m.quantile(0.5)),
             format!("{:.2?}", m.quantile(0.99)),
             format!("{:.2?}", m.quantile(0.999)),
@@ -115,6 +128,7 @@ mod tests {
             elapsed: Duration::from_secs(1),
             latencies,
             per_client: vec![3],
+            handoffs: None,
         };
         let setup = Setup {
             url: "mem://",
@@ -124,6 +138,7 @@ mod tests {
             duration: Duration::from_secs(1),
             rounds: 3,
             hold: Duration::ZERO,
+            lease: None,
         };
         let doc = json(&setup, &m, None);
         assert_eq!(doc["fencelock"]["p50_us"], 10.0);

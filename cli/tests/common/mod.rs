@@ -218,6 +218,7 @@ pub fn check_bench_json(text: &str, workload: &str, baseline: bool) -> serde_jso
         "duration_s",
         "rounds",
         "hold_s",
+        "lease_s",
         "fencelock",
         "baseline",
     ] {
@@ -246,6 +247,15 @@ pub fn check_bench_json(text: &str, workload: &str, baseline: bool) -> serde_jso
             assert!(run.get(field).is_some(), "missing {field}: {run}");
         }
         assert!(run["ops"].as_u64().unwrap() > 0, "{run}");
+        // Grants to another client than the one before: contended only.
+        if workload == "contended" {
+            let handoffs = run["handoffs"].as_u64().expect("handoffs");
+            assert!(handoffs < run["ops"].as_u64().unwrap(), "{run}");
+            assert!(run["handoffs_per_sec"].as_f64().is_some(), "{run}");
+        } else {
+            assert!(run["handoffs"].is_null(), "{run}");
+            assert!(run["handoffs_per_sec"].is_null(), "{run}");
+        }
         assert!(run["p99_us"].as_f64().unwrap() >= run["p50_us"].as_f64().unwrap());
         assert_eq!(
             run["per_client_ops"].as_array().unwrap().len() as u64,
