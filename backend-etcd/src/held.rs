@@ -180,7 +180,9 @@ impl Cleanup {
     /// stale key of ours), and is left alone. Without a gate (a queue key, used once)
     /// every incarnation found is the late create's.
     async fn sweep(&mut self, reentry: Option<Reentry>) {
-        let Some(session) = self.session.clone() else {
+        // Held weakly: a client dropped meanwhile lets its session (and the key on its
+        // lease) end, as it would without a sweep.
+        let Some(session) = self.session.take().as_ref().map(Arc::downgrade) else {
             return;
         };
         // Done by the first clean-up (or left to expire): only the key is looked for.
@@ -190,9 +192,11 @@ impl Cleanup {
         let mut pause = Duration::from_millis(250);
         loop {
             let now = Instant::now();
-            if now >= until || session.is_lost() {
+            let live = session.upgrade().filter(|s| !s.is_lost());
+            if now >= until || live.is_none() {
                 return;
             }
+            drop(live);
             tokio::time::sleep(pause.min(until - now)).await;
             pause = (pause * 2).min(Duration::from_secs(2));
             let mut kv = self.client.kv_client();
@@ -205,7 +209,10 @@ impl Cleanup {
             else {
                 continue;
             };
-            if found.lease() != session.lease_id() {
+            let Some(live) = session.upgrade() else {
+                return;
+            };
+            if found.lease() != live.lease_id() {
                 continue;
             }
             let turn = match &reentry {
@@ -217,6 +224,7 @@ impl Cleanup {
                 None => None,
             };
             tracing::warn!(key = %self.key, revision = found.create_revision(), "etcd: a create applied after its error was answered left a key; deleting it");
+            self.session = Some(live);
             self.state = KeyState::Created(found.create_revision());
             self.undo().await;
             self.state = KeyState::Absent;
