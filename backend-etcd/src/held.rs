@@ -572,6 +572,12 @@ impl HeldLock for EtcdHeld {
         }
     }
 
+    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
+        self.can_extend()?;
+        fencelock_core::validate_lease(lease, crate::config::MIN_LEASE)?;
+        crate::config::lease_seconds(lease).map(drop)
+    }
+
     /// An etcd lease's TTL cannot be changed, so the key moves onto a fresh lease of the
     /// new length (a put that keeps the create revision, so the token stays, checked
     /// against our incarnation and the lease it is on) and the old lease is revoked. The
@@ -581,11 +587,10 @@ impl HeldLock for EtcdHeld {
     /// it on.
     #[tracing::instrument(name = "fencelock.etcd.extend", level = "debug", skip_all, fields(lock = %self.name))]
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
-        self.can_extend()?;
+        self.check_extension(lease)?;
         let (Some(fixed), Some(turns)) = (self.fixed.clone(), self.extending.clone()) else {
             return Err(Error::not_a_fixed_lease());
         };
-        fencelock_core::validate_lease(lease, crate::config::MIN_LEASE)?;
         let seconds = crate::config::lease_seconds(lease)?;
         // Waited for before anything is read or sent: a call dropped here did nothing.
         let turn = turns.lock_owned().await;

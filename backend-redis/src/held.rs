@@ -86,12 +86,16 @@ impl HeldLock for RedisHeld {
         }
     }
 
+    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
+        self.can_extend()?;
+        fencelock_core::validate_lease(lease, crate::lock::MIN_LEASE)
+    }
+
     /// Moves the key's expiry on every node (a quorum for Redlock) with the renewal
     /// script: one script per node, so a dropped call extended on some nodes or none.
     #[tracing::instrument(name = "fencelock.redis.extend", level = "debug", skip_all, fields(lock = %self.name))]
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
-        self.can_extend()?;
-        fencelock_core::validate_lease(lease, crate::lock::MIN_LEASE)?;
+        self.check_extension(lease)?;
         if self.released.load(Ordering::Acquire) {
             return Err(Error::lost(&self.name, "the lock was released"));
         }

@@ -293,16 +293,20 @@ impl HeldLock for ZkHeld {
         }
     }
 
+    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
+        self.can_extend()?;
+        // As `acquire` checks it, before anything is sent.
+        fencelock_core::validate_lease(lease, self.node().session.min_lease())
+    }
+
     /// A fixed lease on ZooKeeper is this client's own cap on a node of its session: the
     /// extension checks that the node is still there and moves the cap to `lease` after
     /// that check was sent. The session's own deadline still applies. A lease shorter
     /// than the client's `min_lease` is [`Error::InvalidConfig`], with nothing sent.
     #[tracing::instrument(name = "fencelock.zookeeper.extend", level = "debug", skip_all, fields(lock = %self.name))]
     async fn extend(&self, lease: Duration) -> Result<tokio::time::Instant, Error> {
-        self.can_extend()?;
+        self.check_extension(lease)?;
         let session = &self.node().session;
-        // As `acquire` checks it, before anything is sent.
-        fencelock_core::validate_lease(lease, session.min_lease())?;
         let sent = tokio::time::Instant::now();
         let checked = tokio::time::timeout(
             session.timeout(),

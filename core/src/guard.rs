@@ -88,6 +88,21 @@ pub trait HeldLock: Send + Sync + fmt::Debug + 'static {
             operation: "extending a fixed lease",
         })
     }
+
+    /// Whether [`extend`](Self::extend) may be asked to extend by `lease`, without I/O:
+    /// [`can_extend`](Self::can_extend) (the default), and `lease` within the backend's
+    /// own range ([`Error::InvalidConfig`]: shorter than its minimum, not in its
+    /// granularity). [`LockGuard::extend`] asks this before anything else, also when the
+    /// lease would not move the deadline, so a lease the backend refuses is refused
+    /// whatever is left of the current one.
+    ///
+    /// # Errors
+    ///
+    /// As said above.
+    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
+        let _ = lease;
+        self.can_extend()
+    }
 }
 
 /// Ownership of a lock, with its fencing token.
@@ -295,7 +310,7 @@ impl LockGuard {
         }
         crate::validate_lease(lease, Duration::ZERO)?;
         self.held
-            .can_extend()
+            .check_extension(lease)
             .map_err(|error| self.own_unsupported(error))?;
         // Never shorter: the server's lease must end no earlier than the deadline the
         // guard already promises. Extending only past it keeps that true on every

@@ -230,6 +230,13 @@ pub async fn fixed_leases_can_be_extended(a: &dyn DistributedLock, b: &dyn Distr
         guard.valid_until() >= extended,
         "a shorter extension moved valid_until back"
     );
+    // Shorter than the backend's minimum: refused as the acquire would refuse it, also
+    // where it would move nothing.
+    let below = a.capabilities().min_lease / 2;
+    assert!(
+        matches!(guard.extend(below).await, Err(Error::InvalidConfig(_))),
+        "extending by {below:?}, under the backend's minimum lease, must be InvalidConfig"
+    );
 
     // Past the first deadline the guard still holds, and the other client is refused.
     tokio::time::sleep_until(first_deadline + SLACK).await;

@@ -647,6 +647,10 @@ impl HeldLock for MeteredHeld {
         self.held.can_extend()
     }
 
+    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
+        self.held.check_extension(lease)
+    }
+
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
         // The inner guard shares this liveness: the outer guard moves it.
         self.held.extend(lease).await

@@ -122,6 +122,12 @@ impl HeldLock for MigrationHeld {
             .try_for_each(|(_, held)| held.can_extend())
     }
 
+    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
+        self.helds
+            .iter()
+            .try_for_each(|(_, held)| held.check_extension(lease))
+    }
+
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
         let mut valid_until: Option<Instant> = None;
         for ((role, held), leg) in self.helds.iter().zip(&self.legs) {
