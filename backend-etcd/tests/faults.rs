@@ -5,7 +5,7 @@
 //! test does nothing unless `FENCELOCK_ETCD_HOLDER` is set.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +26,23 @@ fn config(endpoints: Vec<String>, prefix: &str) -> EtcdConfig {
         prefix: prefix.to_owned(),
         lease: LEASE,
         ..EtcdConfig::default()
+    }
+}
+
+/// The holder child, resumed and killed when dropped: a test that fails while the child
+/// is SIGSTOPped must not leave it stopped for ever.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // Not once it has been waited for: its pid may belong to another process by now.
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
@@ -78,16 +95,18 @@ async fn holder_child() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_holder_is_fenced_and_told() {
     let server = EtcdServer::shared();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "holder_child", "--nocapture", "--test-threads=1"])
-        .env(HOLDER, server.endpoint())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = ChildGuard(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "holder_child", "--nocapture", "--test-threads=1"])
+            .env(HOLDER, server.endpoint())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let (lines_tx, lines) = std::sync::mpsc::channel::<(Instant, String)>();
-    let stdout = child.stdout.take().unwrap();
+    let stdout = child.0.stdout.take().unwrap();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             // libtest may print "running 1 test" and "test holder_child ... " around ours.
@@ -106,7 +125,7 @@ async fn frozen_holder_is_fenced_and_told() {
     let (_, zombie_token) = next_line("token ");
     let zombie_token = FencingToken::new(zombie_token.parse().unwrap());
 
-    let pid = child.id().to_string();
+    let pid = child.0.id().to_string();
     assert!(
         Command::new("kill")
             .args(["-STOP", &pid])
@@ -140,12 +159,12 @@ async fn frozen_holder_is_fenced_and_told() {
         "loss reported {:?} after SIGCONT",
         lost_at.duration_since(resumed_at)
     );
-    writeln!(child.stdin.as_mut().unwrap(), "write").unwrap();
+    writeln!(child.0.stdin.as_mut().unwrap(), "write").unwrap();
     let (_, outcome) = next_line("write ");
     assert_eq!(outcome, "rejected", "the zombie's write must be fenced off");
     next.release().await.unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
 }
 
 /// Tokens are etcd revisions, which survive a restart: every token after it is larger

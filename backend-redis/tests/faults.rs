@@ -6,7 +6,7 @@
 //! test, which does nothing unless `FENCELOCK_HOLDER_URL` is set).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,23 @@ async fn holder_child() {
     }
 }
 
+/// The holder child, resumed and killed when dropped: a test that fails while the child
+/// is SIGSTOPped must not leave it stopped for ever.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // Not once it has been waited for: its pid may belong to another process by now.
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
         .args([sig, &pid.to_string()])
@@ -63,20 +80,22 @@ fn signal(pid: u32, sig: &str) {
 async fn frozen_holder_is_fenced_and_told() {
     let server = RedisServer::start();
     let url = format!("{}?prefix=f3:", server.url());
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "holder_child", "--nocapture", "--test-threads=1"])
-        .env(HOLDER_URL, &url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let mut child = ChildGuard(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "holder_child", "--nocapture", "--test-threads=1"])
+            .env(HOLDER_URL, &url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
     let register = Arc::new(FencedRegister::new(0u64));
     let events = Arc::new(Mutex::new(Vec::<(Instant, String)>::new()));
     let (token_tx, token_rx) = std::sync::mpsc::channel();
     let reader = {
         let (register, events) = (register.clone(), events.clone());
-        let stdout = child.stdout.take().unwrap();
+        let stdout = child.0.stdout.take().unwrap();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let now = Instant::now();
@@ -128,8 +147,8 @@ async fn frozen_holder_is_fenced_and_told() {
     signal(pid, "-CONT");
     let resumed = Instant::now();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = child.0.kill();
+    let _ = child.0.wait();
     reader.join().unwrap();
 
     let events = events.lock().unwrap().clone();
