@@ -18,7 +18,20 @@ async fn etcds_without_a_ca_trusts_the_system_roots() {
     // Before the test CA is a system root, the server's certificate is not trusted.
     // SAFETY (of the test): this binary has one test; nothing else reads the environment.
     unsafe { std::env::set_var("SSL_CERT_FILE", "/nonexistent/fencelock-no-roots.pem") };
-    assert!(fencelock_etcd::connect(&url).await.is_err());
+    let refused = fencelock_etcd::connect(&url)
+        .await
+        .expect_err("connected with no root to trust the server's certificate by");
+    // Not just any failure (a refused connection, a timeout): the certificate's.
+    let chain: Vec<String> =
+        std::iter::successors(Some(&refused as &dyn std::error::Error), |e| e.source())
+            .map(ToString::to_string)
+            .collect();
+    assert!(
+        chain
+            .iter()
+            .any(|e| e.contains("invalid peer certificate") && e.contains("UnknownIssuer")),
+        "not the server's certificate refused as of an unknown issuer: {chain:?}"
+    );
 
     unsafe { std::env::set_var("SSL_CERT_FILE", certs.ca()) };
     let locks = fencelock_etcd::connect(&url)
