@@ -73,15 +73,28 @@ async fn futures_join(n: usize, prefix: &str) -> Vec<EtcdLock> {
     clients
 }
 
+/// Waiters of another client than the holder's that stop waiting leave no key behind:
+/// neither those whose wait times out nor those whose acquire is dropped mid-flight (at
+/// any point of their I/O); only the holder's key remains, and the lock is free once it
+/// is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waiters_of_other_clients_leave_no_key() {
     let clients = futures_join(2, "cancel").await;
     let holder = clients[0].lock("job").await.unwrap();
     for i in 0..60u64 {
-        let opts = AcquireOptions::new().wait_timeout(Duration::from_millis(i % 20));
-        let _ = clients[1].acquire("job", opts).await;
+        let wait = Duration::from_millis(i % 20);
+        let opts = AcquireOptions::new().wait_timeout(wait);
+        let timed_out = clients[1].acquire("job", opts).await;
+        assert!(
+            matches!(timed_out, Err(Error::Timeout { .. })),
+            "waiting {wait:?} for a held lock: {timed_out:?}"
+        );
         if i % 3 == 0 {
-            drop(clients[1].lock("job"));
+            // Polled for a few milliseconds (its key is being created, or is there), then
+            // dropped.
+            let cut = Duration::from_millis(1 + i % 7);
+            let dropped = tokio::time::timeout(cut, clients[1].lock("job")).await;
+            assert!(dropped.is_err(), "a held lock's acquire ended: {dropped:?}");
         }
     }
     // Clean-ups run in the background; they are prompt.
