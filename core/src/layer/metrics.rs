@@ -237,7 +237,8 @@ impl Metrics {
     /// Wraps `inner`, and describes the metrics to the installed recorder.
     ///
     /// Made inside a Tokio runtime, the losses of held guards are watched on it,
-    /// whichever runtime acquired them; made outside one, on each acquire's.
+    /// whichever runtime acquired them; made outside one, or once that runtime has
+    /// ended, on each acquire's.
     pub fn new(inner: Arc<dyn DistributedLock>, options: MetricsOptions) -> Self {
         describe();
         Metrics {
@@ -532,20 +533,17 @@ impl HoldRecord {
     /// Outside any runtime nothing watches: the loss is counted when the guard is
     /// released or dropped.
     fn watch(self: &Arc<Self>, runtime: Option<&tokio::runtime::Handle>, liveness: Liveness) {
-        let Some(runtime) = runtime
-            .cloned()
-            .or_else(|| tokio::runtime::Handle::try_current().ok())
-        else {
-            return;
-        };
         let record = self.clone();
-        runtime.spawn(async move {
-            tokio::select! {
-                biased;
-                _ = liveness.ended() => {}
-                _ = liveness.lost() => {
-                    if !record.releasing.load(Ordering::SeqCst) {
-                        record.lost_by(&liveness);
+        crate::layer::spawn_kept(runtime, || {
+            let (record, liveness) = (record.clone(), liveness.clone());
+            async move {
+                tokio::select! {
+                    biased;
+                    _ = liveness.ended() => {}
+                    _ = liveness.lost() => {
+                        if !record.releasing.load(Ordering::SeqCst) {
+                            record.lost_by(&liveness);
+                        }
                     }
                 }
             }
@@ -834,6 +832,37 @@ mod tests {
         main.block_on(async {
             tokio::time::sleep(Duration::from_millis(600)).await;
             let lost = [labels[0], labels[1], "cause=lease_expired"];
+            assert_eq!(
+                count(LOCK_LOST_TOTAL, &lost),
+                1.0,
+                "not counted while the guard lives"
+            );
+            drop(guard);
+        });
+    }
+
+    /// A metrics layer made on a runtime that has ended since still counts a loss when
+    /// it happens: the watch falls back to the acquire's runtime.
+    #[test]
+    fn a_loss_is_counted_by_a_layer_made_on_a_runtime_that_ended() {
+        let (_memory, locks) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async { metered(MetricsOptions::new().with_name_label()) });
+        let main = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        main.block_on(async {
+            let opts = AcquireOptions::new().fixed_lease(Duration::from_millis(200));
+            let guard = locks.acquire("m-made-elsewhere", opts).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let lost = [
+                "backend=mem",
+                "name=m-made-elsewhere",
+                "cause=lease_expired",
+            ];
             assert_eq!(
                 count(LOCK_LOST_TOTAL, &lost),
                 1.0,

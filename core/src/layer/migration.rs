@@ -198,7 +198,7 @@ impl MigrationLock {
     ///
     /// Made inside a Tokio runtime, a two-leg guard follows its legs on that runtime,
     /// whichever runtime acquired it (as the legs' own clients renew on theirs); made
-    /// outside one, on the runtime of each acquire.
+    /// outside one, or once that runtime has ended, on the runtime of each acquire.
     ///
     /// # Errors
     ///

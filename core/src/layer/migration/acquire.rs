@@ -193,25 +193,12 @@ async fn combine(
     ((first, first_guard), (second, second_guard)): ((&Leg, LockGuard), (&Leg, LockGuard)),
     runtime: Option<&tokio::runtime::Handle>,
 ) -> Result<LockGuard, Error> {
-    let token = era_token(first.epoch, first_guard.token());
-    // The lock's own runtime (see `MigrationLock::runtime`), else this call's.
-    let runtime = runtime
-        .cloned()
-        .ok_or(())
-        .or_else(|()| tokio::runtime::Handle::try_current());
-    let (token, runtime) = match (token, runtime) {
-        (Ok(token), Ok(runtime)) => (token, runtime),
-        (Err(error), _) => {
+    let token = match era_token(first.epoch, first_guard.token()) {
+        Ok(token) => token,
+        Err(error) => {
             release_quietly(second_guard).await;
             release_quietly(first_guard).await;
             return Err(error);
-        }
-        (Ok(_), Err(_)) => {
-            release_quietly(second_guard).await;
-            release_quietly(first_guard).await;
-            return Err(Error::InvalidConfig(
-                "the migration layer needs a Tokio runtime".into(),
-            ));
         }
     };
     let legs = [
@@ -219,7 +206,15 @@ async fn combine(
         (second.role, second_guard.liveness().clone()),
     ];
     let outer = Liveness::new(legs[0].1.valid_until().min(legs[1].1.valid_until()));
-    runtime.spawn(follow_legs(outer.clone(), legs));
+    // On the lock's own runtime (see `MigrationLock::runtime`), else this call's.
+    let follower = crate::layer::spawn_kept(runtime, || follow_legs(outer.clone(), legs.clone()));
+    if follower.is_none() {
+        release_quietly(second_guard).await;
+        release_quietly(first_guard).await;
+        return Err(Error::InvalidConfig(
+            "the migration layer needs a Tokio runtime".into(),
+        ));
+    }
     let held = MigrationHeld::new(
         name,
         vec![(first.role, first_guard), (second.role, second_guard)],

@@ -548,3 +548,37 @@ fn an_endless_second_leg_wait_is_refused() {
             .is_ok()
     );
 }
+
+/// A migration lock made on a runtime that has ended since (built in a temporary
+/// `block_on`) still follows its legs: the follower falls back to the acquire's runtime
+/// instead of being dropped by the dead one, so the guard is not reported lost while
+/// both legs renew.
+#[test]
+fn a_lock_made_on_a_runtime_that_ended_still_follows_its_legs() {
+    let locks = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            MigrationLock::new(
+                MigrationPhase::LegacyFirst,
+                Some(Arc::new(MemoryLock::new())),
+                Some(Arc::new(MemoryLock::new())),
+            )
+            .unwrap()
+        });
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    main.block_on(async {
+        let lease = Duration::from_millis(300);
+        let guard = locks
+            .acquire("made-elsewhere", AcquireOptions::new().lease(lease))
+            .await
+            .unwrap();
+        tokio::time::sleep(lease * 4).await;
+        assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+        guard.release().await.unwrap();
+    });
+}
