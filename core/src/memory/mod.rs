@@ -266,7 +266,7 @@ fn check_options(options: AcquireOptions) -> Result<(), Error> {
 /// What needs a Tokio runtime and was asked for outside one.
 fn needs_a_runtime(what: &str) -> Error {
     Error::InvalidConfig(format!(
-        "{what} needs a Tokio runtime (the mem:// backend renews and observes on one);          call it from within one, or use a fixed lease"
+        "{what} needs a Tokio runtime (the mem:// backend renews and observes on one); call it from within one, or use a fixed lease"
     ))
 }
 
