@@ -669,14 +669,22 @@ impl HeldLock for EtcdHeld {
                     )]);
                 let answer = tokio::time::timeout(timeout, client.kv_client().txn(txn)).await;
                 // `None`: etcd refused the move (our incarnation is not on `from`).
-                let error = match answer {
+                // `unknown`: etcd may still apply it (a timeout, a broken connection),
+                // whatever a read finds now.
+                let (error, unknown) = match answer {
                     Ok(Ok(response)) if response.succeeded() => break true,
-                    Ok(Ok(_)) => None,
-                    Ok(Err(error)) => Some(map(error)),
-                    Err(_) => Some(timed_out("moving the key onto the extended lease")),
+                    Ok(Ok(_)) => (None, false),
+                    Ok(Err(error)) => {
+                        let unknown = crate::error::outcome_unknown(&error);
+                        (Some(map(error)), unknown)
+                    }
+                    Err(_) => (
+                        Some(timed_out("moving the key onto the extended lease")),
+                        true,
+                    ),
                 };
                 if let Some(error) = &error {
-                    tracing::debug!(%key, %error, "etcd extend: the move's answer was lost");
+                    tracing::debug!(%key, %error, unknown, "etcd extend: the move was not confirmed");
                 }
                 // Which lease is our incarnation on now (`None`: gone or replaced)?
                 let mut kv = client.kv_client();
@@ -696,18 +704,9 @@ impl HeldLock for EtcdHeld {
                     // Refused, and where the key is now is unknown: not a loss.
                     (_, None) => return Err(not_confirmed()),
                     (_, Some(error)) => {
-                        // Still unknown: the key may live on `new`, which only this
-                        // call knows. The clean-up (release, drop, loss) deletes the
-                        // key itself then, not only the old lease, and revokes `new`;
-                        // so does the next extend that moves the key.
-                        if let Some(c) = shared
-                            .cleanup
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .as_mut()
-                        {
-                            c.moved_maybe.push(new);
-                            unkept.keep();
+                        // Still unknown: the key may live on `new`.
+                        if unknown {
+                            keep_unconfirmed(&shared, &mut unkept, new);
                         }
                         return Err(error);
                     }
@@ -715,7 +714,15 @@ impl HeldLock for EtcdHeld {
                 tries -= 1;
                 match on {
                     (Some(lease), _) if lease == new => break true,
-                    // Not moved: the guard keeps its lease and deadline; `new` is revoked.
+                    // Not moved yet, but etcd may still apply the move (its request may
+                    // be on its way, or in etcd's log): the key may come to live on
+                    // `new`, which is kept. The guard keeps its deadline.
+                    (Some(lease), Some(error)) if lease == from && unknown => {
+                        keep_unconfirmed(&shared, &mut unkept, new);
+                        return Err(error);
+                    }
+                    // Not moved, and never will be: the guard keeps its lease and
+                    // deadline; `new` is revoked.
                     (Some(lease), Some(error)) if lease == from => return Err(error),
                     (Some(lease), None) if lease == from => return Err(not_confirmed()),
                     // An earlier extend's unconfirmed move did land: move it from there.
@@ -778,6 +785,24 @@ impl HeldLock for EtcdHeld {
                 "the extend task failed",
             )),
         }
+    }
+}
+
+/// Keeps `new`, onto which a move of the key was sent whose outcome is unknown: the key
+/// may live on it (now, or once etcd applies the move), and only this extend knows it.
+/// The clean-up (release, drop, loss) then deletes the key itself, not only by revoking
+/// the fixed lease, and revokes `new`; so does the next extend that moves the key. With
+/// the clean-up already taken (a release or a loss meanwhile) `new` is revoked at once:
+/// that deletes the key if the move lands first, and makes the move fail after it.
+fn keep_unconfirmed(shared: &Shared, unkept: &mut Unkept, new: i64) {
+    if let Some(c) = shared
+        .cleanup
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_mut()
+    {
+        c.moved_maybe.push(new);
+        unkept.keep();
     }
 }
 

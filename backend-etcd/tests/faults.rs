@@ -935,3 +935,136 @@ async fn a_lost_answer_to_a_combined_create_is_an_unknown_outcome() {
         next.release().await.unwrap();
     }
 }
+
+/// A move of the key onto an extension's lease whose outcome is unknown (its connection
+/// broke with the request on its way) while a read still finds the key on the old lease
+/// keeps that lease: etcd may still apply the move. The move is held in a partition,
+/// its connection reset (it never arrives here), and its late application is played by
+/// a direct client. The extension's lease used to be revoked at once, so a move applied
+/// late left the key on a revoked lease: deleted, and the held lock lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_outcome_is_unknown_keeps_its_lease() {
+    use etcd_client::{Compare, CompareOp, PutOptions};
+    use fencelock_testkit::{Fault, FaultProxy};
+    /// The client's own runtime, one worker: held up (blocked) while the grant's answer
+    /// waits in its socket, so that the move it sends then meets the partition.
+    struct Paused(Option<tokio::runtime::Runtime>);
+    impl Drop for Paused {
+        fn drop(&mut self) {
+            if let Some(runtime) = self.0.take() {
+                runtime.shutdown_background();
+            }
+        }
+    }
+    let paused = Paused(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap(),
+    ));
+    let runtime = paused.0.as_ref().unwrap().handle().clone();
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("unknown-move-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        cleanup_timeout: Duration::from_secs(1),
+        ..EtcdConfig::default()
+    };
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let connecting = config(proxy.addr());
+    let (locks, guard) = runtime
+        .spawn(async move {
+            let locks = EtcdLock::connect(connecting).await.unwrap();
+            let options = AcquireOptions::new()
+                .fixed_lease(Duration::from_secs(5))
+                .no_wait();
+            let guard = locks.acquire("x", options).await.unwrap();
+            (locks, std::sync::Arc::new(guard))
+        })
+        .await
+        .unwrap();
+    let valid_until = guard.valid_until();
+    // The guard's key watch starts (50 ms on) before the faults: nothing else is sent.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A TTL nothing else here uses.
+    let ttl = 71;
+    // The grant goes through at once and is answered 300 ms later, while the client is
+    // held up; the partition is set before the client reads the answer and sends the
+    // move.
+    proxy.set(Fault::DelayReplies(Duration::from_millis(300)));
+    let extend = {
+        let guard = guard.clone();
+        runtime.spawn(async move { guard.extend(Duration::from_secs(ttl as u64)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    runtime.spawn(async { std::thread::sleep(Duration::from_millis(400)) });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    proxy.set(Fault::Blackhole);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!extend.is_finished(), "the move was meant to be held");
+    proxy.reset_connections();
+    proxy.set(Fault::Pass);
+    let extended = extend.await.unwrap();
+    // The grant was answered; the move was not.
+    assert!(
+        extended
+            .as_ref()
+            .is_err_and(|e| !e.to_string().contains("granting")),
+        "{extended:?}"
+    );
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    assert_eq!(
+        guard.valid_until(),
+        valid_until,
+        "an unconfirmed move set a deadline"
+    );
+    // etcd applies the move late: the key onto the extension's lease.
+    let new = leases_granted_for(direct.client(), ttl).await;
+    assert_eq!(
+        new.len(),
+        1,
+        "the extension's lease was revoked: {extended:?}"
+    );
+    let key = guard.backend_key().unwrap().to_owned();
+    let revision = guard.token().get() as i64;
+    let late = Txn::new()
+        .when([Compare::create_revision(
+            key.as_str(),
+            CompareOp::Equal,
+            revision,
+        )])
+        .and_then([TxnOp::put(
+            key.as_str(),
+            "",
+            Some(PutOptions::new().with_lease(new[0]).with_ignore_value()),
+        )]);
+    let applied = direct.client().kv_client().txn(late).await;
+    assert!(
+        applied.as_ref().is_ok_and(|a| a.succeeded()),
+        "the late move failed: {applied:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    assert!(
+        still_held(&direct, &guard).await,
+        "the held key was deleted"
+    );
+    let guard = std::sync::Arc::try_unwrap(guard).ok().unwrap();
+    guard.release().await.unwrap();
+    drop(locks);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let left = leases_granted_for(direct.client(), ttl).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the extension's lease was left: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
