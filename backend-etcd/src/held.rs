@@ -92,7 +92,7 @@ impl Cleanup {
     /// the name waits for it) to delete the incarnation it made, which etcd may apply
     /// after the deletion. A create etcd answered with an error whose outcome is unknown
     /// (a timeout, a broken connection, a leader change: etcd may still apply it) has
-    /// its key deleted by name, and then, for [`LATE_CREATE_WINDOW`], an incarnation of
+    /// its key deleted by name, and then, for [`LATE_CREATE_WINDOW`], each incarnation of
     /// the key that appears on our session lease is deleted too (see
     /// [`sweep`](Self::sweep)); the gate turn is returned before that.
     /// A key on a dedicated fixed lease gets one attempt: its lease expires anyway, and a
@@ -171,8 +171,9 @@ impl Cleanup {
 
     /// After the deletion by name of a key whose create etcd answered with an error
     /// (it may still apply it): for [`LATE_CREATE_WINDOW`], reads the key now and then
-    /// and deletes an incarnation of it on our session lease that appears, which would
-    /// otherwise hold the name for as long as the session lives. A key of a dedicated
+    /// and deletes each incarnation of it on our session lease that appears, which would
+    /// otherwise hold the name for as long as the session lives (more than one may: two
+    /// clean-ups of the key, each with a create etcd may still apply, each sweep). A key of a dedicated
     /// lease needs none of this: the lease is revoked, and a create on it fails.
     ///
     /// `reentry` is the gate of a key this client's acquires of the name share: a key
@@ -228,9 +229,12 @@ impl Cleanup {
             self.state = KeyState::Created(found.create_revision());
             self.undo().await;
             self.state = KeyState::Absent;
+            // Held weakly again while looking on.
+            self.session = None;
             drop(turn);
-            // A create lands once.
-            return;
+            // Looked for until the window ends: this create's key may have been an
+            // earlier clean-up's of the same key (each runs a sweep), deleted here; this
+            // clean-up's own create may still land.
         }
     }
 
@@ -1057,6 +1061,27 @@ mod tests {
         assert!(
             setup.gone_within(Duration::from_secs(3)).await,
             "the late create's key was left"
+        );
+    }
+
+    /// Two late creates of the key (two clean-ups of it, each with a create whose outcome
+    /// is unknown) landing at different times within the window: both keys are deleted.
+    /// The sweep used to stop after its first deletion, leaving the second key on the
+    /// session lease for as long as the client lived.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn late_creates_landing_one_after_another_leave_no_key() {
+        let setup = Setup::new("twice").await;
+        setup.cleanup(setup.turn().unwrap(), None).spawn();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        setup.put_key().await;
+        assert!(
+            setup.gone_within(Duration::from_secs(2)).await,
+            "the first late create's key was left"
+        );
+        setup.put_key().await;
+        assert!(
+            setup.gone_within(Duration::from_secs(3)).await,
+            "the second late create's key was left"
         );
     }
 }
