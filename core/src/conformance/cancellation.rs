@@ -114,9 +114,12 @@ pub async fn a_release_retried_after_a_dropped_one_is_not_a_loss(lock: &dyn Dist
     // Polled once, then dropped (unless it finished at once).
     let _ = tokio::time::timeout(Duration::ZERO, handle.release()).await;
     let retried = handle.release().await;
+    // `Ok`, or `Unavailable` where the backend cannot tell its own applied release from
+    // someone else's delete (the lock was freed either way): never a loss, nor another
+    // error.
     assert!(
-        !matches!(retried, Err(Error::Lost { .. })),
-        "a release retried after a dropped one said the lock was lost: {retried:?}"
+        matches!(retried, Ok(()) | Err(Error::Unavailable { .. })),
+        "a release retried after a dropped one answered {retried:?} (Ok or Unavailable expected)"
     );
     drop(guard);
     lock.acquire(

@@ -300,7 +300,11 @@ pub async fn campaigns_are_checked_and_cancellable(
     ));
     // A campaign dropped while it waits, after it had time to queue on the server.
     let waiting = b.campaign(&election, "dropped", AcquireOptions::new());
-    let _ = tokio::time::timeout(Duration::from_millis(300), waiting).await;
+    let granted = tokio::time::timeout(Duration::from_millis(300), waiting).await;
+    assert!(
+        granted.is_err(),
+        "a second campaign won while a leader sat: {granted:?}"
+    );
     leader.release().await.expect("resign");
     // Nothing of the dropped campaign leads once the leader resigned.
     let watched = tokio::time::Instant::now();

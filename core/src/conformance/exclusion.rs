@@ -120,8 +120,9 @@ pub async fn wait_timeout_is_honoured(lock: &dyn DistributedLock) {
     holder.release().await.expect("release");
 }
 
-/// Where the backend claims FIFO: five waiters that queued one after another get the lock
-/// in that order.
+/// Five waiters that queued one after another behind a holder are each served once, one
+/// at a time, with tokens rising in the order of the grants; where the backend claims
+/// FIFO, in the order they queued.
 ///
 /// # Errors
 ///
@@ -132,16 +133,15 @@ pub async fn wait_timeout_is_honoured(lock: &dyn DistributedLock) {
 /// Dropping it drops the case's guards and pending acquires, which the backend cleans up
 /// as its own cancellation safety promises.
 pub async fn fifo_order(lock: &dyn DistributedLock) {
-    if !lock.capabilities().fifo {
-        return;
-    }
     const WAITERS: usize = 5;
+    let fifo = lock.capabilities().fifo;
     let name = unique_name("fifo");
     let holder = lock.lock(&name).await.expect("acquire");
     let order = Mutex::new(Vec::new());
     let queued = AtomicUsize::new(0);
+    let inside = AtomicUsize::new(0);
     let waiter = |i: usize| {
-        let (name, order, queued) = (&name, &order, &queued);
+        let (name, order, queued, inside) = (&name, &order, &queued, &inside);
         async move {
             // Join the queue only after waiter i-1 has joined it.
             while queued.load(Ordering::SeqCst) < i {
@@ -157,7 +157,13 @@ pub async fn fifo_order(lock: &dyn DistributedLock) {
             };
             let (guard, ()) = tokio::join!(acquire, queued_now);
             let guard = guard.expect("waiter acquires");
-            order.lock().unwrap().push(i);
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "waiter {i} was granted while another waiter held the lock"
+            );
+            order.lock().unwrap().push((i, guard.token()));
+            inside.fetch_sub(1, Ordering::SeqCst);
             guard.release().await.expect("release");
         }
     };
@@ -168,9 +174,20 @@ pub async fn fifo_order(lock: &dyn DistributedLock) {
         holder.release().await.expect("release");
     };
     tokio::join!(join_all((0..WAITERS).map(waiter)), release_holder);
+    let order = order.into_inner().unwrap();
+    let mut served: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert!(
+        order.windows(2).all(|w| w[0].1 < w[1].1),
+        "tokens do not rise in the order of the grants: {order:?}"
+    );
+    if fifo {
+        assert_eq!(served, (0..WAITERS).collect::<Vec<_>>(), "FIFO claimed");
+    }
+    served.sort_unstable();
     assert_eq!(
-        order.into_inner().unwrap(),
-        (0..WAITERS).collect::<Vec<_>>()
+        served,
+        (0..WAITERS).collect::<Vec<_>>(),
+        "every waiter is served exactly once"
     );
 }
 

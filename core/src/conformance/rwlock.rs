@@ -210,7 +210,11 @@ pub async fn rw_requests_are_checked_and_cancellable(a: &dyn DistributedLock) {
     ));
     // A writer dropped while it waits behind the reader.
     let writer = a.acquire_write(&name, AcquireOptions::new());
-    let _ = tokio::time::timeout(Duration::from_millis(200), writer).await;
+    let granted = tokio::time::timeout(Duration::from_millis(200), writer).await;
+    assert!(
+        granted.is_err(),
+        "a writer was granted while a reader held: {granted:?}"
+    );
     let second_reader = a
         .acquire_read(
             &name,

@@ -307,7 +307,11 @@ pub async fn semaphore_requests_are_checked_and_cancellable(
     ));
     // A request dropped while it waits leaves no permit and no queue entry.
     let waiting = b.acquire_permits(&name, two_of_three, AcquireOptions::new());
-    let _ = tokio::time::timeout(Duration::from_millis(200), waiting).await;
+    let granted = tokio::time::timeout(Duration::from_millis(200), waiting).await;
+    assert!(
+        granted.is_err(),
+        "two permits were granted while only one was free: {granted:?}"
+    );
     let one = b
         .acquire_permits(
             &name,
