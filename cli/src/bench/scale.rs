@@ -116,6 +116,10 @@ fn median_max_micros(latencies: &[Duration]) -> Option<(u64, u64)> {
     (!latencies.is_empty()).then(|| (histogram.value_at_quantile(0.5), histogram.max()))
 }
 
+/// One served waiter: the order of its grant, its index, the instant of the grant and
+/// its token.
+type Grant = (usize, usize, Instant, u64);
+
 /// `count` waiters on one name, queued in batches behind a holder, then served one
 /// after the other (each releases at once). Reports memory per waiter, hand-off latency
 /// at queue lengths of the whole count, 1,000 and 10, and checks each waiter is served
@@ -133,9 +137,12 @@ async fn waiters(
         .await
         .map_err(|e| failed("the first holder", &e))?;
     let before = rss();
-    // Grant order: (sequence, batch) per served waiter, and the instant of each grant.
+    // Grant order: (sequence, waiter, the instant of the grant, token) per served waiter;
+    // `inside` counts the waiters holding at once (more than one is an overlap).
     let order = Arc::new(AtomicUsize::new(0));
-    let grants: Arc<std::sync::Mutex<Vec<(usize, usize, Instant)>>> =
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let grants: Arc<std::sync::Mutex<Vec<Grant>>> =
         Arc::new(std::sync::Mutex::new(Vec::with_capacity(count)));
     let mut tasks = JoinSet::new();
     for start in (0..count).step_by(BATCH) {
@@ -143,15 +150,20 @@ async fn waiters(
         for i in start..end {
             let (locks, name, grants, order) =
                 (locks.clone(), name.clone(), grants.clone(), order.clone());
+            let (inside, overlaps) = (inside.clone(), overlaps.clone());
             let options = options(args);
             tasks.spawn(async move {
                 let guard = locks.acquire(&name, options).await?;
                 let at = Instant::now();
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
                 let seq = order.fetch_add(1, Ordering::SeqCst);
                 grants
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push((seq, i / BATCH, at));
+                    .push((seq, i, at, guard.token().get()));
+                inside.fetch_sub(1, Ordering::SeqCst);
                 guard.release().await
             });
         }
@@ -183,11 +195,31 @@ async fn waiters(
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
     grants.sort_by_key(|g| g.0);
+    let mut served: Vec<usize> = grants.iter().map(|g| g.1).collect();
+    served.sort_unstable();
+    served.dedup();
     check(
-        grants.len() == count,
-        format!("{} of {count} waiters were served", grants.len()),
+        grants.len() == count && served.len() == count,
+        format!(
+            "{} grants to {} of {count} waiters (each must be served exactly once)",
+            grants.len(),
+            served.len()
+        ),
     )?;
-    let inversions = grants.windows(2).filter(|w| w[1].1 < w[0].1).count();
+    let overlaps = overlaps.load(Ordering::SeqCst);
+    check(
+        overlaps == 0,
+        format!("{overlaps} waiters were granted while another held the lock"),
+    )?;
+    let regressions = grants.windows(2).filter(|w| w[1].3 <= w[0].3).count();
+    check(
+        regressions == 0,
+        format!("{regressions} grants had a token not above the previous grant's"),
+    )?;
+    let inversions = grants
+        .windows(2)
+        .filter(|w| w[1].1 / BATCH < w[0].1 / BATCH)
+        .count();
     if fifo {
         check(
             inversions == 0,
@@ -212,6 +244,8 @@ async fn waiters(
         "backend": locks.backend(),
         "waiters": count,
         "served_exactly_once": true,
+        "overlapping_grants": overlaps,
+        "tokens_increasing": true,
         "fifo_claimed": fifo,
         "batch_order_inversions": inversions,
         "rss_bytes_per_waiter": per_item(before, queued_rss, count),
