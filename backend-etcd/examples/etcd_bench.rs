@@ -13,7 +13,9 @@
 //! - contended: 4 clients (4 connections and sessions) on one name for 3 s, three
 //!   interleaved repeats: ops/s, hand-overs/s (grants to another client than the
 //!   previous grant) and fairness (most / fewest grants of one client; FIFO waiting
-//!   keeps it near 1);
+//!   keeps it near 1); on the throwaway server also the watch events etcd sent per
+//!   hand-over (`etcd_debugging_mvcc_events_total`: the notifications a hand-over
+//!   costs the server, one where only the next waiter watches its predecessor);
 //! - distinct: 32 workers on one client, each on its own name: locks/s, the median of
 //!   three interleaved rounds, and each one's rate over raw's per round.
 //!
@@ -176,15 +178,28 @@ impl Contender {
     }
 }
 
-/// One contended run: the ops, the hand-overs and each client's grants.
+/// One contended run: the ops, the hand-overs, each client's grants, and the watch
+/// events the server sent meanwhile (when it is the bench's own).
 struct Contended {
     run: Run,
     handoffs: u64,
     per_client: Vec<u64>,
+    events: Option<f64>,
+}
+
+/// The watch events `server` has sent so far.
+fn events_sent(server: Option<&fencelock_testkit::EtcdServer>) -> Option<f64> {
+    server?.metric("etcd_debugging_mvcc_events_total")
 }
 
 /// Every client of `cs` does ops on one name for [`CONTENDED_RUN`].
-async fn contended(cs: &[Arc<Contender>], kind: Kind, repeat: usize) -> Contended {
+async fn contended(
+    cs: &[Arc<Contender>],
+    kind: Kind,
+    repeat: usize,
+    server: Option<&fencelock_testkit::EtcdServer>,
+) -> Contended {
+    let events_before = events_sent(server);
     let name = format!("contended-{repeat}");
     let last = Arc::new(AtomicU64::new(u64::MAX));
     let handoffs = Arc::new(AtomicU64::new(0));
@@ -218,10 +233,14 @@ async fn contended(cs: &[Arc<Contender>], kind: Kind, repeat: usize) -> Contende
         elapsed,
         cpu: Duration::ZERO,
     };
+    let events = events_sent(server)
+        .zip(events_before)
+        .map(|(after, before)| after - before);
     Contended {
         run,
         handoffs: handoffs.load(Ordering::Relaxed),
         per_client,
+        events,
     }
 }
 
@@ -237,13 +256,12 @@ async fn distinct(c: &Arc<Contender>, kind: Kind) -> Run {
 
 #[tokio::main]
 async fn main() {
-    let server;
-    let endpoint = match std::env::var("ETCD_ENDPOINT") {
-        Ok(endpoint) => endpoint,
-        Err(_) => {
-            server = fencelock_testkit::EtcdServer::start();
-            server.endpoint()
-        }
+    let server = std::env::var("ETCD_ENDPOINT")
+        .is_err()
+        .then(fencelock_testkit::EtcdServer::start);
+    let endpoint = match &server {
+        Some(server) => server.endpoint(),
+        None => std::env::var("ETCD_ENDPOINT").expect("ETCD_ENDPOINT"),
     };
     let mut contenders = Vec::new();
     for _ in 0..CONTENDED_CLIENTS {
@@ -275,7 +293,7 @@ async fn main() {
             "contended ({CONTENDED_CLIENTS} clients on one name, {CONTENDED_RUN:?} each, {CONTENDED_REPEATS} interleaved repeats)"
         );
         let results = bench::interleave_runs(kinds, CONTENDED_REPEATS, |kind, repeat| {
-            contended(&contenders, kind, repeat)
+            contended(&contenders, kind, repeat, server.as_ref())
         })
         .await;
         let runs: Vec<Vec<Run>> = results
@@ -300,8 +318,17 @@ async fn main() {
                 })
                 .collect();
             let each: Vec<String> = handoffs.iter().map(|r| format!("{r:.0}")).collect();
+            let per_handoff: Vec<f64> = rs
+                .iter()
+                .filter_map(|r| Some(r.events? / r.handoffs.max(1) as f64))
+                .collect();
+            let events = if per_handoff.is_empty() {
+                String::new()
+            } else {
+                format!("  watch events/hand-over {}", bench::ratios(&per_handoff))
+            };
             println!(
-                "  {:<11} hand-overs/s median {:.0} ({})  fairness max/min {}",
+                "  {:<11} hand-overs/s median {:.0} ({})  fairness max/min {}{events}",
                 kind.label(),
                 bench::median(handoffs.clone()),
                 each.join(" "),

@@ -26,8 +26,9 @@
 //!    floor's in that round, and client CPU per lock (this process's CPU time,
 //!    `fencelock_testkit::bench::ProcessCpu`: the servers are other processes);
 //! 2. 4 clients on one name for [`RUN`], [`REPEATS`] times: hand-overs/s (grants to
-//!    another client than the previous grant) and fairness (most / fewest grants of one
-//!    client);
+//!    another client than the previous grant), fairness (most / fewest grants of one
+//!    client), and per hand-over the `PUBLISH` and script calls the servers ran (`INFO
+//!    commandstats`): the server's cost of a hand-over, bounded by the waiting clients;
 //! 3. 32 workers on distinct names through one client for [`RUN`], [`REPEATS`] times:
 //!    locks/s, client CPU per lock and server CPU per lock (`INFO cpu` of every master).
 //!
@@ -298,6 +299,34 @@ struct Run {
     per_worker: Vec<u64>,
     client_cpu: Duration,
     server_cpu: Duration,
+    /// `PUBLISH` calls and script calls (`EVALSHA`, `EVAL`) the servers ran, from
+    /// `INFO commandstats` (a script's own commands are counted there too).
+    publishes: u64,
+    scripts: u64,
+}
+
+/// The calls of `commands` the servers have run so far (`INFO commandstats`).
+async fn command_calls(servers: &[Conn], commands: &[&str]) -> u64 {
+    let mut calls = 0;
+    for conn in servers {
+        let info: String = conn.query(redis::cmd("INFO").arg("commandstats")).await;
+        for line in info.lines() {
+            let Some((name, stats)) = line.split_once(':') else {
+                continue;
+            };
+            if commands
+                .iter()
+                .any(|c| name.strip_prefix("cmdstat_") == Some(*c))
+            {
+                calls += stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    calls
 }
 
 /// `sides.len()` workers for [`RUN`]: all on `name` if given, else each on its own.
@@ -305,6 +334,8 @@ async fn run(sides: Vec<Kind>, name: Option<&str>, servers: &[Conn]) -> Run {
     let last = Arc::new(AtomicU64::new(u64::MAX));
     let handoffs = Arc::new(AtomicU64::new(0));
     let (cpu_before, server_before) = (ProcessCpu::now(), server_cpu(servers).await);
+    let publishes_before = command_calls(servers, &["publish"]).await;
+    let scripts_before = command_calls(servers, &["evalsha", "eval"]).await;
     let deadline = Instant::now() + RUN;
     let tasks: Vec<_> = sides
         .into_iter()
@@ -337,6 +368,8 @@ async fn run(sides: Vec<Kind>, name: Option<&str>, servers: &[Conn]) -> Run {
         per_worker,
         client_cpu: ProcessCpu::now().since(&cpu_before),
         server_cpu: server_cpu(servers).await - server_before,
+        publishes: command_calls(servers, &["publish"]).await - publishes_before,
+        scripts: command_calls(servers, &["evalsha", "eval"]).await - scripts_before,
     }
 }
 
@@ -349,6 +382,7 @@ async fn handovers(clients: &[Vec<Kind>], servers: &[Conn]) {
         .unwrap_or(0);
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); clients.len()];
     let mut fairness: Vec<Vec<f64>> = vec![Vec::new(); clients.len()];
+    let mut costs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); clients.len()];
     for repeat in 0..REPEATS {
         for (i, four) in clients.iter().enumerate() {
             let name = format!("bench-c-{repeat}-{i}");
@@ -359,6 +393,8 @@ async fn handovers(clients: &[Vec<Kind>], servers: &[Conn]) {
             );
             rates[i].push(r.handoffs as f64 / RUN.as_secs_f64());
             fairness[i].push(max as f64 / min.max(1) as f64);
+            let per = |n: u64| n as f64 / r.handoffs.max(1) as f64;
+            costs[i].push((per(r.publishes), per(r.scripts)));
         }
     }
     for (i, four) in clients.iter().enumerate() {
@@ -371,6 +407,19 @@ async fn handovers(clients: &[Vec<Kind>], servers: &[Conn]) {
             list(&rates[i], 0),
             list(&fairness[i], 2),
             median(ratio),
+        );
+    }
+    println!(
+        "   per hand-over, what the servers ran (INFO commandstats; each PUBLISH reaches every subscribed waiting client):"
+    );
+    for (i, four) in clients.iter().enumerate() {
+        let publishes: Vec<f64> = costs[i].iter().map(|c| c.0).collect();
+        let scripts: Vec<f64> = costs[i].iter().map(|c| c.1).collect();
+        println!(
+            "{:<28} PUBLISH {}  script calls {}",
+            four[0].label(),
+            list(&publishes, 2),
+            list(&scripts, 2),
         );
     }
 }

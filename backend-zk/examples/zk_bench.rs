@@ -10,7 +10,11 @@
 //! shared machine hits all alike:
 //! - uncontended: one task, one name, sequential ops: 3 repeats of 5 interleaved rounds;
 //!   p50/p99 pooled (hdrhistogram), ops/s, and per repeat each one's p50 over raw-3rt's;
-//! - contended: 4 clients (4 sessions) on one name: ops/s, 3 interleaved repeats;
+//! - contended: 4 clients (4 sessions) on one name: ops/s, 3 interleaved repeats, with
+//!   the hand-overs (grants to another client than the previous one) and the watch
+//!   notifications the server fired on deletions per hand-over (`mntr`'s
+//!   `node_deleted_watch_count`: one where only the next waiter watches its
+//!   predecessor);
 //! - distinct: 32 workers on one client, each on its own name: locks/s, 3 interleaved
 //!   repeats, each one's rate over raw-3rt's per repeat.
 //!
@@ -31,6 +35,7 @@
 //! - `zkc-recipe`: `zookeeper_client::Client::lock` with a Curator prefix + delete.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use fencelock_core::{AcquireOptions, DistributedLock};
 use fencelock_testkit::ZkServer;
@@ -84,6 +89,11 @@ impl Contender {
     }
 
     async fn op(&self, kind: Kind, root: &str, name: &str) {
+        self.op_then(kind, root, name, || {}).await;
+    }
+
+    /// One op, calling `held` while the lock is held.
+    async fn op_then(&self, kind: Kind, root: &str, name: &str, held: impl FnOnce()) {
         let dir = format!("{root}/{name}");
         match kind {
             Kind::Fencelock => {
@@ -92,6 +102,7 @@ impl Contender {
                     .acquire(name, AcquireOptions::new())
                     .await
                     .unwrap();
+                held();
                 guard.release().await.unwrap();
             }
             Kind::Raw2 | Kind::Raw3 => {
@@ -101,6 +112,7 @@ impl Contender {
                 if kind == Kind::Raw3 {
                     self.client.list_children(&dir).await.unwrap();
                 }
+                held();
                 self.client
                     .delete(&format!("{prefix}{seq}"), None)
                     .await
@@ -114,6 +126,7 @@ impl Contender {
                     .unwrap();
                 let prefix = zk::LockPrefix::new_curator(&dir, "lock-").unwrap();
                 let lock = self.client.lock(prefix, b"", options).await.unwrap();
+                held();
                 self.client.delete(lock.lock_path(), None).await.unwrap();
                 // Deleted above; skip the recipe's own background delete.
                 std::mem::forget(lock);
@@ -127,13 +140,50 @@ async fn worker(c: Arc<Contender>, kind: Kind, name: String, ops: usize) -> Hist
     bench::timed_ops(ops, || c.op(kind, ROOT, &name)).await
 }
 
-/// Every client of `cs` does [`CONTENDED_OPS`] ops of `kind` on one name.
-async fn contended(cs: &[Arc<Contender>], kind: Kind) -> Run {
-    let workers = cs.iter().map(|c| {
-        let c = c.clone();
-        tokio::spawn(worker(c, kind, "contended".into(), CONTENDED_OPS))
+/// The watches ZooKeeper has fired on node deletions so far (`mntr`).
+fn deletion_notifications(server: &ZkServer) -> Option<f64> {
+    let mntr = server.four_letter_word("mntr").ok()?;
+    mntr.lines().find_map(|line| {
+        let (key, value) = line.split_once('\t')?;
+        (key == "zk_sum_node_deleted_watch_count").then(|| value.trim().parse().ok())?
+    })
+}
+
+/// Every client of `cs` does [`CONTENDED_OPS`] ops of `kind` on one name. Returns the
+/// run, the hand-overs, and the deletion notifications per hand-over.
+async fn contended(
+    cs: &[Arc<Contender>],
+    kind: Kind,
+    server: &ZkServer,
+) -> (Run, u64, Option<f64>) {
+    let last = Arc::new(AtomicU64::new(u64::MAX));
+    let handoffs = Arc::new(AtomicU64::new(0));
+    let before = deletion_notifications(server);
+    let workers = cs.iter().enumerate().map(|(i, c)| {
+        let (c, last, handoffs) = (c.clone(), last.clone(), handoffs.clone());
+        tokio::spawn(async move {
+            let mut h = bench::histogram();
+            for _ in 0..CONTENDED_OPS {
+                let start = std::time::Instant::now();
+                c.op_then(kind, ROOT, "contended", || {
+                    if last.swap(i as u64, Ordering::Relaxed) != i as u64 {
+                        handoffs.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .await;
+                bench::record(&mut h, start.elapsed());
+            }
+            Ok::<_, tokio::task::JoinError>(h)
+        })
     });
-    bench::run_workers(workers).await.expect("worker")
+    let run = bench::run_workers(workers.map(|w| async move { w.await? }))
+        .await
+        .expect("worker");
+    let handoffs = handoffs.load(Ordering::Relaxed);
+    let per_handoff = deletion_notifications(server)
+        .zip(before)
+        .map(|(after, before)| (after - before) / handoffs.max(1) as f64);
+    (run, handoffs, per_handoff)
 }
 
 /// [`DISTINCT_WORKERS`] workers on `c`, each doing [`DISTINCT_OPS`] ops of `kind` on its
@@ -219,13 +269,33 @@ async fn main() {
         println!(
             "contended-4 ({CONTENDED_CLIENTS} clients x {CONTENDED_OPS} ops on one name, {REPEATS} interleaved repeats)"
         );
-        let runs =
-            bench::interleave_runs(&these, REPEATS, |kind, _| contended(&contenders, kind)).await;
+        let results = bench::interleave_runs(&these, REPEATS, |kind, _| {
+            contended(&contenders, kind, &server)
+        })
+        .await;
+        let runs: Vec<Vec<Run>> = results
+            .iter()
+            .map(|rs| rs.iter().map(|r| r.0.clone()).collect())
+            .collect();
         let recipe = these.iter().position(|k| *k == Kind::Recipe);
         println!(
             "{}",
             bench::rate_lines(&these, &runs, recipe, "ops/s", Kind::label,)
         );
+        for (kind, rs) in these.iter().zip(&results) {
+            let handoffs: Vec<String> = rs.iter().map(|r| r.1.to_string()).collect();
+            let notes: Vec<f64> = rs.iter().filter_map(|r| r.2).collect();
+            println!(
+                "  {:<11} hand-overs {}  deletion notifications per hand-over {}",
+                kind.label(),
+                handoffs.join(" "),
+                if notes.is_empty() {
+                    "-".to_owned()
+                } else {
+                    bench::ratios(&notes)
+                }
+            );
+        }
     }
 
     if wanted("ZK_BENCH_WORKLOADS", "distinct") {
