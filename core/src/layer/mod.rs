@@ -23,8 +23,9 @@ where
 {
     if let Some(kept) = kept {
         let task = kept.spawn(make());
-        // A runtime that shut down drops a new task at once; a live one has not even
-        // polled it yet, and these tasks wait for an end or a loss.
+        // A runtime that shut down drops a new task at once. On a live one these tasks
+        // wait for an end or a loss; one that finishes this fast (its guard already
+        // ended) is spawned once more below, which does nothing twice.
         if !task.is_finished() {
             return Some(task);
         }
