@@ -211,14 +211,48 @@ async fn tokens_keep_growing_across_an_etcd_restart() {
         after.token()
     );
     after.release().await.unwrap();
-    // The guard held across the restart either survived with its session or reports loss.
+    // The guard held across the restart either survived with its session or reports loss;
+    // while it claims the lock, another client cannot have it.
+    let other = EtcdLock::connect(config(vec![server.endpoint()], "faults-restart"))
+        .await
+        .unwrap();
     if held.is_lost() {
         assert!(held.release().await.is_err());
     } else {
         let info = locks.inspect("held-across").await.unwrap();
         assert_eq!(info.holder.map(|h| h.token), Some(held.token()));
+        assert!(
+            other.try_lock("held-across").await.unwrap().is_none(),
+            "shared: another client got a lock its holder still claims"
+        );
+        assert!(!held.is_lost(), "{:?}", held.lost_reason());
         held.release().await.unwrap();
     }
+
+    // Across an outage of three leases the holder learns of the loss on its own timer,
+    // and after the restart another client takes the lock over with a larger token.
+    let long = locks.lock("held-long").await.unwrap();
+    server.kill();
+    tokio::time::timeout(LEASE * 2, long.lost())
+        .await
+        .expect("no loss reported while the server was down for longer than the lease");
+    tokio::time::sleep(LEASE * 3).await;
+    server.restart();
+    let next = other
+        .acquire("held-long", AcquireOptions::new().wait_timeout(LEASE * 5))
+        .await
+        .expect("another client takes over after the outage");
+    assert!(
+        next.token() > long.token(),
+        "{:?} after {:?}",
+        next.token(),
+        long.token()
+    );
+    assert!(matches!(
+        long.release().await,
+        Err(fencelock_core::Error::Lost { .. })
+    ));
+    next.release().await.unwrap();
 }
 
 /// Three members, four clients contending on one name with a fenced register; the leader
