@@ -138,6 +138,14 @@ impl SentinelNode {
         if let Some(master) = self.current.lock().clone() {
             return Ok(master.conn);
         }
+        // Boxed: asking the Sentinels and connecting is a future of several KiB, which
+        // every command's future would otherwise carry (and copy) for its fast path.
+        Box::pin(self.resolve()).await
+    }
+
+    /// Asks the Sentinels for the master and connects to it (the slow path of
+    /// [`connection`](Self::connection)).
+    async fn resolve(&self) -> Result<MultiplexedConnection, Error> {
         let mut sentinel = self.sentinel.lock().await;
         if let Some(master) = self.current.lock().clone() {
             return Ok(master.conn);
