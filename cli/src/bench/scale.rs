@@ -490,6 +490,25 @@ async fn probe(
     Ok(took)
 }
 
+/// The most the client's resident set may grow over `cycles` acquire+release cycles
+/// after the warm-up: [`CYCLES_GROWTH_PER_CYCLE`] bytes a cycle, and never less than
+/// [`CYCLES_GROWTH_FLOOR`] (the allocator's own noise). Anything kept per name (a map
+/// entry, a task, a channel) costs tens of bytes or more, so at the default million
+/// cycles a leak shows as tens of MB against a limit of 16 MB; the backends measured
+/// grow by 0.15-0.5 MB.
+fn cycles_growth_limit(cycles: usize) -> i64 {
+    let per_cycle = i64::try_from(cycles)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(CYCLES_GROWTH_PER_CYCLE);
+    per_cycle.max(CYCLES_GROWTH_FLOOR)
+}
+
+/// See [`cycles_growth_limit`].
+const CYCLES_GROWTH_PER_CYCLE: i64 = 16;
+
+/// See [`cycles_growth_limit`].
+const CYCLES_GROWTH_FLOOR: i64 = 16 << 20;
+
 /// `count` acquire+release cycles on distinct names ([`CONCURRENCY`] at a time): the
 /// client's memory must come back to where it was after a warm-up, and no name may
 /// be left held or waited on.
@@ -555,6 +574,18 @@ async fn cycles(
             left.len()
         ),
     )?;
+    let growth = baseline.zip(end).map(|(b, e)| e as i64 - b as i64);
+    let limit = cycles_growth_limit(count - warmup);
+    if let Some(growth) = growth {
+        check(
+            growth <= limit,
+            format!(
+                "the client's memory grew by {growth} bytes over {} cycles after the \
+                 warm-up (limit {limit}): per-name state is left behind",
+                count - warmup
+            ),
+        )?;
+    }
     Ok(json!({
         "workload": "cycles",
         "backend": locks.backend(),
@@ -562,7 +593,8 @@ async fn cycles(
         "cycles_per_sec": (count - warmup) as f64 / elapsed.as_secs_f64().max(1e-9),
         "rss_baseline_bytes": baseline,
         "rss_end_bytes": end,
-        "rss_growth_bytes": baseline.zip(end).map(|(b, e)| e as i64 - b as i64),
+        "rss_growth_bytes": growth,
+        "rss_growth_limit_bytes": limit,
         "names_left": left.len(),
     }))
 }
@@ -594,4 +626,21 @@ pub fn text(report: &Value) -> String {
     let mut out = String::new();
     lines("", report, &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cycles_memory_limit_catches_per_name_state_and_never_overflows() {
+        assert_eq!(cycles_growth_limit(0), CYCLES_GROWTH_FLOOR);
+        assert_eq!(cycles_growth_limit(10_000), CYCLES_GROWTH_FLOOR);
+        // The default run: a 64-byte map entry left per name is over the limit, the
+        // 0.15-0.5 MB the backends grow by is far under it.
+        let limit = cycles_growth_limit(990_000);
+        assert!(64 * 990_000 > limit, "{limit}");
+        assert!(500_000 < limit);
+        assert_eq!(cycles_growth_limit(usize::MAX), i64::MAX);
+    }
 }
