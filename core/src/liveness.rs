@@ -356,6 +356,8 @@ impl Liveness {
     /// The first call made inside a Tokio runtime (or on a lock whose backend gave one)
     /// starts one small task that watches the deadline until the lock is lost or the
     /// guard ends; until then the token fires only when the backend marks the lock lost.
+    /// A watcher whose runtime shut down before it fired is started again by the next
+    /// call made where a runtime runs.
     pub fn lost_token(&self) -> CancellationToken {
         let parent = self.inner.lost_token.get_or_init(CancellationToken::new);
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -364,23 +366,42 @@ impl Liveness {
             parent.cancel();
         }
         let token = parent.child_token();
-        // Without a runtime to watch from, nothing is started and nothing marked: the
-        // next call made inside one starts the watcher.
-        let runtime = Handle::try_current()
-            .ok()
-            .or_else(|| self.inner.runtime.clone());
-        if let Some(runtime) = runtime {
-            if !self.inner.driver_started.swap(true, Ordering::AcqRel) {
-                let this = self.clone();
-                runtime.spawn(async move {
-                    tokio::select! {
-                        () = this.lost() => {}
-                        () = this.wait_for(ENDED) => {}
-                    }
-                });
+        self.start_watcher();
+        token
+    }
+
+    /// Starts the deadline watcher behind [`lost_token`](Self::lost_token) unless one
+    /// is running: on the current runtime, else (or when it has shut down) on the one
+    /// the record was made on. Without a runtime to watch from, nothing is started and
+    /// nothing marked: the next call made inside one starts the watcher. A watcher
+    /// dropped before it fired or saw the end (its runtime shut down) clears
+    /// `driver_started` as it goes, so the next call starts another.
+    fn start_watcher(&self) {
+        if self.inner.driver_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let current = Handle::try_current().ok();
+        for runtime in current.iter().chain(self.inner.runtime.iter()) {
+            let rearm = Rearm {
+                live: self.clone(),
+                done: false,
+            };
+            let task = runtime.spawn(async move {
+                let mut rearm = rearm;
+                tokio::select! {
+                    () = rearm.live.lost() => {}
+                    () = rearm.live.wait_for(ENDED) => {}
+                }
+                rearm.done = true;
+            });
+            // A runtime that shut down drops the task at once, and its `Rearm` cleared
+            // the flag. A task that finished this fast on a live runtime (the lock was
+            // lost or ended already) left it set, and nothing needs watching.
+            if !task.is_finished() || self.inner.driver_started.swap(true, Ordering::AcqRel) {
+                return;
             }
         }
-        token
+        self.inner.driver_started.store(false, Ordering::Release);
     }
 
     /// Marks the connection behind the lock as unreliable (for example a ZooKeeper client
@@ -417,6 +438,24 @@ impl Liveness {
     /// None: it only waits.
     pub async fn ended(&self) {
         self.wait_for(ENDED).await
+    }
+}
+
+/// Held by the deadline watcher: dropped before the watcher saw the loss or the end
+/// (its runtime shut down), it lets the next [`Liveness::lost_token`] start another.
+struct Rearm {
+    live: Liveness,
+    done: bool,
+}
+
+impl Drop for Rearm {
+    fn drop(&mut self) {
+        if !self.done {
+            self.live
+                .inner
+                .driver_started
+                .store(false, Ordering::Release);
+        }
     }
 }
 
@@ -479,6 +518,30 @@ mod tests {
                 .expect("the token fires at the deadline");
         });
         assert!(outside.is_cancelled());
+    }
+
+    /// A watcher started on a runtime that then ends is dropped with it, unfired: the
+    /// next `lost_token()`, made inside another runtime, must start one again, or a
+    /// fixed lease that nothing else watches would never report its deadline.
+    #[test]
+    fn the_lost_token_fires_at_the_deadline_after_the_first_watchers_runtime_ended() {
+        let live = Liveness::new(Instant::now() + Duration::from_millis(50));
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let early = first.block_on(async { live.lost_token() });
+        drop(first);
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        second.block_on(async {
+            tokio::time::timeout(Duration::from_secs(2), live.lost_token().cancelled())
+                .await
+                .expect("the token fires at the deadline");
+        });
+        assert!(early.is_cancelled());
     }
 
     /// A deadline that passed, or a lock marked lost, is never moved by a renewal that
