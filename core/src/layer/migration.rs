@@ -477,39 +477,53 @@ impl DistributedLock for MigrationLock {
     async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
         validate_name(election)?;
         let leg = self.election_leg()?;
-        let mut inner = leg.lock.observe(election).await?;
+        let inner = leg.lock.observe(election).await?;
         let epoch = leg.epoch;
         let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
-        let runtime = self
-            .runtime
-            .clone()
-            .or_else(|| tokio::runtime::Handle::try_current().ok())
-            .ok_or_else(|| {
-                Error::InvalidConfig("the migration layer needs a Tokio runtime".into())
-            })?;
-        // Maps each term's token to the era's; ends with the caller's stream.
-        runtime.spawn(async move {
-            loop {
-                let change = tokio::select! {
-                    () = stopped.cancelled() => return,
-                    change = inner.next() => change,
-                };
-                let Some(change) = change else { return };
-                let mapped = change.and_then(|leader| {
-                    leader
-                        .map(|l| Ok(Leader::new(l.value, era_token(epoch, l.token)?)))
-                        .transpose()
-                });
-                // The stream ends after an error, as the trait says: also after one of
-                // ours (a token too large for the era bits) while the inner one goes on.
-                let failed = mapped.is_err();
-                if changes.send(mapped).is_err() || failed {
+        // Taken by the mapping task when it first runs: `spawn_kept` may spawn it twice
+        // (once on a kept runtime that turns out to have ended, which drops it unrun).
+        let slot = Arc::new(std::sync::Mutex::new(Some((inner, changes))));
+        // Maps each term's token to the era's; ends with the caller's stream. On the
+        // lock's own runtime (see `MigrationLock::runtime`), else, or when that one has
+        // ended, this call's.
+        let mapping = crate::layer::spawn_kept(self.runtime.as_ref(), || {
+            let (slot, stopped) = (slot.clone(), stopped.clone());
+            async move {
+                let taken = slot
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                let Some((mut inner, changes)) = taken else {
                     return;
+                };
+                loop {
+                    let change = tokio::select! {
+                        () = stopped.cancelled() => return,
+                        change = inner.next() => change,
+                    };
+                    let Some(change) = change else { return };
+                    let mapped = change.and_then(|leader| {
+                        leader
+                            .map(|l| Ok(Leader::new(l.value, era_token(epoch, l.token)?)))
+                            .transpose()
+                    });
+                    // The stream ends after an error, as the trait says: also after one
+                    // of ours (a token too large for the era bits) while the inner one
+                    // goes on.
+                    let failed = mapped.is_err();
+                    if changes.send(mapped).is_err() || failed {
+                        return;
+                    }
                 }
             }
         });
+        if mapping.is_none() {
+            return Err(Error::InvalidConfig(
+                "the migration layer needs a Tokio runtime".into(),
+            ));
+        }
         Ok(LeaderChanges::new(receiver, stop))
     }
 

@@ -582,3 +582,36 @@ fn a_lock_made_on_a_runtime_that_ended_still_follows_its_legs() {
         guard.release().await.unwrap();
     });
 }
+
+/// An observation started on a lock made on a runtime that has ended since maps its
+/// changes on the caller's runtime: a mapping task spawned on the dead runtime is
+/// dropped at once, and the stream used to end with no item and no error.
+#[test]
+fn an_observation_on_a_lock_made_on_a_runtime_that_ended_still_delivers() {
+    let locks = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let legacy: Arc<dyn DistributedLock> = Arc::new(ReplayObserve {
+                changes: Mutex::new(vec![Ok(Some(Leader::new("a", FencingToken::new(7))))]),
+                ..ReplayObserve::default()
+            });
+            MigrationLock::new(MigrationPhase::Legacy, Some(legacy), None).unwrap()
+        });
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    main.block_on(async {
+        let mut changes = locks.observe("e").await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(2), changes.next())
+            .await
+            .expect("the first change arrives");
+        let leader = first
+            .expect("the stream has a first item")
+            .unwrap()
+            .expect("a leader");
+        assert_eq!(leader.token, era_token(0, FencingToken::new(7)).unwrap());
+    });
+}
