@@ -77,7 +77,8 @@ pub(crate) enum Attempt {
 /// One node's answer to the acquire script.
 enum Reply {
     Granted(u64),
-    Held(i64),
+    /// The holder's PTTL, and (Redlock) the instance's token counter.
+    Held(i64, Option<u64>),
 }
 
 /// Releases an attempt's key in the background if the attempt is dropped before it has
@@ -323,11 +324,16 @@ impl Engine {
         .await;
         let mut granted = Vec::new();
         let mut held = Vec::new();
+        // The highest counter a refusing instance answered (Redlock).
+        let mut refused_counter = 0;
         let mut errors = Vec::new();
         for reply in replies {
             match reply {
                 Ok(Reply::Granted(token)) => granted.push(token),
-                Ok(Reply::Held(pttl)) => held.push(pttl),
+                Ok(Reply::Held(pttl, counter)) => {
+                    held.push(pttl);
+                    refused_counter = refused_counter.max(counter.unwrap_or(0));
+                }
                 Err(e) => errors.push(e),
             }
         }
@@ -335,12 +341,20 @@ impl Engine {
             .checked_sub(sent.elapsed() + drift(lease))
             .unwrap_or_default();
         if granted.len() >= self.quorum && !validity.is_zero() {
-            let token = granted.iter().copied().max().unwrap_or(0);
+            // A refusing instance may be the only one of an earlier granting majority
+            // that still remembers its token (see the scripts' module docs).
+            let token = granted
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(0)
+                .max(refused_counter.saturating_add(1));
             let recorded = granted.iter().filter(|t| **t == token).count();
             let checked = async {
                 if recorded < self.quorum {
-                    // The granting majority disagreed: make a majority remember the
-                    // highest token before anyone relies on it.
+                    // The granting majority disagreed, or a refusing instance was ahead
+                    // of it: make a majority remember the token before anyone relies on
+                    // it.
                     let term = value.map(|value| (owner.as_str(), value));
                     self.raise_token(keys, token, term, lease, per_node).await?;
                     if sent.elapsed() + drift(lease) >= lease {
@@ -657,7 +671,16 @@ fn parse_acquire(value: Value) -> Result<Reply, Error> {
             .and_then(|t| t.parse().ok())
             .map(Reply::Granted)
             .ok_or_else(bad),
-        [Value::Int(0), Value::Int(pttl)] => Ok(Reply::Held(*pttl)),
+        [Value::Int(0), Value::Int(pttl)] | [Value::Int(0), Value::Int(pttl), Value::Nil] => {
+            Ok(Reply::Held(*pttl, None))
+        }
+        [Value::Int(0), Value::Int(pttl), Value::BulkString(counter)] => {
+            std::str::from_utf8(counter)
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .map(|c| Reply::Held(*pttl, Some(c)))
+                .ok_or_else(bad)
+        }
         _ => Err(bad()),
     }
 }

@@ -20,13 +20,17 @@
 //! than the time between the last grant before the data loss and the first grant after
 //! it. Tokens are below 2^53, so Lua's doubles represent them exactly.
 //!
-//! Redlock: the token of a guard is the highest token among the granting majority, and
-//! it must be recorded on a majority before the guard is handed out, so that any later
-//! majority (which overlaps this one) issues a larger one. The client proposes one value
+//! Redlock: the token of a guard is the highest token among the granting majority, or
+//! one more than the highest counter among the refusing instances if that is higher,
+//! and it must be recorded on a majority before the guard is handed out, so that any
+//! later majority (which overlaps this one) issues a larger one. The overlap may be an
+//! instance that refuses the later grant (it still holds an earlier holder's key): its
+//! counter counts as much as a granting one's. The client proposes one value
 //! to all instances ([`ACQUIRE_PROPOSED`]); when the granting majority all answer the
 //! same token it is already recorded there and the attempt costs one round trip, and
-//! only when they disagree (an instance lagging behind or ahead) does the client write
-//! the highest back ([`RAISE_TOKEN`]) before returning. Tokens never go backwards while
+//! only when they disagree (an instance lagging behind or ahead, or a refusing instance
+//! ahead of them all) does the client write the highest back ([`RAISE_TOKEN`]) before
+//! returning. Tokens never go backwards while
 //! a majority keeps its counters; an instance that lost its counter (restarted without
 //! persistence) answers the proposal, the client's clock, which lies above earlier
 //! tokens unless that client's clock is behind the clocks of earlier clients by more
@@ -267,10 +271,11 @@ if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\n' then
 end
 ";
 
-/// The end of both acquire scripts: the lock is held by someone else. A caller that will
-/// wait marks the lock as awaited until at least a second past the holder's `PTTL` (and
-/// for two seconds at least, for a key without expiry, re-checked every second), so the
-/// marker outlives the waiter's sleep until its next try, which marks again.
+/// The end of the single-server acquire scripts: the lock is held by someone else. A
+/// caller that will wait marks the lock as awaited until at least a second past the
+/// holder's `PTTL` (and for two seconds at least, for a key without expiry, re-checked
+/// every second), so the marker outlives the waiter's sleep until its next try, which
+/// marks again.
 const REFUSED: &str = r"
 local pttl = redis.call('PTTL', KEYS[1])
 if ARGV[4] == '1' then
@@ -281,9 +286,24 @@ end
 return {0, pttl}
 ";
 
+/// [`REFUSED`] for Redlock: also answers the instance's counter (`false` if none). The
+/// refusing instance may be the only one left that remembers the latest token (its
+/// majority partner restarted empty, and the instances granting now never saw it), so
+/// the client takes the next token above it too.
+const REFUSED_COUNTER: &str = r"
+local pttl = redis.call('PTTL', KEYS[1])
+if ARGV[4] == '1' then
+  local ms = pttl
+  if ms < 1000 then ms = 1000 end
+  redis.call('SET', KEYS[3], '1', 'PX', ms + 1000)
+end
+return {0, pttl, redis.call('GET', KEYS[2])}
+";
+
 /// Redlock's acquire. KEYS: lock, token, waiter marker. ARGV: owner, lease ms, token ttl
 /// ms, mark (as in [`ACQUIRE`]), the client's proposal (its wall clock in µs, or 0).
-/// Returns `{1, token}` when granted, `{0, pttl}` when held by someone else.
+/// Returns `{1, token}` when granted, `{0, pttl, counter or false}` when held by someone
+/// else (see [`REFUSED_COUNTER`]).
 ///
 /// `token = max(counter + 1, proposal)`. Every instance of one attempt gets the same
 /// proposal, so in the usual case (the proposal lies above every counter) they all
@@ -313,7 +333,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('SET', KEYS[2], tok, 'PX', ARGV[3])
   {}
 end
-{resent}{REFUSED}",
+{resent}{REFUSED_COUNTER}",
         granted.lua("ARGV[5]"),
         granted.lua("tok"),
     )

@@ -419,6 +419,81 @@ async fn redlock_restart_within_the_lease_gives_a_second_holder_that_fencing_sto
     }
 }
 
+/// Redlock tokens stay above every earlier token when the only instance that remembers
+/// one refuses the next grant: X is granted on instances 0 and 1 (2 holds a foreign
+/// key), with a token from counters running far ahead of the clocks (a client whose
+/// clock ran ahead); 0 restarts empty; Y is granted by 0 and 2, which never saw X's
+/// token, while 1, which did, refuses (it still holds X's key). Y's token must still be
+/// above X's: a refusing instance's counter counts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_token_passes_a_counter_only_a_refusing_instance_remembers() {
+    let (servers, x) = redlock_over_three().await;
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    let y = fencelock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .unwrap();
+    let (lock, counter) = ("fencelock:{refused}", "fencelock:{refused}:token");
+    let conn = |i: usize| {
+        let url = servers[i].url();
+        async move {
+            redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap()
+        }
+    };
+    let () = conn(2)
+        .await
+        .set_options(
+            lock,
+            "foreign",
+            redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(1000)),
+        )
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let ahead = now + 1_000_000_000_000;
+    for i in [0, 1] {
+        let () = conn(i).await.set(counter, ahead).await.unwrap();
+    }
+    let lease = Duration::from_secs(10);
+    let a = x
+        .acquire("refused", AcquireOptions::new().lease(lease).no_wait())
+        .await
+        .unwrap();
+    assert_eq!(a.token().get(), ahead + 1);
+    while exists_on(&servers[2], lock).await {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::task::block_in_place(|| servers[0].restart());
+    // Waits a little: Y's first try may find its connection to 0 reset by the restart.
+    let b = y
+        .acquire(
+            "refused",
+            AcquireOptions::new()
+                .lease(lease)
+                .wait_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .expect("instances 0 (restarted) and 2 grant B");
+    assert!(b.token() > a.token(), "{} after {}", b.token(), a.token());
+    let recorded = counters(&servers, counter).await;
+    assert!(
+        recorded
+            .iter()
+            .filter(|c| **c == Some(b.token().get()))
+            .count()
+            >= 2,
+        "B's token is on a majority: {recorded:?}"
+    );
+    b.release().await.unwrap();
+    drop(a);
+}
+
 async fn counters(servers: &[RedisServer], key: &str) -> Vec<Option<u64>> {
     let mut out = Vec::new();
     for server in servers {
