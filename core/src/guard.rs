@@ -263,8 +263,13 @@ impl LockGuard {
 
     /// Extends a fixed lease ([`AcquireOptions::fixed_lease`](crate::AcquireOptions::fixed_lease)):
     /// the grant now ends `lease` after this request is sent, on the server and in
-    /// [`valid_until`](Self::valid_until), which moves forward (it never moves back: an
-    /// extension shorter than what is left changes nothing and returns `Ok`). The token
+    /// [`valid_until`](Self::valid_until). An extension that would end no later than
+    /// [`valid_until`](Self::valid_until) already does changes nothing and returns
+    /// `Ok`. One that is sent replaces the server's lease, and `valid_until` becomes the
+    /// backend's conservative end of the new one (send instant plus `lease`, minus the
+    /// backend's drift margin): usually later, but earlier by less than that margin when
+    /// the new end lay within it of the old deadline, so that `valid_until` is never
+    /// past what the server's current lease guarantees. The token
     /// stays the same. This is the explicit counterpart of the automatic renewal of a
     /// renewing lease: a holder that knows its work takes longer asks for more time,
     /// and a holder that stops asking loses the lock when the lease ends.
@@ -312,18 +317,8 @@ impl LockGuard {
         self.held
             .check_extension(lease)
             .map_err(|error| self.own_unsupported(error))?;
-        // Never shorter: the server's lease must end no earlier than the deadline the
-        // guard already promises. Extending only past it keeps that true on every
-        // backend, whose new server-side end is at least `lease` after the request.
-        if Instant::now()
-            .checked_add(lease)
-            .is_some_and(|end| end <= self.liveness.valid_until())
-        {
-            return Ok(());
-        }
-        match self.held.extend(lease).await {
-            Ok(valid_until) => {
-                self.liveness.extend(valid_until);
+        match extend_held(&*self.held, &self.liveness, lease).await {
+            Ok(_) => {
                 if self.liveness.is_lost() {
                     return Err(Error::lost(
                         &*self.name,
@@ -400,6 +395,29 @@ impl LockGuard {
     }
 }
 
+/// Extends `held`, whose deadline `liveness` keeps, by `lease`, never shorter: when
+/// `lease` from now ends no later than the deadline already promised, nothing is sent and
+/// `Ok(None)` is returned. Otherwise the server's lease is replaced by one of `lease`
+/// from the send, and `liveness` takes the backend's conservative deadline for it
+/// ([`Liveness::confirm_extension`]) even when that is earlier than the one it had: the
+/// old deadline lay within the drift margin of the new lease's end, which is no longer
+/// covered. Used by [`LockGuard::extend`] and by layers for each lock they hold.
+pub(crate) async fn extend_held(
+    held: &dyn HeldLock,
+    liveness: &Liveness,
+    lease: Duration,
+) -> Result<Option<Instant>, Error> {
+    if Instant::now()
+        .checked_add(lease)
+        .is_some_and(|end| end <= liveness.valid_until())
+    {
+        return Ok(None);
+    }
+    let valid_until = held.extend(lease).await?;
+    liveness.confirm_extension(valid_until);
+    Ok(Some(valid_until))
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.finished {
@@ -460,6 +478,84 @@ mod tests {
         }
 
         fn release_in_background(&self) {}
+    }
+
+    /// A fixed lease on a server whose clock may run ahead of ours: `extend` moves the
+    /// server's expiry to `lease` after the send and answers, as backends do, the send
+    /// instant plus `lease` minus the drift margin.
+    #[derive(Debug)]
+    struct Margined {
+        margin: Duration,
+        server_expiry: std::sync::Mutex<Instant>,
+    }
+
+    impl Margined {
+        /// A grant of `lease`, taken now: the handle, and the guard's first deadline.
+        fn granted(lease: Duration, margin: Duration) -> (Arc<Self>, Instant) {
+            let now = Instant::now();
+            let held = Arc::new(Margined {
+                margin,
+                server_expiry: std::sync::Mutex::new(now + lease),
+            });
+            (held, now + lease - margin)
+        }
+
+        /// The conservative deadline of the lease the server holds now.
+        fn conservative(&self) -> Instant {
+            *self.server_expiry.lock().unwrap() - self.margin
+        }
+    }
+
+    #[async_trait]
+    impl HeldLock for Margined {
+        async fn release(&self) -> Result<(), Error> {
+            Ok(())
+        }
+
+        fn release_in_background(&self) {}
+
+        fn can_extend(&self) -> Result<(), Error> {
+            Ok(())
+        }
+
+        async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+            let sent = Instant::now();
+            *self.server_expiry.lock().unwrap() = sent + lease;
+            Ok(sent + lease - self.margin)
+        }
+    }
+
+    /// An extension whose new end falls between the old deadline and the old deadline
+    /// plus the drift margin replaces the server's lease with a (slightly) shorter one;
+    /// the guard's deadline must follow it down, never stay past the new lease's
+    /// conservative end. An extension that moves nothing leaves it as it was.
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_never_leaves_the_deadline_past_the_new_lease() {
+        let margin = Duration::from_millis(500);
+        let (held, deadline) = Margined::granted(Duration::from_secs(10), margin);
+        let guard = LockGuard::new(
+            "margin",
+            FencingToken::new(3),
+            "test",
+            Liveness::new(deadline),
+            held.clone(),
+        );
+        let watched = guard.lost_token();
+        // 9.8 s from now: past the 9.5 s deadline, short of the 10 s server expiry.
+        guard.extend(Duration::from_millis(9_800)).await.unwrap();
+        assert!(
+            guard.valid_until() <= held.conservative(),
+            "the guard claims {:?}, the server's new lease is good until {:?}",
+            guard.valid_until() - Instant::now(),
+            held.conservative() - Instant::now()
+        );
+        assert!(!guard.is_lost());
+        // The watcher follows the earlier deadline: the loss is reported at it.
+        tokio::time::timeout(Duration::from_millis(9_400), watched.cancelled())
+            .await
+            .expect("the loss is reported at the new lease's deadline");
+        assert!(guard.is_lost());
+        assert_eq!(guard.lost_cause(), Some(LossCause::LeaseExpired));
     }
 
     /// A guard that already reported loss (its deadline passed during a partition)

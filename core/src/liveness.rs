@@ -218,6 +218,31 @@ impl Liveness {
         }
     }
 
+    /// Sets the deadline after an extension of a fixed lease replaced the server's lease
+    /// ([`LockGuard::extend`](crate::LockGuard::extend)): to `valid_until`, the backend's
+    /// conservative end of the new lease, **even when it is earlier** than the deadline
+    /// it had (which then lay within the drift margin of the new lease's end; renewals
+    /// use [`extend`](Self::extend), which never moves back). Wakes everything waiting
+    /// for the deadline, so a loss at the earlier one is reported on time. Ignored when
+    /// the lock is already lost (the deadline passed or it was marked lost). Returns
+    /// whether the deadline was set.
+    pub fn confirm_extension(&self, valid_until: Instant) -> bool {
+        if self.is_lost() {
+            return false;
+        }
+        let mut current = self.own();
+        if self.has(LOST) || Instant::now() >= self.effective(*current) {
+            return false;
+        }
+        let earlier = valid_until < *current;
+        *current = valid_until;
+        drop(current);
+        if earlier {
+            self.inner.changed.notify_waiters();
+        }
+        true
+    }
+
     /// Names the guard this record belongs to (its lock, token and backend), for the
     /// `warn!` that reports its loss. Set once, by [`LockGuard::new`](crate::LockGuard::new).
     pub fn set_identity(&self, name: &str, token: u64, backend: &'static str) {
@@ -324,12 +349,17 @@ impl Liveness {
     /// None: it only waits.
     pub async fn lost(&self) {
         loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the checks: a loss marked, or a deadline moved earlier
+            // ([`confirm_extension`](Self::confirm_extension)), after them wakes it.
+            changed.as_mut().enable();
             if self.is_lost() {
                 return;
             }
             let deadline = self.valid_until();
             tokio::select! {
-                () = self.wait_for(LOST) => return,
+                () = changed => {}
                 () = tokio::time::sleep_until(deadline) => {}
             }
         }
