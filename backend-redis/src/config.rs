@@ -150,7 +150,7 @@ impl RedisTls {
 /// | `rediss+sentinel://...` | the same over TLS, to the Sentinels and the master |
 /// | `redis+cluster://[user:pass@]a:port,b:port` | Redis Cluster |
 /// | `rediss+cluster://...` | Redis Cluster over TLS (`tls-cluster yes` on the nodes) |
-/// | `redlock://[user:pass@]a:port,b:port,c:port` | Redlock over independent masters |
+/// | `redlock://[user:pass@]a:port,b:port,c:port` | Redlock over distinct independent masters (see [`RedisConfig::check_instances`]) |
 /// | `redlocks://...` | Redlock over TLS to every instance |
 ///
 /// Query options (all optional): `prefix=STR` (key prefix, default `fencelock:`),
@@ -283,6 +283,35 @@ impl RedisConfig {
         Ok(())
     }
 
+    /// Checks that no Redlock instance is named twice (host compared without case, an IP
+    /// address by its value, so `[::1]` and `[0::1]` are one): a server named twice
+    /// would count twice toward the majority, and one server's grant could then be a
+    /// "majority" of three. (Other names for one server, such as `localhost` and
+    /// `127.0.0.1`, cannot be told apart without resolving them.)
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the instance given twice.
+    pub fn check_instances(&self) -> Result<(), Error> {
+        let Topology::Redlock { instances, .. } = &self.topology else {
+            return Ok(());
+        };
+        let mut seen = std::collections::HashSet::new();
+        for endpoint in instances {
+            let host = endpoint
+                .host
+                .parse::<std::net::IpAddr>()
+                .map_or_else(|_| endpoint.host.to_ascii_lowercase(), |ip| ip.to_string());
+            if !seen.insert((host, endpoint.port)) {
+                return Err(Error::InvalidConfig(format!(
+                    "redis: Redlock instance {endpoint} is given twice (it would count twice \
+                     toward the majority)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the TLS settings against the topology: none without TLS (`rediss://`,
     /// `rediss+sentinel://`, `rediss+cluster://`, `redlocks://`), and `cert` and `key`
     /// both or neither. Does not touch the files.
@@ -321,7 +350,7 @@ impl RedisConfig {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] (with the password redacted) for malformed URLs, unknown
-    /// options or out-of-range values; [`Error::InvalidConfig`] for TLS settings the URL
+    /// options, out-of-range values or a Redlock instance given twice; [`Error::InvalidConfig`] for TLS settings the URL
     /// cannot use (see [`RedisConfig::check_tls`]).
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let bad = |reason: String| Error::InvalidUrl {
@@ -489,6 +518,9 @@ impl RedisConfig {
                  rediss+sentinel:// only"
                     .into(),
             ));
+        }
+        if let Err(Error::InvalidConfig(reason)) = config.check_instances() {
+            return Err(bad(reason.trim_start_matches("redis: ").to_owned()));
         }
         config.check_tls()?;
         Ok(config)
@@ -688,6 +720,11 @@ mod tests {
             "redlock://a:1,b:2",
             "redlocks://a:1,b:2",
             "rediss+redlock://a:1",
+            // One server twice would count twice toward the quorum.
+            "redlock://a:1,a:1,b:2",
+            "redlocks://a:1,b:2,A:1",
+            "redlock://[::1]:1,[0::1]:1,b:2",
+            "redlock://h,h:6379,b:2",
             "redis://h:1?timeout=5x",
             "redis://h:1/abc",
             "redis://:1",
@@ -706,6 +743,32 @@ mod tests {
             let err = RedisConfig::from_url(url).unwrap_err();
             assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
         }
+    }
+
+    /// A Redlock instance given twice in a configuration built in code is refused too,
+    /// by `connect` before any connection.
+    #[tokio::test]
+    async fn a_redlock_instance_given_twice_is_refused() {
+        let endpoint = |host: &str, port| Endpoint {
+            host: host.into(),
+            port,
+        };
+        let config = RedisConfig::new(Topology::Redlock {
+            instances: vec![
+                endpoint("no-such-host.invalid", 1),
+                endpoint("other.invalid", 1),
+                endpoint("No-Such-Host.invalid", 1),
+            ],
+            tls: false,
+        });
+        assert!(matches!(
+            config.check_instances(),
+            Err(Error::InvalidConfig(_))
+        ));
+        let err = crate::RedisLock::connect(config).await.err().unwrap();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+        let distinct = RedisConfig::from_url("redlock://a:1,a:2,b:1").unwrap();
+        assert!(distinct.check_instances().is_ok());
     }
 
     #[test]

@@ -49,12 +49,14 @@ impl RedisLock {
     /// # Errors
     ///
     /// - [`Error::InvalidConfig`] for a replica check on Cluster or Redlock (not
-    ///   supported), TLS without the `tls` feature, or durations out of range (see
-    ///   [`RedisConfig::check_durations`]);
+    ///   supported), TLS without the `tls` feature, durations out of range (see
+    ///   [`RedisConfig::check_durations`]), or a Redlock instance given twice (see
+    ///   [`RedisConfig::check_instances`]);
     /// - [`Error::Unavailable`] when a server cannot be reached;
     /// - [`Error::Backend`] (not retryable) when authentication fails.
     pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
         config.check_durations()?;
+        config.check_instances()?;
         if config.wait_replicas > 0
             && matches!(
                 config.topology,
