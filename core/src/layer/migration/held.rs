@@ -113,9 +113,14 @@ impl HeldLock for MigrationHeld {
         self.key.as_deref()
     }
 
-    /// Extends every leg, in acquisition order; the migration guard is valid until the
-    /// earlier of the legs' new deadlines. A leg that cannot be extended fails the whole
-    /// call (the legs extended before it just hold longer).
+    /// Extends every leg, in acquisition order, each under the rule
+    /// [`LockGuard::extend`] applies: a leg whose deadline already covers `lease` from
+    /// now is not extended (its server's lease may be longer than `lease`, after an
+    /// earlier extension that failed on a later leg, and must not be shortened under the
+    /// deadline it keeps), and a leg that is extended takes its backend's answer as its
+    /// deadline. The migration guard is valid until the earlier of the legs' deadlines.
+    /// A leg that cannot be extended fails the whole call (the legs extended before it
+    /// just hold longer).
     fn can_extend(&self) -> Result<(), Error> {
         self.helds
             .iter()
@@ -131,8 +136,8 @@ impl HeldLock for MigrationHeld {
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
         let mut valid_until: Option<Instant> = None;
         for ((role, held), leg) in self.helds.iter().zip(&self.legs) {
-            let extended = match held.extend(lease).await {
-                Ok(extended) => extended,
+            match crate::guard::extend_held(&**held, leg, lease).await {
+                Ok(_) => {}
                 Err(Error::Lost { reason, .. }) => {
                     return Err(Error::lost(
                         &self.name,
@@ -140,8 +145,7 @@ impl HeldLock for MigrationHeld {
                     ));
                 }
                 Err(error) => return Err(error),
-            };
-            leg.extend(extended);
+            }
             let leg_until = leg.valid_until();
             valid_until = Some(valid_until.map_or(leg_until, |v| v.min(leg_until)));
         }

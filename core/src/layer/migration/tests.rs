@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::{
-    DistributedLockExt, FencedRegister, FencingToken, LeaderChange, Lease, Liveness, MemoryLock,
+    DistributedLockExt, FencedRegister, FencingToken, HeldLock, LeaderChange, Lease, Liveness,
+    MemoryLock,
 };
 
 /// A memory lock that keeps the liveness of every guard it hands out, so a test can make
@@ -614,4 +615,152 @@ fn an_observation_on_a_lock_made_on_a_runtime_that_ended_still_delivers() {
             .expect("a leader");
         assert_eq!(leader.token, era_token(0, FencingToken::new(7)).unwrap());
     });
+}
+
+/// A leg's fixed lease, as its server sees it: `extend` takes `took` to answer, may be
+/// told to fail once, and answers the send instant plus the lease minus `margin`.
+#[derive(Debug)]
+struct FixedLeg {
+    margin: Duration,
+    took: Duration,
+    server_expiry: Mutex<Instant>,
+    fail_next: std::sync::atomic::AtomicBool,
+}
+
+impl FixedLeg {
+    /// The conservative end of the lease the server holds now.
+    fn conservative(&self) -> Instant {
+        *self.server_expiry.lock().unwrap() - self.margin
+    }
+}
+
+#[async_trait]
+impl HeldLock for FixedLeg {
+    async fn release(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn release_in_background(&self) {}
+    fn can_extend(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+        if self.fail_next.swap(false, Ordering::SeqCst) {
+            return Err(Error::unavailable(
+                "fixed-leg",
+                std::io::Error::other("connection refused"),
+            ));
+        }
+        let sent = Instant::now();
+        *self.server_expiry.lock().unwrap() = sent + lease;
+        tokio::time::sleep(self.took).await;
+        Ok(sent + lease - self.margin)
+    }
+}
+
+/// A lock service whose grants are [`FixedLeg`]s (no exclusion: one client).
+#[derive(Debug, Default)]
+struct FixedLegs {
+    took: Duration,
+    handed_out: Mutex<Vec<(Arc<FixedLeg>, Liveness)>>,
+}
+
+impl FixedLegs {
+    fn leg(&self, i: usize) -> (Arc<FixedLeg>, Liveness) {
+        self.handed_out.lock().unwrap()[i].clone()
+    }
+}
+
+#[async_trait]
+impl DistributedLock for FixedLegs {
+    async fn acquire(&self, name: &str, options: AcquireOptions) -> Result<LockGuard, Error> {
+        let Lease::Fixed(lease) = options.lease_kind() else {
+            return Err(Error::InvalidConfig("fixed leases only".into()));
+        };
+        let margin = Duration::from_millis(600);
+        let now = Instant::now();
+        let held = Arc::new(FixedLeg {
+            margin,
+            took: self.took,
+            server_expiry: Mutex::new(now + lease),
+            fail_next: false.into(),
+        });
+        let liveness = Liveness::new(now + lease - margin);
+        let mut handed_out = self.handed_out.lock().unwrap();
+        handed_out.push((held.clone(), liveness.clone()));
+        let token = FencingToken::new(handed_out.len() as u64);
+        Ok(LockGuard::new(name, token, "fixed-leg", liveness, held))
+    }
+    async fn inspect(&self, _name: &str) -> Result<LockInfo, Error> {
+        Err(Error::InvalidConfig("not in this test".into()))
+    }
+    async fn list(&self, _prefix: &str) -> Result<Vec<ListedLock>, Error> {
+        Ok(Vec::new())
+    }
+    async fn revoke(&self, _name: &str) -> Result<Option<HolderInfo>, Error> {
+        Ok(None)
+    }
+    async fn close(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn capabilities(&self) -> Capabilities {
+        MemoryLock::new().capabilities()
+    }
+    fn backend(&self) -> &'static str {
+        "fixed-leg"
+    }
+}
+
+/// Extending a two-leg guard keeps the legs' own "never shorter" rule: after an
+/// extension that moved the first leg far out and failed on the second, a shorter one
+/// must not replace the first leg's long server lease by a short one while that leg
+/// (and so the guard) keeps the long deadline. Every leg's deadline, and the guard's,
+/// stay within what its server's current lease guarantees.
+#[tokio::test(start_paused = true)]
+async fn extending_after_a_failed_extension_never_outlives_a_legs_server_lease() {
+    // The first leg (etcd, say) answers in 2 s, more than the 600 ms drift margin.
+    let legacy = Arc::new(FixedLegs {
+        took: Duration::from_secs(2),
+        ..FixedLegs::default()
+    });
+    let target = Arc::new(FixedLegs::default());
+    let (l, t): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) =
+        (legacy.clone(), target.clone());
+    let guard = migration(MigrationPhase::LegacyFirst, &l, &t)
+        .acquire(
+            "x",
+            AcquireOptions::new().fixed_lease(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let check = |when: &str| {
+        for (role, legs) in [("legacy", &legacy), ("target", &target)] {
+            let (server, leg) = legs.leg(0);
+            assert!(
+                leg.valid_until() <= server.conservative(),
+                "{when}: the {role} leg claims {:?}, its server lease is good until {:?}",
+                leg.valid_until() - Instant::now(),
+                server.conservative() - Instant::now()
+            );
+            assert!(
+                guard.valid_until() <= server.conservative(),
+                "{when}: the guard claims {:?}, the {role} leg's server lease is good \
+                 until {:?}",
+                guard.valid_until() - Instant::now(),
+                server.conservative() - Instant::now()
+            );
+        }
+    };
+    target.leg(0).0.fail_next.store(true, Ordering::SeqCst);
+    let failed = guard.extend(Duration::from_secs(300)).await;
+    assert!(
+        matches!(failed, Err(Error::Unavailable { .. })),
+        "{failed:?}"
+    );
+    check("after the failed extension");
+    guard.extend(Duration::from_secs(60)).await.unwrap();
+    check("after the shorter extension");
+    assert!(!guard.is_lost());
+    guard.extend(Duration::from_secs(400)).await.unwrap();
+    check("after a longer one");
+    guard.release().await.unwrap();
 }
