@@ -148,12 +148,21 @@ impl Session {
             keepalive: Mutex::new(None),
         });
         if keep_alive {
+            // Opening the stream sends a keepalive and waits for its answer: etcd renewed
+            // the lease on a request sent no earlier than `opening`, so that renewal is
+            // credited (as `open` does for a reopened stream) and the first round is a
+            // third of the lease after it. Over a slow link the grant and the opening
+            // take most of a short lease; a first round a third of the lease after the
+            // opening, against the grant's deadline, came too late and lost the session.
+            let opening = Instant::now();
             let (keeper, stream) = lease.keep_alive(granted.id()).await.map_err(map)?;
+            session.renewed(opening + ttl - drift_margin(ttl));
             let task = runtime.spawn(keep_alive_loop(
                 client.clone(),
                 Arc::downgrade(&session),
                 keeper,
                 stream,
+                opening + ttl / 3,
             ));
             *session
                 .keepalive
@@ -314,9 +323,10 @@ fn answered(
     }
 }
 
-/// Sends a keepalive every third of the TTL and moves the deadline to `sent + TTL −
-/// margin` on each answer. A broken stream is reopened until the deadline; past the
-/// deadline, or when etcd says the lease is gone, the session is lost.
+/// Sends a keepalive every third of the TTL, the first at `first` (a third of the TTL
+/// after the stream's opening, the last renewal credited), and moves the deadline to
+/// `sent + TTL − margin` on each answer. A broken stream is reopened until the deadline;
+/// past the deadline, or when etcd says the lease is gone, the session is lost.
 ///
 /// An answer is awaited until the deadline (a slow network still renews: etcd renews
 /// as each request arrives). If none came within a third of the TTL, a new stream is
@@ -330,13 +340,14 @@ async fn keep_alive_loop(
     session: std::sync::Weak<Session>,
     keeper: LeaseKeeper,
     stream: LeaseKeepAliveStream,
+    first: Instant,
 ) {
     let Some((id, ttl)) = session.upgrade().map(|s| (s.lease_id, s.ttl)) else {
         return;
     };
     let interval = ttl / 3;
     let mut channel = Some((keeper, stream));
-    let mut next = Instant::now() + interval;
+    let mut next = first;
     loop {
         tokio::time::sleep_until(next).await;
         let Some(deadline) = session.upgrade().map(|s| s.valid_until()) else {

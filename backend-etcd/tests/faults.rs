@@ -533,6 +533,43 @@ async fn keepalive_answers_slower_than_a_third_of_the_lease_keep_the_lock() {
     guard.release().await.unwrap();
 }
 
+/// A 2 s session granted over a ~550 ms round trip keeps its lock: the keepalive
+/// stream's opening renews the lease (it sends a keepalive and waits for the answer), so
+/// it is credited from the instant it was begun, and the first renewal follows a third
+/// of the lease after that instant. The opening used to be ignored and the first
+/// renewal sent a third of the lease after the stream opened, ~1.8 s after the grant
+/// was sent: its answer came after the deadline (grant + 1.93 s) and the guard was lost
+/// at once, although etcd held the lease until ~2.5 s and later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_granted_over_a_slow_link_keeps_its_lock() {
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = format!("slow-grant-{:x}", std::process::id());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.clone(),
+        lease: Duration::from_secs(2),
+        ..EtcdConfig::default()
+    };
+    // Every answer, the session grant's (in connect) and the stream opening's included,
+    // arrives 550 ms late.
+    proxy.set(Fault::DelayReplies(Duration::from_millis(550)));
+    let locks = EtcdLock::connect(config(proxy.addr())).await.unwrap();
+    let guard = locks.lock("x").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !guard.is_lost(),
+        "lost though etcd renewed the lease: {:?}",
+        guard.lost_reason()
+    );
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let info = direct.inspect("x").await.unwrap();
+    assert_eq!(info.holder.map(|h| h.token), Some(guard.token()));
+    proxy.set(Fault::Pass);
+    guard.release().await.unwrap();
+}
+
 /// A cancelled acquire whose create is still on its way (held in a partition, queued
 /// behind another create in the batcher's lane) leaves no key: the clean-up deletes by
 /// name when the create does not answer in time, and then the incarnation the create
