@@ -32,7 +32,8 @@ const FACADE_OPTIONS: &[&str] = &[
 ///   On any scheme, `?require=linearizable,fencing=strong` adds
 ///   [requirements](Requirement); `retry=N` wraps the lock in a [`Retry`](crate::Retry)
 ///   layer with N retries (`retry_min_delay=200ms` and `retry_max_delay=1s` adjust its
-///   default policy, 3 retries after 200 ms, 500 ms, 1 s, and also turn it on);
+///   default policy, 3 retries after 200 ms, 500 ms, 1 s, and also turn it on; a zero
+///   `retry_min_delay` is refused, as it would make every delay zero);
 ///   `metrics=true` wraps it in the metrics layer (cargo feature `metrics`;
 ///   `metrics_names=true` adds the lock name as a label); `max_waiters=N` lets at most N
 ///   acquires of the client wait at once and refuses the next with
@@ -180,7 +181,8 @@ impl Config {
                 self.retry = Some(policy.max_retries(retries));
             }
             "retry_min_delay" => {
-                self.retry = Some(self.retry.unwrap_or_default().min_delay(delay(value)?))
+                let policy = self.retry.unwrap_or_default().min_delay(delay(value)?);
+                self.retry = Some(policy.map_err(|error| format!("retry_min_delay: {error}"))?);
             }
             "retry_max_delay" => {
                 self.retry = Some(self.retry.unwrap_or_default().max_delay(delay(value)?))
@@ -449,6 +451,26 @@ mod tests {
             assert!(err.to_string().contains("twice"), "{url}: {err}");
         }
         Config::from_url("mem://?require=fifo&require=fencing").unwrap();
+    }
+
+    /// A zero minimum retry delay makes every backoff delay zero, so a backend that
+    /// fails fast is retried in a busy loop: refused, by URL and by config file.
+    #[test]
+    fn a_zero_minimum_retry_delay_is_refused() {
+        for url in [
+            "mem://?retry=5&retry_min_delay=0",
+            "mem://?retry_min_delay=0ms",
+            "mem://?retry=3&retry_min_delay=0s&retry_max_delay=1s",
+        ] {
+            let err = Config::from_url(url).unwrap_err();
+            assert!(err.to_string().contains("retry_min_delay"), "{url}: {err}");
+        }
+        let err = Config::from_toml_str(
+            "url = \"mem://\"\nretry = { retries = 5, min_delay = \"0s\" }\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("retry_min_delay"), "{err}");
+        Config::from_url("mem://?retry=5&retry_min_delay=1ms").unwrap();
     }
 
     /// A URL nesting URLs in its query values without end, as an error's URL or as a

@@ -91,10 +91,23 @@ impl RetryPolicy {
         self
     }
 
-    /// The delay before the first retry. Default 200 ms.
-    pub fn min_delay(mut self, delay: Duration) -> Self {
+    /// The delay before the first retry. Default 200 ms. Each later delay grows from
+    /// it, so it must be longer than zero.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a zero delay: every delay would then be zero, and a
+    /// backend that fails fast would be retried in a busy loop.
+    pub fn min_delay(mut self, delay: Duration) -> Result<Self, Error> {
+        if delay.is_zero() {
+            return Err(Error::InvalidConfig(
+                "retry: the minimum delay must be longer than zero, or every retry would \
+                 follow its failure at once"
+                    .into(),
+            ));
+        }
         self.min_delay = delay;
-        self
+        Ok(self)
     }
 
     /// The longest delay between two attempts. Default 1 s.
@@ -638,6 +651,24 @@ mod tests {
         assert_eq!(RetryPolicy::default().jitter(7.0).jitter_ratio(), 1.0);
     }
 
+    /// A zero minimum delay made every delay zero: with a backend that fails fast,
+    /// acquire retried in a busy loop.
+    #[test]
+    fn a_zero_minimum_delay_is_refused() {
+        let refused = RetryPolicy::default()
+            .max_retries(1000)
+            .min_delay(Duration::ZERO);
+        assert!(
+            matches!(refused, Err(Error::InvalidConfig(_))),
+            "{refused:?}"
+        );
+        let policy = RetryPolicy::default()
+            .max_retries(1000)
+            .min_delay(Duration::from_nanos(1))
+            .unwrap();
+        assert!(policy.nominal_delays().all(|d| !d.is_zero()));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn retries_unavailable_with_backoff_then_succeeds() {
         let flaky = Flaky::new(3, unavailable);
@@ -747,6 +778,7 @@ mod tests {
         let policy = RetryPolicy::default()
             .jitter(0.0)
             .min_delay(Duration::MAX)
+            .unwrap()
             .max_delay(Duration::MAX);
         let delays: Vec<Duration> = policy.delays().take(3).collect();
         assert_eq!(delays.len(), 3);
