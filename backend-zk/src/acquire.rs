@@ -119,6 +119,10 @@ pub(crate) async fn acquire_in(
             Err(zk::Error::NoNode) => Vec::new(),
             Err(err) => return Err(waiting_error(name, err)),
         };
+        // Only the recipes' nodes queue: another application's node in the directory
+        // (`padlock-0000000001`, under the root `/`) is never a holder or predecessor,
+        // as `inspect` and `leader` see it too.
+        children.retain(|child| names::recipe_node(child).is_some());
         names::sort_children(&mut children);
         let Some(index) = children.iter().position(|c| c == own) else {
             pending.armed = false;
@@ -130,7 +134,7 @@ pub(crate) async fn acquire_in(
         delete_own_orphans(&session, &pending, own, &children);
         if let Some(other) = children[..index]
             .iter()
-            .find_map(|c| Recipe::of(c).filter(|r| !r.shares_dir(recipe)))
+            .find_map(|c| names::recipe_node(c).filter(|r| !r.shares_dir(recipe)))
         {
             let _ = tokio::time::timeout(GIVE_UP_DELETE, pending.delete_now()).await;
             return Err(mixed_recipes(name, &pending.dir, other));
@@ -140,7 +144,7 @@ pub(crate) async fn acquire_in(
         let blocker = match recipe {
             Recipe::Read => children[..index]
                 .iter()
-                .rposition(|c| Recipe::of(c) == Some(Recipe::Write)),
+                .rposition(|c| names::recipe_node(c) == Some(Recipe::Write)),
             _ => index.checked_sub(1),
         };
         let Some(blocker) = blocker else {

@@ -30,8 +30,9 @@ use crate::session::{SessionPool, ZkSession};
 /// The candidate (or other) nodes of one election directory, in Curator's order.
 #[derive(Debug, Default)]
 pub(crate) struct Candidates {
-    /// (sort key, child name) → the candidate it describes; `None` for a node that is no
-    /// candidate (a lock node, an application's own node).
+    /// (sort key, child name) → the candidate it describes; `None` for another recipe's
+    /// node (a lock's). Nodes no recipe makes ([`names::recipe_node`]: an application's
+    /// own, such as `mylatch-0000000001`) are left out.
     nodes: BTreeMap<(Rank, String), Option<Leader>>,
 }
 
@@ -53,9 +54,12 @@ impl Candidates {
 
     /// Reads `child` of `dir` and records it; a node already gone is left out (its
     /// deletion is reported after its creation, and a deletion of an unknown node
-    /// changes nothing).
+    /// changes nothing), as is a node no recipe makes.
     async fn read(&mut self, session: &ZkSession, dir: &str, child: &str) -> Result<(), zk::Error> {
-        let candidate = if Recipe::of(child) == Some(Recipe::Latch) {
+        let Some(recipe) = names::recipe_node(child) else {
+            return Ok(());
+        };
+        let candidate = if recipe == Recipe::Latch {
             let path = format!("{dir}/{child}");
             match retry(|| session.client.get_data(&path)).await {
                 Ok((data, stat)) => Some(Leader::new(
@@ -87,9 +91,10 @@ impl Candidates {
     }
 }
 
-/// The leader of `dir` now: the first node in Curator's order, if it is a latch node,
-/// with its data as the value and its czxid as the token. `None` when nobody
-/// campaigns, or when the first node is a lock's (see [`crate::acquire::mixed_recipes`]).
+/// The leader of `dir` now: the first recipe node ([`names::recipe_node`]) in Curator's
+/// order, if it is a latch node, with its data as the value and its czxid as the token.
+/// `None` when nobody campaigns, or when the first node is a lock's (see
+/// [`crate::acquire::mixed_recipes`]).
 pub(crate) async fn leader(session: &ZkSession, dir: &str) -> Result<Option<Leader>, Error> {
     for _ in 0..16 {
         let mut children = match retry(|| session.client.list_children(dir)).await {
@@ -97,11 +102,12 @@ pub(crate) async fn leader(session: &ZkSession, dir: &str) -> Result<Option<Lead
             Err(zk::Error::NoNode) => return Ok(None),
             Err(err) => return Err(map(err)),
         };
+        children.retain(|child| names::recipe_node(child).is_some());
         names::sort_children(&mut children);
         let Some(first) = children.first() else {
             return Ok(None);
         };
-        if Recipe::of(first) != Some(Recipe::Latch) {
+        if names::recipe_node(first) != Some(Recipe::Latch) {
             return Ok(None);
         }
         let path = format!("{dir}/{first}");

@@ -102,7 +102,10 @@ use crate::transport::Transport;
 /// nodes of the recipes above, named as Curator and fencelock name them
 /// (`[_c_<uuid>-]lock-<seq>`, `latch-<seq>`, `__READ__<seq>`, `__WRIT__<seq>`): the first
 /// of them holds, the others wait. A directory without one is free and is not listed,
-/// and no other node is ever deleted. `list` reports the children of the root whose names
+/// and no other node is ever deleted. Acquiring, campaigning,
+/// [`leader`](DistributedLock::leader) and [`observe`](DistributedLock::observe) read a
+/// directory the same way: another node is never a holder, a leader or a predecessor.
+/// `list` reports the children of the root whose names
 /// are encoded lock names and which hold such a node (so neither semaphores nor
 /// read-write locks, which live under `%sem` and `%rw`).
 ///

@@ -75,9 +75,10 @@ impl Recipe {
             )
     }
 
-    /// The recipe of `child`, a node of a lock directory: `None` for a node neither
-    /// recipe makes. The protection prefix is `_c_` and a hex uuid, so neither name can
-    /// appear in it.
+    /// The recipe whose name `child` contains, wherever in it: `None` for a node with
+    /// no recipe's name. The protection prefix is `_c_` and a hex uuid, so no name can
+    /// appear in it. Loose (`mylatch-0000000001` is a latch node here): only for sorting
+    /// and for [`recipe_node`], which tells whether a child is a recipe's node at all.
     pub(crate) fn of(child: &str) -> Option<Recipe> {
         if child.contains(READ_NAME) {
             Some(Recipe::Read)

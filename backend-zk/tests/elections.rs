@@ -194,6 +194,75 @@ async fn operator_commands_see_only_lock_nodes() {
     locks.close().await.unwrap();
 }
 
+/// Another application's node named like a latch node only in part
+/// (`mylatch-0000000000`) in an election's directory is no candidate: `leader` and
+/// `observe` do not report it, and a campaign does not wait behind it. Both used to
+/// take any child with `latch-` in its name for a candidate: the foreign node, sorting
+/// first, was reported as the leader, and the campaign waited on it for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_node_in_an_election_directory_is_no_candidate() {
+    let server = ZkServer::shared();
+    let root = root();
+    let locks = client_of(server, &root).await;
+    let raw = locks.client().await.unwrap();
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    raw.mkdir(&format!("{root}/foreign"), &persistent)
+        .await
+        .unwrap();
+    raw.create(
+        &format!("{root}/foreign/mylatch-0000000000"),
+        b"foreign",
+        &persistent,
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(locks.leader("foreign").await.unwrap(), None);
+    let mut changes = locks.observe("foreign").await.unwrap();
+    assert_eq!(next(&mut changes).await, None);
+    let term = locks
+        .campaign(
+            "foreign",
+            "candidate",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(3)),
+        )
+        .await
+        .expect("the campaign is granted");
+    let leader = locks.leader("foreign").await.unwrap();
+    assert_eq!(
+        leader.as_ref().map(|l| (l.value.as_str(), l.token)),
+        Some(("candidate", term.token())),
+        "{leader:?}"
+    );
+    assert_eq!(next(&mut changes).await.as_deref(), Some("candidate"));
+    term.release().await.unwrap();
+    assert_eq!(next(&mut changes).await, None);
+    locks.close().await.unwrap();
+}
+
+/// A lock beside another application's node named like a lock node only in part
+/// (`padlock-0000000000`, which `inspect` never reports as a holder) is granted at
+/// once: the acquire used to take the node for its predecessor and wait on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_beside_a_lookalike_node_is_granted() {
+    let server = ZkServer::shared();
+    let root = root();
+    let locks = client_of(server, &root).await;
+    let raw = locks.client().await.unwrap();
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    raw.mkdir(&format!("{root}/padded/padlock-0000000000"), &persistent)
+        .await
+        .unwrap();
+    let guard = locks
+        .acquire("padded", AcquireOptions::new().no_wait())
+        .await
+        .expect("nothing holds the lock");
+    let info = locks.inspect("padded").await.unwrap();
+    assert_eq!(info.holder.map(|h| h.token), Some(guard.token()));
+    guard.release().await.unwrap();
+    locks.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_or_closing_ends_the_watch() {
     let server = ZkServer::shared();
