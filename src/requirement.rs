@@ -9,9 +9,9 @@ use fencelock_core::{DistributedLock, Error, FencingStrength, LossDetection};
 ///
 /// Written in configuration as `linearizable`, `fencing` (any trustworthy fencing: at
 /// least best-effort), `fencing=strong`, `fencing=best-effort`, `fifo`,
-/// `loss-detection=notified` or `counts-waiters`: in a URL as
-/// `?require=linearizable,fencing=strong`, in a config file as
-/// `require = ["linearizable", "fencing=strong"]`.
+/// `loss-detection=notified`, `counts-waiters`, `election`, `semaphore` or `rw-lock`
+/// (`_` may stand for `-`): in a URL as `?require=linearizable,fencing=strong`, in a
+/// config file as `require = ["linearizable", "fencing=strong"]`.
 ///
 /// # Examples
 ///
@@ -37,6 +37,15 @@ pub enum Requirement {
     LossDetection(LossDetection),
     /// `inspect` counts waiters.
     CountsWaiters,
+    /// Leader election: `campaign`, `leader` and `observe`. Not in a migration's
+    /// two-leg phases.
+    Election,
+    /// Semaphores: `acquire_permits`. Not on Redlock, nor in a migration's two-leg
+    /// phases.
+    Semaphore,
+    /// Read-write locks: `acquire_read` and `acquire_write`. Not on Redlock, nor in a
+    /// migration's two-leg phases.
+    RwLock,
 }
 
 impl Requirement {
@@ -73,6 +82,15 @@ impl Requirement {
             Requirement::CountsWaiters if !caps.counts_waiters => {
                 format!("{backend} cannot count waiters")
             }
+            Requirement::Election if !caps.election => {
+                format!("{backend} has no leader election{}", why_missing(backend))
+            }
+            Requirement::Semaphore if !caps.semaphore => {
+                format!("{backend} has no semaphores{}", why_missing(backend))
+            }
+            Requirement::RwLock if !caps.rw_lock => {
+                format!("{backend} has no read-write locks{}", why_missing(backend))
+            }
             _ => return Ok(()),
         };
         Err(Error::RequirementNotMet {
@@ -92,6 +110,24 @@ fn why_not_linearizable(backend: &str) -> &'static str {
         "migration" => {
             " (a migration is only as strong as the weakest leg its phase takes: services \
              that take only the legacy lock are excluded by the legacy backend alone)"
+        }
+        _ => "",
+    }
+}
+
+/// Why `backend` lacks a primitive (election, semaphore, read-write lock), where it is
+/// not plain.
+fn why_missing(backend: &str) -> &'static str {
+    match backend {
+        "migration" => {
+            " in a two-leg phase (legacy-first, target-first): both backends would have to \
+             agree on it, which nothing guarantees; the single-leg phases have those of \
+             their leg"
+        }
+        "redis" => {
+            " on Redlock (a majority of independent instances can bound neither a \
+             semaphore's holders nor a read-write lock's); a single Redis, Sentinel or \
+             Cluster has them"
         }
         _ => "",
     }
@@ -126,6 +162,9 @@ impl fmt::Display for Requirement {
             Requirement::Fifo => f.write_str("fifo"),
             Requirement::LossDetection(how) => write!(f, "loss-detection={how}"),
             Requirement::CountsWaiters => f.write_str("counts-waiters"),
+            Requirement::Election => f.write_str("election"),
+            Requirement::Semaphore => f.write_str("semaphore"),
+            Requirement::RwLock => f.write_str("rw-lock"),
         }
     }
 }
@@ -153,11 +192,14 @@ impl FromStr for Requirement {
                 Requirement::LossDetection(LossDetection::Deadline)
             }
             ("counts-waiters", None) => Requirement::CountsWaiters,
+            ("election", None) => Requirement::Election,
+            ("semaphore", None) => Requirement::Semaphore,
+            ("rw-lock", None) => Requirement::RwLock,
             _ => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown requirement {text:?}; expected linearizable, fencing, \
-                     fencing=strong, fencing=best-effort, fifo, loss-detection=notified or \
-                     counts-waiters"
+                     fencing=strong, fencing=best-effort, fifo, loss-detection=notified, \
+                     counts-waiters, election, semaphore or rw-lock"
                 )));
             }
         };
@@ -180,6 +222,9 @@ mod tests {
             "loss-detection=notified",
             "loss-detection=deadline",
             "counts-waiters",
+            "election",
+            "semaphore",
+            "rw-lock",
         ] {
             assert_eq!(text.parse::<Requirement>().unwrap().to_string(), text);
         }

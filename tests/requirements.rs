@@ -116,3 +116,38 @@ async fn a_migration_meets_linearizability_only_in_the_target_phase() {
         assert_eq!(outcome(&url).await, expected, "{phase}");
     }
 }
+
+/// Elections, semaphores and read-write locks can be required: memory has all three; a
+/// migration in a two-leg phase has none of them (refused at connect, not at the first
+/// `campaign`), and in a single-leg phase has those of its leg.
+#[tokio::test]
+async fn elections_semaphores_and_rw_locks_can_be_required() {
+    assert_eq!(
+        outcome("mem://req?require=election,semaphore,rw-lock").await,
+        "ok"
+    );
+    let legs = "legacy=mem%3A%2F%2Freq-legacy&target=mem%3A%2F%2Freq-target";
+    for requirement in ["election", "semaphore", "rw-lock"] {
+        for (phase, expected) in [
+            ("legacy", "ok".to_owned()),
+            ("legacy-first", format!("refused:migration:{requirement}")),
+            ("target-first", format!("refused:migration:{requirement}")),
+            ("target", "ok".to_owned()),
+        ] {
+            let url = format!("migrate://?phase={phase}&{legs}&require={requirement}");
+            assert_eq!(outcome(&url).await, expected, "{url}");
+        }
+    }
+    // The same from a config file, with `_` for `-`.
+    let config = fencelock::Config::from_toml_str(
+        "url = \"migrate://?phase=legacy-first&legacy=mem%3A%2F%2Fa&target=mem%3A%2F%2Fb\"\n\
+         require = [\"rw_lock\"]\n",
+    )
+    .unwrap();
+    let err = fencelock::connect_config(&config).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::RequirementNotMet { requirement, .. } if requirement == "rw-lock"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("two-leg"), "{err}");
+}
