@@ -365,7 +365,7 @@ impl Engine {
                     }
                 }
                 if self.config.wait_replicas > 0 {
-                    self.wait_replicas().await?;
+                    self.wait_replicas(sent, lease).await?;
                 }
                 Ok::<_, Error>(())
             };
@@ -456,15 +456,24 @@ impl Engine {
         }
     }
 
-    /// The replica check: `WAIT n timeout` must see `n` acknowledgements. Run after
-    /// every grant (a lock's, a term's, a semaphore's or read-write lock's) when
-    /// `wait_replicas` is set; the caller undoes the grant when it fails.
-    pub(crate) async fn wait_replicas(&self) -> Result<(), Error> {
+    /// The replica check: `WAIT n timeout` must see `n` acknowledgements, and must
+    /// answer before the lease of the grant (sent at `sent`, for `lease`) has run out on
+    /// the local clock: a guard whose deadline has passed before it is handed out would
+    /// be lost from its first instant. Run after every grant (a lock's, a term's, a
+    /// semaphore's or read-write lock's) when `wait_replicas` is set; the caller undoes
+    /// the grant when it fails.
+    pub(crate) async fn wait_replicas(&self, sent: Instant, lease: Duration) -> Result<(), Error> {
         let wanted = self.config.wait_replicas;
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(wanted).arg(millis(self.config.wait_timeout));
         let acks: u32 = self.nodes[0].query(&cmd).await?;
-        if acks >= wanted {
+        if sent.elapsed() + drift(lease) >= lease {
+            Err(Error::unavailable(
+                BACKEND,
+                "the lease ran out before the grant was confirmed (the replicas acknowledged \
+                 it too slowly)",
+            ))
+        } else if acks >= wanted {
             Ok(())
         } else {
             Err(Error::backend(

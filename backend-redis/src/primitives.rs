@@ -322,7 +322,7 @@ async fn try_member(
             // The replica check (`wait_replicas`), as for a lock: a grant too few replicas
             // acknowledged is undone and refused.
             if engine.config.wait_replicas > 0 {
-                if let Err(error) = engine.wait_replicas().await {
+                if let Err(error) = engine.wait_replicas(sent, lease).await {
                     engine.undo(&mut in_flight, engine.config.timeout).await;
                     return Err(error);
                 }

@@ -820,3 +820,97 @@ async fn a_failed_undo_of_a_grant_is_sent_again_in_the_background() {
         "the failed grants left {left:?} ({lock:?}, {permit:?})"
     );
 }
+
+/// A master and a replica of it (started by this test), once the replica's link is up;
+/// and the replica's process id.
+async fn master_and_replica() -> (RedisServer, RedisServer, u32) {
+    let master = RedisServer::start();
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let mut conn = redis::Client::open(replica.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never synced: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap();
+    (master, replica, pid)
+}
+
+/// The replica check answers after the lease has run out (the replica, stopped, resumes
+/// and acknowledges 700 ms into a 500 ms lease): the grant is undone and refused as
+/// Unavailable, as a grant answered too late is, for a lock and for a semaphore permit,
+/// never handed out as a guard that is already past its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_check_answered_after_the_lease_is_refused() {
+    let (master, _replica, pid) = master_and_replica().await;
+    let url = format!(
+        "{}?wait_replicas=1&wait_timeout=1500ms&timeout=3s&prefix=late-ack:",
+        master.url()
+    );
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    let options = AcquireOptions::new()
+        .lease(Duration::from_millis(500))
+        .no_wait();
+    for what in ["lock", "permit"] {
+        signal(pid, "-STOP");
+        let resume = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(700));
+            signal(pid, "-CONT");
+        });
+        let outcome = match what {
+            "lock" => locks.acquire("k", options).await.map(|g| g.valid_until()),
+            _ => {
+                let one = fencelock_core::Permits::new(1, 3).unwrap();
+                locks
+                    .acquire_permits("s", one, options)
+                    .await
+                    .map(|g| g.valid_until())
+            }
+        };
+        resume.join().unwrap();
+        let err = outcome.expect_err(&format!(
+            "{what}: granted although the replica check answered after the lease"
+        ));
+        assert!(
+            matches!(err, fencelock_core::Error::Unavailable { .. }),
+            "{what}: {err:?}"
+        );
+        assert!(
+            format!("{err:?}").contains("lease ran out"),
+            "{what}: {err:?}"
+        );
+        let mut conn = redis::Client::open(master.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let left: Vec<String> = conn.keys("late-ack:*").await.unwrap();
+        let left: Vec<&String> = left.iter().filter(|k| !k.ends_with(":token")).collect();
+        assert!(left.is_empty(), "{what}: the refused grant left {left:?}");
+    }
+}
