@@ -19,7 +19,8 @@
 //!    limit with leases held is [`Error::InvalidConfig`]; with none held the limit is
 //!    (re)written. If `held + count <= limit`, one multi-op checks the directory's version
 //!    (the limit read) and creates the `count` lease nodes, so the request gets all its
-//!    permits or none; otherwise it waits for the leases to change;
+//!    permits or none; otherwise it waits for the leases to change (and fails with a
+//!    retryable [`Error::Unavailable`] if it loses the mutex meanwhile);
 //! 4. releases the mutex. The token is the czxid of the multi-op (the lease nodes'),
 //!    larger than every earlier grant's of the semaphore.
 //!
@@ -99,14 +100,7 @@ pub(crate) async fn acquire(
         },
     )
     .await?;
-    let Some(mutex_path) = mutex.backend_key().map(str::to_owned) else {
-        return Err(Error::backend(
-            BACKEND,
-            false,
-            "the semaphore's mutex has no node",
-        ));
-    };
-    let granted = take_leases(&session, name, &leases, &mutex_path, count, limit, ask).await;
+    let granted = take_leases(&session, name, &leases, &mutex, count, limit, ask).await;
     // Whatever happened, the mutex goes (deleted in the background if this fails).
     let _ = mutex.release().await;
     granted
@@ -142,17 +136,26 @@ async fn read_limit(session: &ZkSession, leases: &str) -> Result<Option<(u32, us
     Ok(stored_limit(&data).map(|limit| (limit, stat.num_children.max(0) as usize)))
 }
 
-/// Holding the internal mutex (its node `mutex`): waits until `count` more leases fit,
-/// then creates them.
+/// Holding the internal mutex (`mutex`): waits until `count` more leases fit, then
+/// creates them. Fails with a retryable [`Error::Unavailable`] if the mutex is lost
+/// meanwhile (its node deleted, or the session's deadline passed): someone else may
+/// hold it by now and queue ahead, and waiting on would be waiting outside its queue.
 async fn take_leases(
     session: &Arc<ZkSession>,
     name: &str,
     leases: &str,
-    mutex: &str,
+    mutex: &LockGuard,
     count: u32,
     limit: u32,
     ask: Ask<'_>,
 ) -> Result<LockGuard, Error> {
+    let Some(mutex_path) = mutex.backend_key() else {
+        return Err(Error::backend(
+            BACKEND,
+            false,
+            "the semaphore's mutex has no node",
+        ));
+    };
     let mut pending = PendingLeases {
         session: session.clone(),
         dir: leases.to_owned(),
@@ -200,7 +203,7 @@ async fn take_leases(
         }
         if children.len() as u64 + u64::from(count) <= u64::from(limit) {
             let sent = Instant::now();
-            match create_leases(session, &mut pending, stat.version, mutex, count).await {
+            match create_leases(session, &mut pending, stat.version, mutex_path, count).await {
                 Ok(Created::Nodes(nodes)) => {
                     if acquire::grant_deadline(session, ask.lease, sent) <= Instant::now() {
                         return Err(Error::unavailable(
@@ -214,13 +217,7 @@ async fn take_leases(
                 }
                 // The limit changed under us (or the directory went): read again.
                 Ok(Created::Changed) => continue,
-                Ok(Created::MutexLost) => {
-                    return Err(Error::unavailable(
-                        BACKEND,
-                        "the semaphore's internal lock was lost while waiting (the session's \
-                         deadline passed); nothing was granted",
-                    ));
-                }
+                Ok(Created::MutexLost) => return Err(mutex_lost()),
                 Err(err) => return Err(acquire::waiting_error(name, err)),
             }
         }
@@ -237,9 +234,22 @@ async fn take_leases(
             _ = session.ended() => {
                 return Err(Error::lost(name, "the ZooKeeper session ended while waiting"));
             }
+            // Not only seen by the next multi-op (which checks the mutex node): with no
+            // permit changing hands there would be none, and the request would wait for
+            // ever outside the mutex's queue.
+            () = mutex.lost() => return Err(mutex_lost()),
             _ = give_up() => return Err(timed_out(name)),
         }
     }
+}
+
+/// The semaphore's internal mutex was lost while waiting for permits.
+fn mutex_lost() -> Error {
+    Error::unavailable(
+        BACKEND,
+        "the semaphore's internal lock was lost while waiting (its node was deleted, or the \
+         session's deadline passed); nothing was granted",
+    )
 }
 
 fn timed_out(name: &str) -> Error {

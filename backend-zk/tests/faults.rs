@@ -445,3 +445,103 @@ async fn f7_tokens_keep_growing_across_a_server_restart() {
     assert!(next.token() > held_token);
     next.release().await.unwrap();
 }
+
+/// A semaphore request waiting for a permit whose internal mutex is lost meanwhile (the
+/// session's deadline passed in a partition shorter than the session timeout, so the
+/// session lives on and the mutex node is deleted) answers a retryable error at once. It
+/// used to wait only for the leases to change, the session to end or its timeout: with
+/// no permit changing hands it waited for ever, a ghost no longer in the mutex's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_request_that_lost_its_mutex_while_waiting_says_so() {
+    use fencelock_core::Permits;
+    use fencelock_testkit::{Fault, FaultProxy};
+    let server = ZkServer::shared();
+    let proxy = FaultProxy::start(&server.connect_string());
+    let root = random_root("sem-mutex");
+    let connect = |address: String, session: Duration| {
+        let root = root.clone();
+        async move {
+            ZkLock::connect(
+                ZkConfig::new(address)
+                    .with_chroot(&root)
+                    .unwrap()
+                    .with_session_timeout(session),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let direct = connect(server.connect_string(), Duration::from_secs(10)).await;
+    let proxied = connect(proxy.addr(), Duration::from_secs(4)).await;
+    let one = Permits::new(1, 1).unwrap();
+    let held = direct
+        .acquire_permits("pool", one, AcquireOptions::new().no_wait())
+        .await
+        .unwrap();
+    // On the proxied client's session, as the request's mutex: lost at its deadline.
+    let probe = proxied
+        .acquire("probe", AcquireOptions::new().no_wait())
+        .await
+        .unwrap();
+    let session = proxied.client().await.unwrap().session_id();
+    let waiting = tokio::spawn({
+        let proxied = proxied.clone();
+        async move {
+            proxied
+                .acquire_permits("pool", one, AcquireOptions::new().wait_forever())
+                .await
+        }
+    });
+    // The request holds the mutex and waits for the leases.
+    let raw = direct.client().await.unwrap();
+    let mutex_dir = format!("{root}/%sem/pool/locks");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while raw
+            .list_children(&mutex_dir)
+            .await
+            .unwrap_or_default()
+            .len()
+            != 1
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the request takes the mutex");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Cut until the session's deadline has passed, then restored before the server
+    // expires the session (the deadline leaves a quarter of the timeout at least).
+    proxy.set(Fault::Blackhole);
+    tokio::time::timeout(Duration::from_secs(10), probe.lost())
+        .await
+        .expect("the session's deadline passes");
+    proxy.set(Fault::Pass);
+    let answered = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the request that lost its mutex still waits")
+        .unwrap();
+    assert!(
+        matches!(&answered, Err(e) if e.is_retryable() && format!("{e:?}").contains("internal lock")),
+        "{:?}",
+        answered.map(|g| g.token())
+    );
+    assert_eq!(
+        proxied.client().await.unwrap().session_id(),
+        session,
+        "the session lived on"
+    );
+    // Nothing of the request is left: asked again, it gets the permit once it is free.
+    held.release().await.unwrap();
+    let again = proxied
+        .acquire_permits(
+            "pool",
+            one,
+            AcquireOptions::new().wait_timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the permit is granted when asked again");
+    again.release().await.unwrap();
+    proxied.close().await.unwrap();
+    direct.close().await.unwrap();
+}
