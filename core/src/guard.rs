@@ -131,6 +131,9 @@ pub struct LockGuard {
     backend: &'static str,
     liveness: Liveness,
     held: Arc<dyn HeldLock>,
+    /// Taken by [`extend`](Self::extend) for the whole call, so the server applies
+    /// concurrent extensions in the order their replies set the deadline.
+    extending: tokio::sync::Mutex<()>,
     finished: bool,
 }
 
@@ -151,6 +154,7 @@ impl LockGuard {
             backend,
             liveness,
             held,
+            extending: tokio::sync::Mutex::new(()),
             finished: false,
         }
     }
@@ -292,6 +296,8 @@ impl LockGuard {
     ///
     /// Cancel safe: a dropped call either extended the lease or left it as it was, and
     /// leaves nothing behind. `valid_until` moves only once the extension is confirmed.
+    /// Calls made at once on one guard take turns: each is sent after the one before
+    /// it has been answered.
     ///
     /// # Errors
     ///
@@ -317,6 +323,16 @@ impl LockGuard {
         self.held
             .check_extension(lease)
             .map_err(|error| self.own_unsupported(error))?;
+        // One extension at a time: two in flight at once could reach the server in one
+        // order and set the deadline in the other, leaving it at the longer lease while
+        // the server holds the shorter.
+        let _turn = self.extending.lock().await;
+        if self.liveness.is_lost() {
+            return Err(Error::lost(
+                &*self.name,
+                self.liveness.lost_reason().unwrap_or("lost before extend"),
+            ));
+        }
         match extend_held(&*self.held, &self.liveness, lease).await {
             Ok(_) => {
                 if self.liveness.is_lost() {
@@ -521,8 +537,41 @@ mod tests {
         async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
             let sent = Instant::now();
             *self.server_expiry.lock().unwrap() = sent + lease;
+            // Long extensions answer slowly: their replies overtake nothing else.
+            if lease >= Duration::from_secs(100) {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
             Ok(sent + lease - self.margin)
         }
+    }
+
+    /// Two extensions of one guard at once: the server applies them in the order sent,
+    /// the replies may come back in the other order. The guard must not keep the
+    /// deadline of the one the server applied first (300 s) while the server holds the
+    /// other's (60 s).
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_extensions_never_leave_the_deadline_past_the_servers_lease() {
+        let margin = Duration::from_millis(500);
+        let (held, deadline) = Margined::granted(Duration::from_secs(10), margin);
+        let guard = LockGuard::new(
+            "both",
+            FencingToken::new(4),
+            "test",
+            Liveness::new(deadline),
+            held.clone(),
+        );
+        let (long, short) = tokio::join!(guard.extend(Duration::from_secs(300)), async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            guard.extend(Duration::from_secs(60)).await
+        });
+        long.unwrap();
+        short.unwrap();
+        assert!(
+            guard.valid_until() <= held.conservative(),
+            "the guard claims {:?}, the server's lease is good until {:?}",
+            guard.valid_until() - Instant::now(),
+            held.conservative() - Instant::now()
+        );
     }
 
     /// An extension whose new end falls between the old deadline and the old deadline
