@@ -251,3 +251,54 @@ async fn a_semaphore_grant_found_lost_by_extend_frees_its_other_permits() {
     drop(grant);
     locks.close().await.unwrap();
 }
+
+/// A semaphore request waiting for a permit whose internal mutex node is deleted by
+/// someone else answers a retryable error as soon as the watch reports it, although no
+/// permit changes hands; it used to wait for ever outside the mutex's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_request_whose_mutex_node_is_deleted_while_waiting_says_so() {
+    let root = root("sem-mutex");
+    let locks = client(&root).await;
+    let raw = raw().await;
+    let one = Permits::new(1, 1).unwrap();
+    let held = locks.acquire_permits("pool", one, no_wait()).await.unwrap();
+    let waiting = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .acquire_permits("pool", one, AcquireOptions::new().wait_forever())
+                .await
+        }
+    });
+    let mutex_dir = format!("{root}/%sem/pool/locks");
+    let mutex = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let [node] = raw
+                .list_children(&mutex_dir)
+                .await
+                .unwrap_or_default()
+                .as_slice()
+            {
+                return format!("{mutex_dir}/{node}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the request takes the mutex");
+    // Past the watch delay: the mutex guard's watch is armed, the request waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    raw.delete(&mutex, None).await.unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the request whose mutex was deleted still waits")
+        .unwrap();
+    assert!(
+        matches!(&answered, Err(e) if e.is_retryable() && format!("{e:?}").contains("internal lock")),
+        "{:?}",
+        answered.map(|g| g.token())
+    );
+    assert!(!held.is_lost(), "{:?}", held.lost_reason());
+    held.release().await.unwrap();
+    locks.close().await.unwrap();
+}
