@@ -151,3 +151,34 @@ async fn elections_semaphores_and_rw_locks_can_be_required() {
     );
     assert!(err.to_string().contains("two-leg"), "{err}");
 }
+
+/// Redlock has elections but neither semaphores nor read-write locks; a single Redis has
+/// all three.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_is_refused_when_semaphores_or_rw_locks_are_required() {
+    let servers: Vec<_> = (0..3)
+        .map(|_| fencelock_testkit::RedisServer::start())
+        .collect();
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(fencelock_testkit::RedisServer::addr)
+        .collect();
+    let redlock = format!("redlock://{}", hosts.join(","));
+    assert_eq!(outcome(&format!("{redlock}?require=election")).await, "ok");
+    for requirement in ["semaphore", "rw-lock"] {
+        let url = format!("{redlock}?require={requirement}");
+        assert_eq!(
+            outcome(&url).await,
+            format!("refused:redis:{requirement}"),
+            "{url}"
+        );
+        let message = fencelock::connect(&url).await.unwrap_err().to_string();
+        assert!(message.contains("Redlock"), "{message}");
+    }
+    let redis = fencelock_testkit::RedisServer::shared().url();
+    assert_eq!(
+        outcome(&format!("{redis}?require=election,semaphore,rw-lock")).await,
+        "ok"
+    );
+}
