@@ -316,12 +316,15 @@ impl Engine {
         let replies = on_every_node(&self.nodes, |node| {
             let invocation = &invocation;
             async move {
-                self.bounded(node, per_node, node.invoke::<Value>(invocation))
-                    .await
-                    .and_then(parse_acquire)
+                // With the replica check, its `WAIT` goes with the script (one node).
+                let (reply, acks) = self
+                    .bounded(node, per_node, self.invoke_grant(node, invocation))
+                    .await?;
+                Ok::<_, Error>((parse_acquire(reply)?, acks))
             }
         })
         .await;
+        let mut acks = None;
         let mut granted = Vec::new();
         let mut held = Vec::new();
         // The highest counter a refusing instance answered (Redlock).
@@ -329,8 +332,11 @@ impl Engine {
         let mut errors = Vec::new();
         for reply in replies {
             match reply {
-                Ok(Reply::Granted(token)) => granted.push(token),
-                Ok(Reply::Held(pttl, counter)) => {
+                Ok((Reply::Granted(token), wait)) => {
+                    granted.push(token);
+                    acks = wait;
+                }
+                Ok((Reply::Held(pttl, counter), _)) => {
                     held.push(pttl);
                     refused_counter = refused_counter.max(counter.unwrap_or(0));
                 }
@@ -364,9 +370,7 @@ impl Engine {
                         ));
                     }
                 }
-                if self.config.wait_replicas > 0 {
-                    self.wait_replicas(sent, lease).await?;
-                }
+                self.replicas_acknowledged(acks.as_ref(), sent, lease)?;
                 Ok::<_, Error>(())
             };
             if let Err(e) = checked.await {
@@ -456,17 +460,52 @@ impl Engine {
         }
     }
 
-    /// The replica check: `WAIT n timeout` must see `n` acknowledgements, and must
-    /// answer before the lease of the grant (sent at `sent`, for `lease`) has run out on
-    /// the local clock: a guard whose deadline has passed before it is handed out would
-    /// be lost from its first instant. Run after every grant (a lock's, a term's, a
-    /// semaphore's or read-write lock's) when `wait_replicas` is set; the caller undoes
-    /// the grant when it fails.
-    pub(crate) async fn wait_replicas(&self, sent: Instant, lease: Duration) -> Result<(), Error> {
+    /// Runs a grant's script on `node`, and with the replica check (`wait_replicas`)
+    /// its `WAIT n timeout` right after it on the same connection (see
+    /// [`Node::invoke_then`]: a `WAIT` on another connection would check nothing).
+    /// Returns the script's reply and the `WAIT`'s (`None` without the check), for
+    /// [`replicas_acknowledged`](Self::replicas_acknowledged).
+    pub(crate) async fn invoke_grant(
+        &self,
+        node: &Node,
+        call: &Call,
+    ) -> Result<(Value, Option<Value>), Error> {
+        if self.config.wait_replicas == 0 {
+            return Ok((node.invoke::<Value>(call).await?, None));
+        }
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.config.wait_replicas)
+            .arg(millis(self.config.wait_timeout));
+        let (reply, acks) = node.invoke_then(call, &wait).await?;
+        Ok((reply, Some(acks)))
+    }
+
+    /// The replica check: the grant's `WAIT n timeout` (`acks`, its reply) must have
+    /// seen `n` acknowledgements, and must have answered before the lease of the grant
+    /// (sent at `sent`, for `lease`) ran out on the local clock: a guard whose deadline
+    /// has passed before it is handed out would be lost from its first instant. Checked
+    /// for every grant (a lock's, a term's, a semaphore's or read-write lock's) when
+    /// `wait_replicas` is set; the caller undoes the grant when it fails.
+    pub(crate) fn replicas_acknowledged(
+        &self,
+        acks: Option<&Value>,
+        sent: Instant,
+        lease: Duration,
+    ) -> Result<(), Error> {
         let wanted = self.config.wait_replicas;
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(wanted).arg(millis(self.config.wait_timeout));
-        let acks: u32 = self.nodes[0].query(&cmd).await?;
+        if wanted == 0 {
+            return Ok(());
+        }
+        let acks = match acks {
+            Some(Value::Int(n)) => u32::try_from(*n).unwrap_or(0),
+            _ => {
+                return Err(Error::backend(
+                    BACKEND,
+                    false,
+                    "unexpected reply from the replica check's WAIT",
+                ));
+            }
+        };
         if sent.elapsed() + drift(lease) >= lease {
             Err(Error::unavailable(
                 BACKEND,

@@ -11,7 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
-    RedisConnectionInfo, RedisError, ServerErrorKind,
+    RedisConnectionInfo, RedisError, ServerErrorKind, Value,
 };
 
 use crate::config::{Endpoint, RedisConfig, RedisTls, Topology};
@@ -497,6 +497,14 @@ impl SentinelNode {
     }
 }
 
+/// A pipeline's reply, with a server error turned into an error.
+fn checked(value: Value) -> Result<Value, Error> {
+    match value {
+        Value::ServerError(e) => Err(map_err(e.into())),
+        value => Ok(value),
+    }
+}
+
 fn needs_reconnect(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_dropped()
@@ -518,6 +526,74 @@ impl Node {
                 self.query(&call.eval()).await
             }
             reply => reply.map_err(map_err),
+        }
+    }
+
+    /// Runs a script and then `then`, in one pipeline: one write on one connection, so
+    /// `then` runs on the server right after the script, on the connection that ran it,
+    /// whatever happens to the client's connections in between (a reconnection, a
+    /// Sentinel's cached connection replaced). The replica check's `WAIT` needs this: it
+    /// waits for the writes of its own connection, and on another one it has nothing to
+    /// wait for and returns at once. On `NOSCRIPT` both are sent again with the script
+    /// as `EVAL` (the first `then` ran after a script that did not run: harmless for
+    /// `WAIT`, which then waits for nothing new).
+    ///
+    /// Returns both replies; an error of either is this call's error (for a grant, one
+    /// whose outcome is unknown: the caller's in-flight guard releases it).
+    pub(crate) async fn invoke_then(
+        &self,
+        call: &Call,
+        then: &redis::Cmd,
+    ) -> Result<(Value, Value), Error> {
+        let (script, after) = self.send_pair(&call.evalsha(), then).await?;
+        match script {
+            Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript) => {
+                let (script, after) = self.send_pair(&call.eval(), then).await?;
+                Ok((checked(script)?, checked(after)?))
+            }
+            script => Ok((checked(script)?, checked(after)?)),
+        }
+    }
+
+    /// Sends `first` and `second` as one pipeline on one connection; their replies
+    /// (server errors among them as [`Value::ServerError`]).
+    async fn send_pair(
+        &self,
+        first: &redis::Cmd,
+        second: &redis::Cmd,
+    ) -> Result<(Value, Value), Error> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .add_command(first.clone())
+            .add_command(second.clone());
+        let replies: Result<Vec<Value>, RedisError> = match self {
+            Node::Single { conn, .. } => pipe.query_async(&mut conn.clone()).await,
+            Node::Cluster { conn, .. } => pipe.query_async(&mut conn.clone()).await,
+            Node::Sentinel(node) => {
+                let mut conn = node.connection().await?;
+                let replies: Result<Vec<Value>, RedisError> = pipe.query_async(&mut conn).await;
+                match &replies {
+                    Err(e) => node.forget_on(e),
+                    // `READONLY`, `MASTERDOWN`: as for a single command.
+                    Ok(values) => {
+                        for value in values {
+                            if let Value::ServerError(e) = value {
+                                node.forget_on(&e.clone().into());
+                            }
+                        }
+                    }
+                }
+                replies
+            }
+        };
+        let mut replies = replies.map_err(map_err)?.into_iter();
+        match (replies.next(), replies.next()) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(Error::backend(
+                BACKEND,
+                false,
+                "a pipeline of two commands did not answer twice",
+            )),
         }
     }
 

@@ -288,10 +288,15 @@ async fn try_member(
         .arg(intent_id);
     let sent = Instant::now();
     let node = &engine.nodes[0];
+    // With the replica check, its `WAIT` goes with the script, on its connection.
     let reply = engine
-        .bounded(node, engine.config.timeout, node.invoke::<Value>(&call))
+        .bounded(
+            node,
+            engine.config.timeout,
+            engine.invoke_grant(node, &call),
+        )
         .await;
-    let reply = match reply {
+    let (reply, acks) = match reply {
         Ok(reply) => reply,
         // Unknown whether it was applied: the in-flight guard releases the holder key.
         Err(e) => return Err(e),
@@ -321,11 +326,9 @@ async fn try_member(
             }
             // The replica check (`wait_replicas`), as for a lock: a grant too few replicas
             // acknowledged is undone and refused.
-            if engine.config.wait_replicas > 0 {
-                if let Err(error) = engine.wait_replicas(sent, lease).await {
-                    engine.undo(&mut in_flight, engine.config.timeout).await;
-                    return Err(error);
-                }
+            if let Err(error) = engine.replicas_acknowledged(acks.as_ref(), sent, lease) {
+                engine.undo(&mut in_flight, engine.config.timeout).await;
+                return Err(error);
             }
             in_flight.armed = false;
             Ok(Reply::Granted {

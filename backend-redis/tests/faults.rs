@@ -914,3 +914,99 @@ async fn a_replica_check_answered_after_the_lease_is_refused() {
         assert!(left.is_empty(), "{what}: the refused grant left {left:?}");
     }
 }
+
+/// The replica check's `WAIT` goes with the grant's script, in one write on the same
+/// connection: a `WAIT` sent on another connection (the connection manager reconnected,
+/// or Sentinel's cached connection was replaced, between the script's reply and the
+/// `WAIT`) has no write of its own to wait for and returns at once, so the check would
+/// pass without checking anything. Seen from the server (`MONITOR`) with every reply
+/// held back 300 ms by a proxy: each grant script is followed at once, from the same
+/// client, by its `WAIT`, not after the script's reply reached the client. A lock and a
+/// semaphore permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_check_goes_with_the_grant_on_its_connection() {
+    use futures_util::StreamExt;
+
+    let (master, _replica, _pid) = master_and_replica().await;
+    let proxy = fencelock_testkit::FaultProxy::start(&master.addr());
+    let url = format!(
+        "redis://{}?wait_replicas=1&wait_timeout=500ms&timeout=3s&prefix=same-conn:",
+        proxy.addr()
+    );
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    let mut monitor = redis::Client::open(master.url())
+        .unwrap()
+        .get_async_monitor()
+        .await
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let watcher = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut lines = monitor.on_message::<String>();
+            while let Some(line) = lines.next().await {
+                seen.lock().unwrap().push(line);
+            }
+        }
+    });
+    let options = AcquireOptions::new()
+        .lease(Duration::from_secs(10))
+        .no_wait();
+    // The scripts loaded first (no `NOSCRIPT` fallback below), then only what follows
+    // is looked at.
+    locks
+        .acquire("warm", options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let one = fencelock_core::Permits::new(1, 3).unwrap();
+    let warm = locks.acquire_permits("warm-s", one, options).await.unwrap();
+    warm.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    seen.lock().unwrap().clear();
+    proxy.set(fencelock_testkit::Fault::DelayReplies(
+        Duration::from_millis(300),
+    ));
+    let lock = locks.acquire("k", options).await.unwrap();
+    let permit = locks.acquire_permits("s", one, options).await.unwrap();
+    proxy.set(fencelock_testkit::Fault::Pass);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    watcher.abort();
+    // `1700000000.123456 [0 127.0.0.1:54321] "EVALSHA" ...`; commands run by scripts
+    // show as `[0 lua]`.
+    let commands: Vec<(f64, String, String)> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|line| {
+            let (time, rest) = line.split_once(' ')?;
+            let (client, command) = rest.split_once("] ")?;
+            let client = client.split_whitespace().nth(1)?.to_owned();
+            let verb = command.split('"').nth(1)?.to_ascii_uppercase();
+            let time: f64 = time.parse().ok()?;
+            (client != "lua").then_some((time, client, verb))
+        })
+        .collect();
+    let scripts: Vec<usize> = (0..commands.len())
+        .filter(|&i| matches!(commands[i].2.as_str(), "EVALSHA" | "EVAL"))
+        .collect();
+    assert!(scripts.len() >= 2, "{commands:?}");
+    for i in scripts {
+        let (at, client, _) = &commands[i];
+        let next = commands[i + 1..]
+            .iter()
+            .find(|(_, c, _)| c == client)
+            .unwrap_or_else(|| panic!("nothing followed the script: {commands:?}"));
+        assert_eq!(next.2, "WAIT", "{commands:?}");
+        assert!(
+            next.0 - at < 0.1,
+            "the WAIT came {:.0} ms after its grant's script, once the script's reply \
+             had reached the client: {commands:?}",
+            (next.0 - at) * 1000.0
+        );
+    }
+    lock.release().await.unwrap();
+    permit.release().await.unwrap();
+}
