@@ -22,7 +22,9 @@ Exit codes:
            -E CODE changes it
   76       run, hold: the lock was lost while held (run: the command was
            stopped), or found lost at release
-  126/127  run: the command could not be executed / was not found";
+  126/127  run: the command could not be executed / was not found
+  128+N    run, hold: signal N (SIGINT, SIGTERM, SIGHUP) arrived while waiting
+           for the lock";
 
 /// Distributed locks with fencing tokens over etcd, ZooKeeper, Redis and memory.
 #[derive(Debug, Parser)]

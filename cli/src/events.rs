@@ -80,6 +80,21 @@ impl Events {
         }
     }
 
+    /// The release found the lock already lost (the failure line follows in text
+    /// mode): the guard is gone, so its name and token are given, and the cause is
+    /// `other` with the backend's `reason`.
+    pub fn lost_at_release(&self, name: &str, token: fencelock::FencingToken, reason: &str) {
+        if self.json {
+            self.emit(json!({
+                "event": "lost",
+                "name": name,
+                "token": token.get(),
+                "cause": "other",
+                "reason": reason,
+            }));
+        }
+    }
+
     /// The lock was not acquired (the failure line follows in text mode).
     pub fn not_acquired(&self, name: &str, reason: &str) {
         if self.json {

@@ -74,15 +74,19 @@ pub async fn hold(args: HoldArgs) -> Result<u8, Failure> {
 /// Releases after a signal.
 async fn release(guard: fencelock::LockGuard, events: &Events) -> Result<u8, Failure> {
     let name = guard.name().to_owned();
+    let token = guard.token();
     match tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await {
         Ok(Ok(())) => {
             events.released(&name);
             Ok(code::OK)
         }
-        Ok(Err(fencelock::Error::Lost { reason, .. })) => Err(Failure::new(
-            code::LOST,
-            format!("lock {name:?} was lost before it was released: {reason}"),
-        )),
+        Ok(Err(fencelock::Error::Lost { reason, .. })) => {
+            events.lost_at_release(&name, token, &reason);
+            Err(Failure::new(
+                code::LOST,
+                format!("lock {name:?} was lost before it was released: {reason}"),
+            ))
+        }
         Ok(Err(e)) => {
             events.warn(&format!(
                 "releasing lock {name:?} failed ({}); it expires with its lease",

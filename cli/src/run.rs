@@ -23,6 +23,10 @@ pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// See [`settle`].
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often the command's process group is looked at after its own process exited
+/// while others of the group still run (a group cannot be waited for).
+const GROUP_POLL: Duration = Duration::from_millis(50);
+
 /// How the command ended.
 enum Outcome {
     /// It exited by itself (or after a forwarded signal).
@@ -58,7 +62,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     };
     let grace = args.kill_grace.value;
-    let outcome = supervise(&mut child, &guard, &mut signals, grace).await?;
+    let outcome = supervise(&mut child, &guard, &mut signals, grace, &events).await?;
     drop(locks);
     match outcome {
         Outcome::Exited(status) => finish(guard, status, &events).await,
@@ -237,23 +241,54 @@ fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, Failure> {
     })
 }
 
-/// Waits for the command, forwarding signals to its group once, and stops the group if
-/// the lock is lost.
+/// Waits for the command and for every process it left in its group, forwarding
+/// signals to the group once, and stops the group if the lock is lost.
 async fn supervise(
     child: &mut Child,
     guard: &LockGuard,
     signals: &mut Signals,
     grace: Duration,
+    events: &Events,
 ) -> Result<Outcome, Failure> {
     let internal = |e: std::io::Error| Failure::new(code::INTERNAL, one_line(&e));
     let group = child.id();
+    // The command's own process has exited, but processes it started are still in its
+    // group (`worker & exit 0`): they may still write, so the lock is kept (renewed, and
+    // their group stopped if it is lost) until the last of them is gone, as flock(1)
+    // keeps its lock while any process holding its descriptor lives.
+    let mut exited: Option<ExitStatus> = None;
+    let mut warned = false;
     loop {
         tokio::select! {
-            status = child.wait() => return Ok(Outcome::Exited(status.map_err(internal)?)),
+            // A loss already known wins over an exit seen at the same time: the command
+            // may have worked past it.
+            biased;
             _ = guard.lost() => {
                 let reason = guard.lost_reason().unwrap_or("lost").to_owned();
                 let killed = stop(child, group, grace).await.map_err(internal)?;
                 return Ok(Outcome::Lost { reason, killed });
+            }
+            status = child.wait(), if exited.is_none() => {
+                let status = status.map_err(internal)?;
+                if !child::group_alive(group) {
+                    return Ok(Outcome::Exited(status));
+                }
+                exited = Some(status);
+            }
+            () = tokio::time::sleep(GROUP_POLL), if exited.is_some() => {
+                if !child::group_alive(group) {
+                    return Ok(Outcome::Exited(exited.unwrap_or_default()));
+                }
+                // Said once, and only of processes still there a poll later (not of a
+                // pipeline's members exiting together with its shell).
+                if !warned {
+                    warned = true;
+                    events.warn(&format!(
+                        "the command exited; the lock is kept until the processes it left \
+                         in its process group ({}) have exited",
+                        group.unwrap_or_default()
+                    ));
+                }
             }
             received = signals.next() => match received {
                 Received::Forward(signal) => child::signal_group(group, signal),
@@ -264,6 +299,12 @@ async fn supervise(
                     // usual.
                     child::signal_group(group, Signal::SIGSTOP);
                     signals::stop_self();
+                    if guard.is_lost() {
+                        // Lost while stopped: the command must not run another instant
+                        // as if it held the lock. SIGTERM is pending before SIGCONT, so
+                        // it is what the command sees first; the loss is handled next.
+                        child::signal_group(group, Signal::SIGTERM);
+                    }
                     child::signal_group(group, Signal::SIGCONT);
                 }
             },
@@ -295,15 +336,19 @@ async fn stop(child: &mut Child, group: Option<u32>, grace: Duration) -> std::io
 /// Releases after the command exited and picks the exit code.
 async fn finish(guard: LockGuard, status: ExitStatus, events: &Events) -> Result<u8, Failure> {
     let name = guard.name().to_owned();
+    let token = guard.token();
     match guard.release().await {
         Ok(()) => {
             events.released(&name);
             Ok(status_code(status))
         }
-        Err(Error::Lost { reason, .. }) => Err(Failure::new(
-            code::LOST,
-            format!("lock {name:?} was lost before the command finished: {reason}"),
-        )),
+        Err(Error::Lost { reason, .. }) => {
+            events.lost_at_release(&name, token, &reason);
+            Err(Failure::new(
+                code::LOST,
+                format!("lock {name:?} was lost before the command finished: {reason}"),
+            ))
+        }
         Err(error) => {
             events.warn(&format!(
                 "releasing lock {name:?} failed ({}); it expires with its lease",

@@ -412,6 +412,60 @@ fn list_and_revoke(url: &str) {
     assert!(stdout(&again).contains("not held"), "{}", stdout(&again));
 }
 
+/// A command that starts a worker in the background and exits at once (`worker & exit
+/// 0`): the worker may still write, so the lock is kept until it is gone too; another
+/// process gets it only then.
+fn processes_left_in_the_group_keep_the_lock(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique("background");
+    let pidfile = dir.path().join("pid");
+    let holder = Running::start(
+        fencelock()
+            .args(["run", "--url", url, &name, "--", "sh", "-c"])
+            .arg(r#"sleep 30 & echo $! > "$0.tmp"; mv "$0.tmp" "$0"; exit 0"#)
+            .arg(&pidfile),
+    );
+    wait_for_file(&pidfile, Duration::from_secs(20));
+    let worker = read_pid(&pidfile);
+    // Long after the shell exited, the worker still runs: nobody else gets the lock.
+    std::thread::sleep(Duration::from_millis(500));
+    let other = output(fencelock().args(["run", "--url", url, "-n", &name, "--", "true"]));
+    assert_code(&other, NOT_ACQUIRED);
+    assert!(alive(holder.pid()), "fencelock exited while the worker ran");
+    signal(worker, Signal::SIGKILL);
+    let out = holder.wait(Duration::from_secs(10));
+    assert_code(&out, 0);
+    let after = output(fencelock().args(["run", "--url", url, "-n", &name, "--", "true"]));
+    assert_code(&after, 0);
+}
+
+/// A lock revoked while its command runs is reported as a `lost` JSON event and exit
+/// 76, whether the holder notices before the command exits (etcd's and ZooKeeper's
+/// watches) or only when its release finds the key gone (Redis, between renewals).
+fn a_revoked_lock_is_a_lost_event(url: &str) {
+    let name = unique("revoked");
+    let out = output(
+        fencelock()
+            .args(["run", "--json", "--url", url, &name, "--", "sh", "-c"])
+            .arg(r#""$0" revoke --yes --url "$1" "$2" >/dev/null 2>&1"#)
+            .arg(env!("CARGO_BIN_EXE_fencelock"))
+            .arg(url)
+            .arg(&name),
+    );
+    assert_code(&out, LOST);
+    let events: Vec<serde_json::Value> = stderr(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "lost" && e["name"] == name.as_str()),
+        "no lost event: {}",
+        stderr(&out)
+    );
+}
+
 macro_rules! backend_tests {
     ($backend:ident, $url:expr, $dead:expr) => {
         mod $backend {
@@ -440,6 +494,16 @@ macro_rules! backend_tests {
             #[test]
             fn list_and_revoke() {
                 super::list_and_revoke(&$url);
+            }
+
+            #[test]
+            fn processes_left_in_the_group_keep_the_lock() {
+                super::processes_left_in_the_group_keep_the_lock(&$url);
+            }
+
+            #[test]
+            fn a_revoked_lock_is_a_lost_event() {
+                super::a_revoked_lock_is_a_lost_event(&$url);
             }
 
             #[test]

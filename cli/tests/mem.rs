@@ -521,6 +521,54 @@ fn a_terminal_stop_stops_the_command_too() {
     assert!(gone_within(pid, Duration::from_secs(5)));
 }
 
+/// A lock lost while fencelock and its command were stopped (Ctrl-Z past the lease):
+/// on SIGCONT the command is not resumed as if it held the lock. It gets SIGTERM
+/// before SIGCONT, so it writes nothing more, and fencelock exits 76.
+#[test]
+fn a_lock_lost_during_a_terminal_stop_is_not_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let running = Running::start(
+        fencelock()
+            .args([
+                "run",
+                "--url",
+                "mem://",
+                "--fixed-lease",
+                "1s",
+                "stopped",
+                "--",
+            ])
+            .args([
+                "sh",
+                "-c",
+                r#"while true; do echo tick >> "$0"; sleep 0.05; done"#,
+            ])
+            .arg(&log),
+    );
+    wait_for_file(&log, Duration::from_secs(20));
+    signal(running.pid(), Signal::SIGTSTP);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_state(running.pid()) != 'T' {
+        assert!(Instant::now() < deadline, "fencelock did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The command's group was stopped before fencelock stopped itself; let a write
+    // already under way land, then take the length.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = std::fs::read_to_string(&log).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(running.pid(), Signal::SIGCONT);
+    let out = running.wait(Duration::from_secs(20));
+    assert_code(&out, LOST);
+    let after = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "the command wrote after its lock was lost during the stop"
+    );
+}
+
 /// A flag the chosen workload would not use is refused, naming the flag and the
 /// workload, before anything runs: the scale workloads have no clients, rounds, warm-up,
 /// duration or hold time; the others run for --duration, not --count, and the
