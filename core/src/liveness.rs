@@ -243,6 +243,25 @@ impl Liveness {
         true
     }
 
+    /// Moves the deadline back to `at` if it is later, for a record that follows
+    /// others (the migration layer's guard, which is valid until the earlier of its
+    /// legs' deadlines, one of which an extension moved back). Wakes everything waiting
+    /// for the deadline. Ignored when the lock is already lost. Returns whether the
+    /// deadline moved.
+    pub(crate) fn lower_to(&self, at: Instant) -> bool {
+        if self.is_lost() {
+            return false;
+        }
+        let mut current = self.own();
+        if self.has(LOST) || at >= self.effective(*current) {
+            return false;
+        }
+        *current = at;
+        drop(current);
+        self.inner.changed.notify_waiters();
+        true
+    }
+
     /// Names the guard this record belongs to (its lock, token and backend), for the
     /// `warn!` that reports its loss. Set once, by [`LockGuard::new`](crate::LockGuard::new).
     pub fn set_identity(&self, name: &str, token: u64, backend: &'static str) {

@@ -42,7 +42,7 @@ pub(super) async fn wrap_single(
         }
     };
     let liveness = guard.liveness().clone();
-    let held = MigrationHeld::new(name, vec![(leg.role, guard)]);
+    let held = MigrationHeld::new(name, vec![(leg.role, guard)], None);
     Ok(LockGuard::new(
         name,
         token,
@@ -218,6 +218,7 @@ async fn combine(
     let held = MigrationHeld::new(
         name,
         vec![(first.role, first_guard), (second.role, second_guard)],
+        Some(outer.clone()),
     );
     Ok(LockGuard::new(name, token, BACKEND, outer, Arc::new(held)))
 }

@@ -21,13 +21,22 @@ pub(super) struct MigrationHeld {
     helds: Vec<(&'static str, Arc<dyn HeldLock>)>,
     /// The legs' own liveness records, in acquisition order, moved by `extend`.
     legs: Vec<Liveness>,
+    /// The migration guard's own record, when it is not a leg's (two legs): brought
+    /// down to the earlier leg's deadline after every extension, which may have moved a
+    /// leg's back (see [`follow_legs`]).
+    outer: Option<Liveness>,
     key: Option<String>,
 }
 
 impl MigrationHeld {
     /// Wraps the legs' guards (`(role, guard)`, in acquisition order). The backend key
-    /// reported is the first leg's, the leg the token comes from.
-    pub(super) fn new(name: &str, guards: Vec<(&'static str, LockGuard)>) -> Self {
+    /// reported is the first leg's, the leg the token comes from. `outer` is the
+    /// migration guard's own liveness when it is not the (single) leg's.
+    pub(super) fn new(
+        name: &str,
+        guards: Vec<(&'static str, LockGuard)>,
+        outer: Option<Liveness>,
+    ) -> Self {
         let helds = guards
             .iter()
             .map(|(role, guard)| (*role, guard.held().clone()))
@@ -45,6 +54,7 @@ impl MigrationHeld {
             guards: Mutex::new(Some(guards)),
             helds,
             legs,
+            outer,
             key,
         }
     }
@@ -113,14 +123,6 @@ impl HeldLock for MigrationHeld {
         self.key.as_deref()
     }
 
-    /// Extends every leg, in acquisition order, each under the rule
-    /// [`LockGuard::extend`] applies: a leg whose deadline already covers `lease` from
-    /// now is not extended (its server's lease may be longer than `lease`, after an
-    /// earlier extension that failed on a later leg, and must not be shortened under the
-    /// deadline it keeps), and a leg that is extended takes its backend's answer as its
-    /// deadline. The migration guard is valid until the earlier of the legs' deadlines.
-    /// A leg that cannot be extended fails the whole call (the legs extended before it
-    /// just hold longer).
     fn can_extend(&self) -> Result<(), Error> {
         self.helds
             .iter()
@@ -133,7 +135,30 @@ impl HeldLock for MigrationHeld {
             .try_for_each(|(_, held)| held.check_extension(lease))
     }
 
+    /// Extends every leg, in acquisition order, each under the rule
+    /// [`LockGuard::extend`] applies: a leg whose deadline already covers `lease` from
+    /// now is not extended (its server's lease may be longer than `lease`, after an
+    /// earlier extension that failed on a later leg, and must not be shortened under the
+    /// deadline it keeps), and a leg that is extended takes its backend's answer as its
+    /// deadline. The migration guard is valid until the earlier of the legs' deadlines.
+    /// A leg that cannot be extended fails the whole call (the legs extended before it
+    /// just hold longer), and the guard's deadline still comes down to the earlier
+    /// leg's, which an extension may have moved back.
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+        let extended = self.extend_legs(lease).await;
+        // Also after a failure: a leg extended before it may have moved back.
+        if let Some(outer) = &self.outer {
+            if let Some(legs_until) = self.legs.iter().map(Liveness::valid_until).min() {
+                outer.lower_to(legs_until);
+            }
+        }
+        extended
+    }
+}
+
+impl MigrationHeld {
+    /// The legs' part of [`extend`](HeldLock::extend).
+    async fn extend_legs(&self, lease: Duration) -> Result<Instant, Error> {
         let mut valid_until: Option<Instant> = None;
         for ((role, held), leg) in self.helds.iter().zip(&self.legs) {
             match crate::guard::extend_held(&**held, leg, lease).await {
@@ -189,6 +214,9 @@ pub(super) async fn follow_legs(outer: Liveness, legs: [(&'static str, Liveness)
     loop {
         let legs_until = first.valid_until().min(second.valid_until());
         outer.extend(legs_until);
+        // Read again: an extension may have moved a leg back (and the guard with it)
+        // since the first read, which the line above must not have undone.
+        outer.lower_to(first.valid_until().min(second.valid_until()));
         outer.set_at_risk(first.is_at_risk() || second.is_at_risk());
         let next = next_check(Instant::now(), legs_until);
         tokio::select! {

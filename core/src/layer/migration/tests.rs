@@ -764,3 +764,39 @@ async fn extending_after_a_failed_extension_never_outlives_a_legs_server_lease()
     check("after a longer one");
     guard.release().await.unwrap();
 }
+
+/// An extension that moved the first leg's deadline back (its new lease ended within the
+/// drift margin of the old deadline) and then failed on the second leg must still bring
+/// the guard's deadline down to the first leg's: nothing else lowers it before that leg
+/// is lost.
+#[tokio::test(start_paused = true)]
+async fn a_failed_extension_that_moved_a_leg_back_moves_the_guard_back() {
+    let legacy = Arc::new(FixedLegs::default());
+    let target = Arc::new(FixedLegs::default());
+    let (l, t): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) =
+        (legacy.clone(), target.clone());
+    let guard = migration(MigrationPhase::LegacyFirst, &l, &t)
+        .acquire(
+            "x",
+            AcquireOptions::new().fixed_lease(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    target.leg(0).0.fail_next.store(true, Ordering::SeqCst);
+    // 29.8 s: past the legs' 29.4 s deadlines, within the margin of their 30 s leases.
+    let failed = guard.extend(Duration::from_millis(29_800)).await;
+    assert!(
+        matches!(failed, Err(Error::Unavailable { .. })),
+        "{failed:?}"
+    );
+    let (server, leg) = legacy.leg(0);
+    assert!(leg.valid_until() <= server.conservative());
+    assert!(
+        guard.valid_until() <= server.conservative(),
+        "the guard claims {:?}, the legacy leg's server lease is good until {:?}",
+        guard.valid_until() - Instant::now(),
+        server.conservative() - Instant::now()
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}
