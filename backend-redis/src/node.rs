@@ -497,6 +497,19 @@ impl SentinelNode {
     }
 }
 
+/// The error for a reply that came over a Sentinel's connection after it was dropped or
+/// replaced (see [`SentinelNode::unchanged`]): whether the request was applied, and by
+/// a master, is unknown, so it counts as failed. Retryable: the next request goes to the
+/// master the Sentinels name now. A grant's in-flight guard releases it; a renewal is
+/// not credited.
+fn switched() -> Error {
+    Error::unavailable(
+        BACKEND,
+        "the connection to the master was dropped while the request was in flight (the \
+         Sentinels switched masters, or it failed): its reply is not trusted",
+    )
+}
+
 /// A pipeline's reply, with a server error turned into an error.
 fn checked(value: Value) -> Result<Value, Error> {
     match value {
@@ -570,7 +583,7 @@ impl Node {
             Node::Single { conn, .. } => pipe.query_async(&mut conn.clone()).await,
             Node::Cluster { conn, .. } => pipe.query_async(&mut conn.clone()).await,
             Node::Sentinel(node) => {
-                let mut conn = node.connection().await?;
+                let (mut conn, epoch) = node.connection().await?;
                 let replies: Result<Vec<Value>, RedisError> = pipe.query_async(&mut conn).await;
                 match &replies {
                     Err(e) => node.forget_on(e),
@@ -580,6 +593,9 @@ impl Node {
                             if let Value::ServerError(e) = value {
                                 node.forget_on(&e.clone().into());
                             }
+                        }
+                        if !node.unchanged(epoch) {
+                            return Err(switched());
                         }
                     }
                 }
@@ -612,10 +628,14 @@ impl Node {
             Node::Single { conn, .. } => cmd.query_async(&mut conn.clone()).await,
             Node::Cluster { conn, .. } => cmd.query_async(&mut conn.clone()).await,
             Node::Sentinel(node) => {
-                let mut conn = node.connection().await?;
-                cmd.query_async(&mut conn).await.inspect_err(|e| {
+                let (mut conn, epoch) = node.connection().await?;
+                let reply = cmd.query_async(&mut conn).await.inspect_err(|e| {
                     node.forget_on(e);
-                })
+                });
+                if reply.is_ok() && !node.unchanged(epoch) {
+                    return Err(switched());
+                }
+                reply
             }
         })
     }

@@ -12,7 +12,11 @@
 //! next). The watcher remembers the master it last learned of. Whenever that differs
 //! from the server the cached connection leads to, the connection is dropped; and a
 //! master resolved through a Sentinel that has not caught up (it still names the old
-//! one) is not used while the watcher knows another.
+//! one) is not used while the watcher knows another. A request already sent on the
+//! dropped connection may still be answered (the old master stalled with it and ran it
+//! on its return): every reply is checked against the connection's epoch, and one that
+//! comes after the connection was dropped or replaced is not trusted (see
+//! [`SentinelNode::unchanged`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -51,12 +55,15 @@ pub(crate) struct SentinelNode {
 }
 
 /// The cached connection to the master, the master the watcher last learned of, and a
-/// count of the changes of the latter.
+/// count of the changes of each.
 #[derive(Default)]
 struct Current {
     master: Mutex<Option<Master>>,
     known: Mutex<Option<(String, u16)>>,
     switches: AtomicU64,
+    /// Bumped, under the lock of `master`, whenever the cached connection is dropped or
+    /// replaced (see [`SentinelNode::unchanged`]).
+    epoch: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -93,6 +100,7 @@ impl Current {
         });
         if stale {
             *master = None;
+            self.epoch.fetch_add(1, Ordering::SeqCst);
             tracing::debug!(?now, "the Sentinels named another master; reconnecting");
         }
     }
@@ -133,22 +141,50 @@ impl SentinelNode {
     }
 
     /// The connection to the master, opened (after asking the Sentinels) if there is
-    /// none.
-    pub(crate) async fn connection(&self) -> Result<MultiplexedConnection, Error> {
-        if let Some(master) = self.current.lock().clone() {
-            return Ok(master.conn);
+    /// none, and its epoch: a request sent on it whose reply comes after the epoch moved
+    /// on (see [`unchanged`](Self::unchanged)) may have been applied by a server that is
+    /// master no more.
+    pub(crate) async fn connection(&self) -> Result<(MultiplexedConnection, u64), Error> {
+        {
+            let master = self.current.lock();
+            if let Some(master) = master.as_ref() {
+                return Ok((
+                    master.conn.clone(),
+                    self.current.epoch.load(Ordering::SeqCst),
+                ));
+            }
         }
         // Boxed: asking the Sentinels and connecting is a future of several KiB, which
         // every command's future would otherwise carry (and copy) for its fast path.
         Box::pin(self.resolve()).await
     }
 
+    /// Whether the connection [`connection`](Self::connection) gave with `epoch` is
+    /// still the one in use: not dropped since (the Sentinels named another master, or
+    /// an error called for a reconnection) nor replaced.
+    ///
+    /// A request sent before the Sentinels switched masters may be answered by the old
+    /// master after the switch (it stalled with the request in its socket, and runs it
+    /// when it comes back, still believing it is master): a grant there is lost when
+    /// the old master is demoted, while the new master grants the same lock to others.
+    /// Such a reply is not trusted.
+    pub(crate) fn unchanged(&self, epoch: u64) -> bool {
+        let _master = self.current.lock();
+        self.current.epoch.load(Ordering::SeqCst) == epoch
+    }
+
     /// Asks the Sentinels for the master and connects to it (the slow path of
     /// [`connection`](Self::connection)).
-    async fn resolve(&self) -> Result<MultiplexedConnection, Error> {
+    async fn resolve(&self) -> Result<(MultiplexedConnection, u64), Error> {
         let mut sentinel = self.sentinel.lock().await;
-        if let Some(master) = self.current.lock().clone() {
-            return Ok(master.conn);
+        {
+            let master = self.current.lock();
+            if let Some(master) = master.as_ref() {
+                return Ok((
+                    master.conn.clone(),
+                    self.current.epoch.load(Ordering::SeqCst),
+                ));
+            }
         }
         for _ in 0..RESOLVE_TRIES {
             let switches = self.current.switches.load(Ordering::SeqCst);
@@ -182,7 +218,8 @@ impl SentinelNode {
                 host,
                 port,
             });
-            return Ok(conn);
+            let epoch = self.current.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+            return Ok((conn, epoch));
         }
         Err(Error::unavailable(
             BACKEND,
@@ -202,7 +239,10 @@ impl SentinelNode {
 
     /// Drops the cached connection (after an error that calls for a reconnection).
     pub(crate) fn forget(&self) {
-        *self.current.lock() = None;
+        let mut master = self.current.lock();
+        if master.take().is_some() {
+            self.current.epoch.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 

@@ -366,3 +366,80 @@ async fn a_returning_old_master_grants_nothing_after_the_failover() {
     assert!(b.token() > a_token);
     b.release().await.unwrap();
 }
+
+/// An acquire in flight when the Sentinels switch masters is not handed out: its
+/// request reached the master before the master stalled, the Sentinels promoted the
+/// replica meanwhile (and the client learned of it), and the stalled master, back, runs
+/// the request and grants the lock, still believing it is master. That grant is on a
+/// server that is master no more; a client connected after the failover is granted the
+/// same lock on the promoted replica. The acquire must fail (retryably) instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_in_flight_across_a_master_switch_is_not_granted() {
+    let set = start_set().await;
+    // A request may wait for the stalled master longer than the failover takes.
+    let url = format!("{}?prefix=inflight:&timeout=30s", set.url());
+    let early = fencelock_redis::connect(&url).await.unwrap();
+    let warm = early.try_lock("warm").await.unwrap().expect("free");
+    warm.release().await.unwrap();
+
+    let s = set.clone();
+    tokio::task::spawn_blocking(move || s.master().pause())
+        .await
+        .unwrap();
+    let acquire = tokio::spawn(async move {
+        let lease = Duration::from_secs(20);
+        let outcome = early
+            .acquire("stock", AcquireOptions::new().lease(lease).no_wait())
+            .await;
+        (early, outcome)
+    });
+    let want = set.replica().addr();
+    let failover = wait_until("Sentinel failover", Duration::from_secs(20), || {
+        let (set, want) = (set.clone(), want.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                set.sentinels()
+                    .iter()
+                    .all(|s| s.master_addr().as_deref() == Some(want.as_str()))
+            })
+            .await
+            .unwrap()
+        }
+    })
+    .await;
+    println!("failover took {failover:?}");
+    // The client's watcher hears of the switch at once, or asks within 2 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !acquire.is_finished(),
+        "the acquire did not wait for the master"
+    );
+    let s = set.clone();
+    tokio::task::spawn_blocking(move || s.master().resume())
+        .await
+        .unwrap();
+    let (_early, outcome) = acquire.await.unwrap();
+    let late = fencelock_redis::connect(&format!("{}?prefix=inflight:", set.url()))
+        .await
+        .unwrap();
+    let b = late.try_lock("stock").await.unwrap();
+    match outcome {
+        Ok(a) => panic!(
+            "granted by the old master after the switch (token {}); the late client {}",
+            a.token(),
+            if b.is_some() {
+                "was granted it too: two holders"
+            } else {
+                "was refused"
+            }
+        ),
+        Err(e) => {
+            assert!(e.is_retryable(), "{e:?}");
+            assert!(format!("{e:?}").contains("not trusted"), "{e:?}");
+        }
+    }
+    b.expect("nobody holds `stock` on the promoted replica")
+        .release()
+        .await
+        .unwrap();
+}
