@@ -239,7 +239,7 @@ impl EtcdLock {
         // waits for etcd's own request timeout).
         let (session, fixed_now) = match lease {
             Lease::Fixed(ttl) if no_wait => (
-                Session::grant(&inner.client, ttl, &inner.runtime, false).await?,
+                Box::pin(Session::grant(&inner.client, ttl, &inner.runtime, false)).await?,
                 true,
             ),
             Lease::Fixed(_) => (
@@ -306,14 +306,19 @@ impl EtcdLock {
             )
             .await??;
             if first != mine {
-                let waiting = wait::for_turn(&inner.client, (&names, &key), mine, &session, name)
-                    .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name));
+                // Boxed, as are the other steps off the uncontended path below: their
+                // futures (watch streams, lease grants) are several KiB each, which
+                // every acquire's future would otherwise carry and copy.
+                let waiting = Box::pin(
+                    wait::for_turn(&inner.client, (&names, &key), mine, &session, name)
+                        .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name)),
+                );
                 match within(deadline, waiting, timed_out).await {
                     Ok(Ok(())) => {}
                     // Lost or failed while waiting: the key goes now too, as in the
                     // read-write and semaphore queues.
                     Ok(Err(error)) | Err(error) => {
-                        pending.finish_now().await;
+                        Box::pin(pending.finish_now()).await;
                         return Err(error);
                     }
                 }
@@ -324,7 +329,7 @@ impl EtcdLock {
         // The holder's session: the renewing one, or the fixed lease the key is on.
         let (session, fixed) = match lease {
             Lease::Fixed(ttl) if !fixed_now => (
-                self.move_to_fixed_lease(&key, revision, ttl, name, value, &mut pending)
+                Box::pin(self.move_to_fixed_lease(&key, revision, ttl, name, value, &mut pending))
                     .await?,
                 true,
             ),
@@ -465,7 +470,13 @@ impl EtcdLock {
                 stale: true,
                 ..
             } => {
-                crate::held::delete_incarnation(&self.inner.client, key, revision).await?;
+                // Boxed, off the usual path (see `take`).
+                Box::pin(crate::held::delete_incarnation(
+                    &self.inner.client,
+                    key,
+                    revision,
+                ))
+                .await?;
                 pending.get().state = KeyState::Absent;
             }
             // Cannot happen (our own key is under the name); queue again below.
@@ -484,7 +495,12 @@ impl EtcdLock {
             if !response.succeeded() {
                 if let Some(stale) = stale_of(&response) {
                     pending.get().state = KeyState::Created(stale);
-                    crate::held::delete_incarnation(&self.inner.client, key, stale).await?;
+                    Box::pin(crate::held::delete_incarnation(
+                        &self.inner.client,
+                        key,
+                        stale,
+                    ))
+                    .await?;
                 }
                 pending.get().state = KeyState::Absent;
                 continue;
@@ -513,7 +529,7 @@ impl EtcdLock {
         let client = self.inner.client.clone();
         self.create_in_task(
             pending,
-            async move { client.kv_client().txn(txn).await },
+            move || async move { client.kv_client().txn(txn).await },
             // Our put creates the key now; a compare that failed on a key of ours read it
             // (to be deleted all the same).
             |response| {
@@ -531,16 +547,23 @@ impl EtcdLock {
     /// clean-up, and returns its answer. Until the answer arrives our key's state is
     /// unknown; if this future is dropped first, the clean-up waits for the task and
     /// deletes exactly the incarnation `ours` reads from the answer (`None`: none).
-    async fn create_in_task<T: Send + 'static>(
+    ///
+    /// `request` makes the request's future inside the task, so the caller's future
+    /// never holds it (a gRPC call's future is several KiB, which every acquire would
+    /// otherwise carry and copy).
+    async fn create_in_task<T: Send + 'static, F>(
         &self,
         pending: &mut Armed,
-        request: impl std::future::Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        request: impl FnOnce() -> F + Send + 'static,
         ours: fn(&T) -> Option<i64>,
-    ) -> Result<T, Error> {
+    ) -> Result<T, Error>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    {
         pending.get().state = KeyState::Unknown;
         let (answer, answered) = tokio::sync::oneshot::channel();
         let create = self.inner.runtime.spawn(async move {
-            let response = request.await;
+            let response = request().await;
             let made = match &response {
                 Ok(value) => Ok(ours(value)),
                 // Refused before anything was applied (RBAC, a lease etcd no longer
@@ -601,7 +624,7 @@ impl EtcdLock {
         let created = self
             .create_in_task(
                 pending,
-                async move {
+                move || async move {
                     batcher
                         .create_if_free(&names, &key, lease_id, &value, queue)
                         .await

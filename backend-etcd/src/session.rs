@@ -485,7 +485,9 @@ impl Sessions {
             return Ok(session);
         }
         self.make_room(client, ttl)?;
-        let session = Session::grant(client, ttl, &self.runtime, true).await?;
+        // Boxed: granting (a lease grant and a keepalive stream) is a future of several
+        // KiB that every acquire's future would otherwise carry for the cached path.
+        let session = Box::pin(Session::grant(client, ttl, &self.runtime, true)).await?;
         let mut live = self.live.write().unwrap_or_else(PoisonError::into_inner);
         if self.closed.load(Ordering::SeqCst) {
             // Closed while granting: `close` did not see this session, so it is ended
