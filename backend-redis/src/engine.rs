@@ -402,7 +402,11 @@ impl Engine {
         if errors.len() > self.nodes.len() - self.quorum {
             return Err(errors.swap_remove(0));
         }
-        Ok(Attempt::Held(retry_after(&held, granted.len())))
+        Ok(Attempt::Held(retry_after(
+            &held,
+            granted.len(),
+            self.quorum,
+        )))
     }
 
     /// Undoes an attempt that did not become a guard: its release on every node, waited
@@ -756,16 +760,33 @@ fn proposal(now: std::time::SystemTime) -> Result<u64, Error> {
         })
 }
 
-/// How long to sleep (at most, unless woken by an unlock message) before trying again.
-fn retry_after(held: &[i64], partial: usize) -> Duration {
-    let longest = held.iter().copied().max();
-    match longest {
-        // A split vote (Redlock): back off a random short while.
-        _ if partial > 0 => Duration::from_millis(fastrand::u64(5..50)),
-        Some(pttl) if pttl >= 0 => Duration::from_millis(u64::try_from(pttl).unwrap_or(0) + 1),
-        // A key without expiry (a foreign lock): re-check every second.
-        Some(_) => Duration::from_secs(1),
-        None => Duration::from_millis(fastrand::u64(5..50)),
+/// How long to sleep (at most, unless woken by an unlock message) before trying again,
+/// after a try that `granted` instances granted (and that was undone) and that others
+/// refused with the holders' remaining leases `held`, of `quorum` needed.
+///
+/// When the refusals reach a quorum, someone holds the lock on a majority: the lock
+/// can be had once enough of those keys are gone for the free instances to make a
+/// majority, that is after the `quorum - granted`-th shortest PTTL (one server: its
+/// PTTL), unless an unlock message comes first. Only a split vote (neither the grants
+/// nor the refusals reach a quorum: two waiters raced, or an instance did not answer)
+/// backs off a random short while. A waiter that backed off briefly whenever some
+/// instance granted would poll the free minority instance for the whole hold of a
+/// holder on a bare majority.
+fn retry_after(held: &[i64], granted: usize, quorum: usize) -> Duration {
+    if held.len() < quorum {
+        return Duration::from_millis(fastrand::u64(5..50));
+    }
+    let mut held = held.to_vec();
+    held.sort_unstable_by_key(|pttl| match *pttl {
+        // A key without expiry (a foreign lock) frees last.
+        pttl if pttl < 0 => i64::MAX,
+        pttl => pttl,
+    });
+    let needed = quorum.saturating_sub(granted).max(1);
+    match held[needed - 1] {
+        pttl if pttl >= 0 => Duration::from_millis(u64::try_from(pttl).unwrap_or(0) + 1),
+        // A key without expiry: re-check every second.
+        _ => Duration::from_secs(1),
     }
 }
 
@@ -824,7 +845,29 @@ where
 mod tests {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use super::proposal;
+    use super::{proposal, retry_after};
+
+    /// A majority of refusals waits for the lock to be freed on enough instances; only
+    /// a split vote backs off briefly.
+    #[test]
+    fn only_a_split_vote_backs_off_briefly() {
+        let ms = Duration::from_millis;
+        // One server.
+        assert_eq!(retry_after(&[700], 0, 1), ms(701));
+        assert_eq!(retry_after(&[-1], 0, 1), ms(1000));
+        // A holder on a bare majority of 3, the third instance free (and granted).
+        assert_eq!(retry_after(&[9000, 8000], 1, 2), ms(8001));
+        // All 3 held: two must be freed.
+        assert_eq!(retry_after(&[9000, 300, 8000], 0, 2), ms(8001));
+        // 5 instances, 3 held, 2 granted: one more must be freed.
+        assert_eq!(retry_after(&[9000, 300, 8000], 2, 3), ms(301));
+        // A key without expiry counts as freed last.
+        assert_eq!(retry_after(&[-1, 8000], 1, 2), ms(8001));
+        // Split votes.
+        for (held, granted, quorum) in [(&[9000][..], 1, 2), (&[][..], 0, 1), (&[5][..], 2, 3)] {
+            assert!(retry_after(held, granted, quorum) < ms(50));
+        }
+    }
 
     /// A clock Redlock cannot propose a token from is refused, not turned into a 0 that
     /// lets tokens restart at 1 once the counters are gone.

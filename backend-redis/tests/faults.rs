@@ -1010,3 +1010,86 @@ async fn the_replica_check_goes_with_the_grant_on_its_connection() {
     lock.release().await.unwrap();
     permit.release().await.unwrap();
 }
+
+/// Script calls (`EVALSHA` and `EVAL`) `server` has run so far.
+async fn script_calls(server: &RedisServer) -> u64 {
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// A Redlock holder on a bare majority (instances 0 and 1; 2 was held by someone else
+/// when it acquired) leaves 2 free: every try of a waiter is granted there and refused
+/// by the majority. That is no split vote: the holder holds a majority, and a waiter
+/// that backs off a few ms after each such try polls the free instance (a grant and its
+/// undo each time) for the holder's whole hold (over 200 script calls there in 3 s). It
+/// must wait for the unlock message or the holder's PTTL instead: a handful of tries
+/// (9 script calls there, the `NOSCRIPT` fallback of the first undo included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_waiter_does_not_poll_while_a_bare_majority_holds() {
+    let (servers, locks) = redlock_over_three().await;
+    let lock = "fencelock:{bare}";
+    let mut third = redis::Client::open(servers[2].url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = third
+        .set_options(
+            lock,
+            "foreign",
+            redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(500)),
+        )
+        .await
+        .unwrap();
+    // A lease long enough that no renewal falls in the wait below.
+    let holder = locks
+        .acquire(
+            "bare",
+            AcquireOptions::new()
+                .lease(Duration::from_secs(30))
+                .no_wait(),
+        )
+        .await
+        .unwrap();
+    while exists_on(&servers[2], lock).await {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = script_calls(&servers[2]).await;
+    let waited = locks
+        .acquire(
+            "bare",
+            AcquireOptions::new().wait_timeout(Duration::from_secs(3)),
+        )
+        .await;
+    assert!(
+        matches!(waited, Err(fencelock_core::Error::Timeout { .. })),
+        "{waited:?}"
+    );
+    let calls = script_calls(&servers[2]).await - before;
+    println!("{calls} script calls on the free instance during the wait");
+    assert!(
+        calls < 20,
+        "the waiter polled the free instance: {calls} script calls there in 3 s"
+    );
+    holder.release().await.unwrap();
+}
