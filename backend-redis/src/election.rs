@@ -21,6 +21,11 @@
 //! which is a deadline, not polling (a renewed leader costs one read per lease). When the pub/sub connection was lost, its
 //! reconnection wakes the observer too, since messages may have been missed.
 //!
+//! Plain locks publish nothing on the election channel (their scripts stay as cheap as a
+//! hand-written lock's): an observer reports a plain lock's holder only when it reads for
+//! another reason (first read, a campaign's message, its `PTTL` deadline, a
+//! reconnection), and is not told when a plain lock takes a free name.
+//!
 //! Redis keeps no history of the key: a term that begins and ends between two reads of an
 //! observer (shorter than one round trip) is not reported; every term an observer reports
 //! is reported in the order of the terms, with its value and token, and "nobody leads" is

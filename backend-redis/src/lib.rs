@@ -33,8 +33,9 @@
 //!   publish on an election channel in the lock's slot; observers read the key again on
 //!   each message and at its expiry (`PTTL`), since Redis publishes nothing when a lease
 //!   runs out. Not linearizable: a failover can elect a second leader while the first has
-//!   not noticed (its token is smaller), and a term shorter than an observer's read may
-//!   go unreported. The README's Elections section has the details.
+//!   not noticed (its token is smaller), a term shorter than an observer's read may go
+//!   unreported, and a plain lock on an observed name (which publishes nothing) is seen
+//!   only at the observer's next read. The README's Elections section has the details.
 //! - **Semaphores and read-write locks** on a single server, Sentinel and Cluster: each
 //!   holder has a key of its own (renewed, released and expired like a lock key), listed
 //!   in an index hash in the name's slot; grants take tokens by the lock's rule. Not FIFO,

@@ -348,6 +348,13 @@ impl DistributedLock for RedisLock {
 
     /// Subscribes to the election channel on every node, then reads the leader once and
     /// follows the channel (see the crate's Elections documentation).
+    ///
+    /// Only campaigns publish on the election channel: a plain lock on the name is seen
+    /// only when the observer reads for another reason (its first read, a campaign's
+    /// message, the `PTTL` deadline of its last read, a pub/sub reconnection). An
+    /// observer of a free name is not told when a plain lock takes it, and a plain
+    /// lock's release is reported at the `PTTL` deadline of the observer's last read
+    /// (within one lease), not when it happens.
     async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
         validate_name(election)?;
         self.check_open()?;
