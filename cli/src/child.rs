@@ -50,3 +50,23 @@ pub fn group_alive(pid: Option<u32>) -> bool {
     pid.and_then(|pid| i32::try_from(pid).ok())
         .is_some_and(|pid| killpg(Pid::from_raw(pid), None).is_ok())
 }
+
+/// Reaps the zombies of the command's group that are fencelock's children. After the
+/// command's own process exited, what it left behind is reparented to the nearest
+/// subreaper, which is fencelock when it runs as a container's init (PID 1): unreaped,
+/// such a zombie would keep the group "alive" for ever. Only this group's members are
+/// waited for (the command itself was reaped already), so no other child's status is
+/// taken.
+pub fn reap_group(pid: Option<u32>) {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let Some(group) = pid.and_then(|pid| i32::try_from(pid).ok()) else {
+        return;
+    };
+    // Each call reaps one; `StillAlive` (none exited) or an error (no child left in the
+    // group) ends it.
+    while let Ok(status) = waitpid(Pid::from_raw(-group), Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}

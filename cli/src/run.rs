@@ -276,6 +276,7 @@ async fn supervise(
                 exited = Some(status);
             }
             () = tokio::time::sleep(GROUP_POLL), if exited.is_some() => {
+                child::reap_group(group);
                 if !child::group_alive(group) {
                     return Ok(Outcome::Exited(exited.unwrap_or_default()));
                 }
@@ -320,6 +321,9 @@ async fn stop(child: &mut Child, group: Option<u32>, grace: Duration) -> std::io
     loop {
         // Reaped first: a zombie still counts as a member of its group.
         let exited = child.try_wait()?.is_some();
+        if exited {
+            child::reap_group(group);
+        }
         if exited && !child::group_alive(group) {
             return Ok(false);
         }

@@ -521,6 +521,25 @@ fn a_terminal_stop_stops_the_command_too() {
     assert!(gone_within(pid, Duration::from_secs(5)));
 }
 
+/// fencelock as a container's init (PID 1 of a PID namespace): a process the command
+/// left behind is reparented to fencelock when the command exits, and becomes a zombie
+/// in the command's group when it ends. fencelock reaps it, so it does not wait for that
+/// zombie forever. Needs root (as the fault tests do) for the namespace.
+#[test]
+fn as_init_fencelock_reaps_what_the_command_left_and_exits() {
+    let out = output(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(env!("CARGO_BIN_EXE_fencelock"))
+            .args(["run", "--url", "mem://", "init", "--", "sh", "-c"])
+            .arg("sleep 0.3 & exit 0")
+            .env_remove("FENCELOCK_URL")
+            .env_remove("FENCELOCK_CONFIG")
+            .stdin(std::process::Stdio::null()),
+    );
+    assert_code(&out, 0);
+}
+
 /// A lock lost while fencelock and its command were stopped (Ctrl-Z past the lease):
 /// on SIGCONT the command is not resumed as if it held the lock. It gets SIGTERM
 /// before SIGCONT, so it writes nothing more, and fencelock exits 76.
