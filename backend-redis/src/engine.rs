@@ -616,7 +616,13 @@ impl Engine {
         lease: Duration,
     ) -> Result<tokio::time::Instant, Error> {
         let mut invocation = scripts::RENEW.prepare_invoke();
-        invocation.key(&keys.lock).arg(owner).arg(millis(lease));
+        // The counter's TTL is raised with it: the lease may be longer than the grant's.
+        invocation
+            .key(&keys.lock)
+            .key(&keys.token)
+            .arg(owner)
+            .arg(millis(lease))
+            .arg(self.counter_ttl(lease));
         let limit = self.lease_timeout(lease);
         let quorum = self.quorum;
         let renewed = |replies: &[Option<Result<Vec<i64>, Error>>]| {

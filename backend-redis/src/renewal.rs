@@ -63,6 +63,12 @@ struct Entry {
     lease: Duration,
     liveness: Liveness,
     next_due: Instant,
+    /// The TTL of the name's counter, in ms ([`Engine::counter_ttl`]), and when the
+    /// renewal next raises the counter's TTL back to it: every quarter of it, so that a
+    /// lock held longer than `token_ttl` keeps its counter even if a renewal or two in
+    /// between fail.
+    counter_ttl: u64,
+    counter_due: Instant,
 }
 
 /// One lock of a batch.
@@ -72,6 +78,8 @@ struct Due {
     owner: String,
     lease: Duration,
     liveness: Liveness,
+    /// The counter's TTL in ms when this renewal refreshes it.
+    counter_ttl: Option<u64>,
 }
 
 impl Renewals {
@@ -98,6 +106,8 @@ impl Renewals {
         sent: Instant,
     ) {
         let next_due = sent + lease / 3;
+        let counter_ttl = engine.counter_ttl(lease);
+        let counter_due = sent + Duration::from_millis(counter_ttl / 4);
         let mut state = self.state();
         state.entries.insert(
             id,
@@ -107,6 +117,8 @@ impl Renewals {
                 lease,
                 liveness,
                 next_due,
+                counter_ttl,
+                counter_due,
             },
         );
         if !state.running {
@@ -181,12 +193,17 @@ impl Renewals {
             let interval = entry.lease / 3;
             if entry.next_due <= now + interval / 4 {
                 entry.next_due = now + interval;
+                let counter_ttl = (entry.counter_due <= now).then(|| {
+                    entry.counter_due = now + Duration::from_millis(entry.counter_ttl / 4);
+                    entry.counter_ttl
+                });
                 due.push(Due {
                     id: *id,
                     keys: entry.keys.clone(),
                     owner: entry.owner.clone(),
                     lease: entry.lease,
                     liveness: entry.liveness.clone(),
+                    counter_ttl,
                 });
             }
             next = next.min(entry.next_due);
@@ -361,6 +378,15 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) -> Duration {
         invocation
             .arg(&d.owner)
             .arg(u64::try_from(d.lease.as_millis()).unwrap_or(u64::MAX));
+        // Now and then the counter's TTL too (see `Entry::counter_due`).
+        match d.counter_ttl {
+            Some(ms) => {
+                invocation.key(&d.keys.token).arg(ms);
+            }
+            None => {
+                invocation.arg("");
+            }
+        }
     }
     // Redlock: a dead or slow instance must not hold the answer past the leases'
     // deadlines, so it gets at most half of the shortest lease (as on acquire).

@@ -444,7 +444,12 @@ return 0
     )
 });
 
-/// KEYS: lock keys (one slot). ARGV: owner, lease ms for each key in turn.
+/// KEYS: for each lock in turn its key, followed by its token counter when the counter
+/// is to be refreshed (all in one slot). ARGV: for each lock in turn its owner, lease ms
+/// and the counter's TTL in ms, or an empty string when its counter is not given.
+/// A renewed lock's counter, when given, has its TTL raised to that (never lowered): a
+/// lock held longer than `token_ttl` keeps the counter its tokens grow from (Redlock's
+/// next token, a re-sent acquire and a late release all read it).
 /// A semaphore's or read-write lock's holder key (`owner \r index \r token`: see
 /// [`MEMBER_ACQUIRE`]) is renewed with its index hash, whose expiry is kept at least as
 /// late as every holder's.
@@ -457,16 +462,23 @@ return 0
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
-local r = {}
-for i, k in ipairs(KEYS) do
-  local v, o = redis.pcall('GET', k), ARGV[2 * i - 1]
+local r, n = {}, 1
+for i = 1, #ARGV / 3 do
+  local k, o, lease, keep = KEYS[n], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local counter = nil
+  n = n + 1
+  if keep ~= '' then
+    counter = KEYS[n]
+    n = n + 1
+  end
+  local v = redis.pcall('GET', k)
   if type(v) ~= 'string' then
     r[i] = 0
   elseif v == o or string.sub(v, 1, #o + 1) == o .. '\n' then
-    redis.call('PEXPIRE', k, ARGV[2 * i])
+    redis.call('PEXPIRE', k, lease)
     r[i] = 1
   elseif string.sub(v, 1, #o + 1) == o .. '\r' then
-    local rest, ms = string.sub(v, #o + 2), tonumber(ARGV[2 * i])
+    local rest, ms = string.sub(v, #o + 2), tonumber(lease)
     local idx = string.match(rest, '^(.*)\r%d+$') or rest
     redis.call('PEXPIRE', k, ms)
     if redis.call('PTTL', idx) < ms then
@@ -475,6 +487,12 @@ for i, k in ipairs(KEYS) do
     r[i] = 1
   else
     r[i] = 0
+  end
+  if counter and r[i] == 1 then
+    local p = redis.call('PTTL', counter)
+    if p >= 0 and p < tonumber(keep) then
+      redis.call('PEXPIRE', counter, keep)
+    end
   end
 end
 return r
@@ -702,6 +720,7 @@ mod tests {
                 .key(&holder.lock)
                 .arg(owner)
                 .arg(30_000)
+                .arg("")
                 .eval()
                 .query_async(&mut conn)
                 .await

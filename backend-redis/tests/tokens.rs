@@ -354,3 +354,45 @@ async fn the_counter_outlives_its_grants_lease_whatever_token_ttl() {
     }
     guard.release().await.unwrap();
 }
+
+/// A lock renewed for longer than `token_ttl` keeps its counter: the renewals refresh
+/// the counter's TTL as well as the lock key's. A counter that expired while its lock
+/// was held would leave Redlock's next token to the clients' clocks (every instance
+/// forgot the last token), make a re-sent acquire refused by itself, and a release that
+/// finds its key expired unable to tell an expiry nobody followed from a loss. On a
+/// single server and on every instance of a Redlock of three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_renewed_past_token_ttl_keeps_its_counter() {
+    // Renewed every 200 ms; held 2.5 s, the counter's TTL being 1 s from the grant.
+    let options = AcquireOptions::new()
+        .lease(Duration::from_millis(600))
+        .no_wait();
+    let server = RedisServer::start();
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let hosts: Vec<String> = servers.iter().map(RedisServer::addr).collect();
+    for (what, url, on) in [
+        (
+            "single",
+            format!("{}?token_ttl=1s", server.url()),
+            std::slice::from_ref(&server),
+        ),
+        (
+            "redlock",
+            format!("redlock://{}?token_ttl=1s", hosts.join(",")),
+            &servers[..],
+        ),
+    ] {
+        let locks = locks(&url).await;
+        let guard = locks.acquire("held-long", options).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(!guard.is_lost(), "{what}: {:?}", guard.lost_reason());
+        for (i, server) in on.iter().enumerate() {
+            let pttl = counter_pttl(server, "fencelock:{held-long}:token").await;
+            assert!(
+                pttl > 0,
+                "{what}, instance {i}: the counter of a held lock is gone ({pttl})"
+            );
+        }
+        guard.release().await.unwrap();
+    }
+}
