@@ -50,13 +50,16 @@ fn fencelock_duration(d: Duration) -> String {
 
 fn to_text(backend: &str, caps: &Capabilities) -> String {
     format!(
-        "backend         {backend}\nlinearizable    {}\nfencing         {}\nfifo            {}\nloss detection  {}\ncounts waiters  {}\nshortest lease  {}\n",
+        "backend         {backend}\nlinearizable    {}\nfencing         {}\nfifo            {}\nloss detection  {}\ncounts waiters  {}\nshortest lease  {}\nelection        {}\nsemaphore       {}\nrw-lock         {}\n",
         yes(caps.linearizable),
         caps.fencing,
         yes(caps.fifo),
         caps.loss_detection,
         yes(caps.counts_waiters),
         lease(caps.min_lease),
+        yes(caps.election),
+        yes(caps.semaphore),
+        yes(caps.rw_lock),
     )
 }
 
@@ -69,6 +72,9 @@ fn to_json(backend: &str, caps: &Capabilities) -> serde_json::Value {
         "loss_detection": caps.loss_detection.to_string(),
         "counts_waiters": caps.counts_waiters,
         "min_lease_ms": caps.min_lease.as_millis() as u64,
+        "election": caps.election,
+        "semaphore": caps.semaphore,
+        "rw_lock": caps.rw_lock,
     })
 }
 
@@ -88,5 +94,12 @@ mod tests {
         let doc = to_json("etcd", &caps);
         assert_eq!(doc["fencing"], "strong");
         assert_eq!(doc["min_lease_ms"], 2000);
+        // What `--require election|semaphore|rw-lock` checks is shown too.
+        for line in ["election        ", "semaphore       ", "rw-lock         "] {
+            assert!(text.contains(line), "{text}");
+        }
+        for key in ["election", "semaphore", "rw_lock"] {
+            assert!(doc[key].is_boolean(), "{doc}");
+        }
     }
 }

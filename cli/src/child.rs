@@ -70,3 +70,15 @@ pub fn reap_group(pid: Option<u32>) {
         }
     }
 }
+
+/// Makes fencelock a child subreaper (Linux): a process the command leaves behind is
+/// reparented to fencelock rather than to init when the command exits, so
+/// [`reap_group`] can reap it when it ends. Otherwise, under an init that reaps only its
+/// own child (`tail -f /dev/null` or `sleep infinity` as a container's PID 1), it would
+/// stay a zombie in the command's group, and `run` would wait for the group for ever.
+pub fn become_subreaper() {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = nix::sys::prctl::set_child_subreaper(true);
+    }
+}

@@ -54,6 +54,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             Acquired::Held(locks, guard) => (locks, guard),
             Acquired::Interrupted(code) => return Ok(code),
         };
+    child::become_subreaper();
     let mut child = match spawn(&args, &guard) {
         Ok(child) => child,
         Err(failure) => {

@@ -540,9 +540,33 @@ fn as_init_fencelock_reaps_what_the_command_left_and_exits() {
     assert_code(&out, 0);
 }
 
+/// Under an init that reaps nothing but its own child (`tail -f /dev/null`, `sleep
+/// infinity` in CI and development containers; here a python3 that waits for fencelock
+/// only), a process the command left behind would become that init's zombie and stay
+/// in the command's group for ever. fencelock is a child subreaper, so it is
+/// fencelock's to reap, and run returns.
+#[test]
+fn under_an_init_that_reaps_nothing_run_still_returns() {
+    let out = output(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "python3", "-c"])
+            .arg("import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))")
+            .arg(env!("CARGO_BIN_EXE_fencelock"))
+            .args(["run", "--url", "mem://", "init", "--", "sh", "-c"])
+            .arg("sleep 0.3 & exit 0")
+            .env_remove("FENCELOCK_URL")
+            .env_remove("FENCELOCK_CONFIG")
+            .stdin(std::process::Stdio::null()),
+    );
+    assert_code(&out, 0);
+}
+
 /// A lock lost while fencelock and its command were stopped (Ctrl-Z past the lease):
 /// on SIGCONT the command is not resumed as if it held the lock. It gets SIGTERM
-/// before SIGCONT, so it writes nothing more, and fencelock exits 76.
+/// before SIGCONT, so it writes nothing more, and fencelock exits 76. (Before that fix
+/// SIGTERM followed SIGCONT within a loop turn, too soon for this test to see a write:
+/// it guards the outcome, it could not be made to fail reliably before.) The lease
+/// leaves 3 s for start-up on a loaded machine before the stop.
 #[test]
 fn a_lock_lost_during_a_terminal_stop_is_not_resumed() {
     let dir = tempfile::tempdir().unwrap();
@@ -554,7 +578,7 @@ fn a_lock_lost_during_a_terminal_stop_is_not_resumed() {
                 "--url",
                 "mem://",
                 "--fixed-lease",
-                "1s",
+                "3s",
                 "stopped",
                 "--",
             ])
@@ -576,7 +600,7 @@ fn a_lock_lost_during_a_terminal_stop_is_not_resumed() {
     // already under way land, then take the length.
     std::thread::sleep(Duration::from_millis(200));
     let before = std::fs::read_to_string(&log).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(3500));
     signal(running.pid(), Signal::SIGCONT);
     let out = running.wait(Duration::from_secs(20));
     assert_code(&out, LOST);
