@@ -472,7 +472,7 @@ async fn a_semaphore_request_that_lost_its_mutex_while_waiting_says_so() {
         }
     };
     let direct = connect(server.connect_string(), Duration::from_secs(10)).await;
-    let proxied = connect(proxy.addr(), Duration::from_secs(4)).await;
+    let proxied = connect(proxy.addr(), Duration::from_secs(8)).await;
     let one = Permits::new(1, 1).unwrap();
     let held = direct
         .acquire_permits("pool", one, AcquireOptions::new().no_wait())
