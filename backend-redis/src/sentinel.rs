@@ -237,10 +237,15 @@ impl SentinelNode {
             .map_err(map_err)
     }
 
-    /// Drops the cached connection (after an error that calls for a reconnection).
-    pub(crate) fn forget(&self) {
+    /// Drops the cached connection after an error that calls for a reconnection, if it
+    /// is still the one the failed request went on (`epoch`, from
+    /// [`connection`](Self::connection)). A request that failed on a connection already
+    /// dropped or replaced (a timeout on the old master after a switch) says nothing
+    /// about the one in use now: dropping that one would throw away the healthy
+    /// connection and have every reply in flight on it distrusted.
+    pub(crate) fn forget(&self, epoch: u64) {
         let mut master = self.current.lock();
-        if master.take().is_some() {
+        if self.current.epoch.load(Ordering::SeqCst) == epoch && master.take().is_some() {
             self.current.epoch.fetch_add(1, Ordering::SeqCst);
         }
     }
