@@ -370,7 +370,8 @@ impl Engine {
                         ));
                     }
                 }
-                self.replicas_acknowledged(acks.as_ref(), sent, lease)?;
+                self.replicas_acknowledged(&self.nodes[0], acks.as_ref(), sent, lease)
+                    .await?;
                 Ok::<_, Error>(())
             };
             if let Err(e) = checked.await {
@@ -464,11 +465,12 @@ impl Engine {
         }
     }
 
-    /// Runs a grant's script on `node`, and with the replica check (`wait_replicas`)
-    /// its `WAIT n timeout` right after it on the same connection (see
-    /// [`Node::invoke_then`]: a `WAIT` on another connection would check nothing).
-    /// Returns the script's reply and the `WAIT`'s (`None` without the check), for
-    /// [`replicas_acknowledged`](Self::replicas_acknowledged).
+    /// Runs a grant's script on `node`. With the replica check (`wait_replicas`) the
+    /// id of the connection it went on (`CLIENT ID`, in one pipeline with it) comes
+    /// back too, for [`replicas_acknowledged`](Self::replicas_acknowledged): the
+    /// `WAIT` must run on that connection (on another it would check nothing), and
+    /// only after a grant (a refused try must not wait up to `wait_timeout` for
+    /// replicas, holding up the shared connection).
     pub(crate) async fn invoke_grant(
         &self,
         node: &Node,
@@ -477,22 +479,29 @@ impl Engine {
         if self.config.wait_replicas == 0 {
             return Ok((node.invoke::<Value>(call).await?, None));
         }
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(self.config.wait_replicas)
-            .arg(millis(self.config.wait_timeout));
-        let (reply, acks) = node.invoke_then(call, &wait).await?;
-        Ok((reply, Some(acks)))
+        let mut id = redis::cmd("CLIENT");
+        id.arg("ID");
+        let (reply, connection) = node.invoke_then(call, &id).await?;
+        Ok((reply, Some(connection)))
     }
 
-    /// The replica check: the grant's `WAIT n timeout` (`acks`, its reply) must have
-    /// seen `n` acknowledgements, and must have answered before the lease of the grant
-    /// (sent at `sent`, for `lease`) ran out on the local clock: a guard whose deadline
-    /// has passed before it is handed out would be lost from its first instant. Checked
-    /// for every grant (a lock's, a term's, a semaphore's or read-write lock's) when
+    /// The replica check of a grant made on `node` over the connection `connection`
+    /// ([`invoke_grant`](Self::invoke_grant)'s id): `WAIT n timeout` on that same
+    /// connection (a pipeline with `CLIENT ID`, which must name it still) must see `n`
+    /// acknowledgements, and must answer before the lease of the grant (sent at `sent`,
+    /// for `lease`) ran out on the local clock: a guard whose deadline has passed
+    /// before it is handed out would be lost from its first instant. Checked for every
+    /// grant (a lock's, a term's, a semaphore's or read-write lock's) when
     /// `wait_replicas` is set; the caller undoes the grant when it fails.
-    pub(crate) fn replicas_acknowledged(
+    ///
+    /// # Cancel safety
+    ///
+    /// Sends a `WAIT`, which changes nothing; the caller's in-flight guard undoes the
+    /// grant when this is dropped.
+    pub(crate) async fn replicas_acknowledged(
         &self,
-        acks: Option<&Value>,
+        node: &Node,
+        connection: Option<&Value>,
         sent: Instant,
         lease: Duration,
     ) -> Result<(), Error> {
@@ -500,8 +509,29 @@ impl Engine {
         if wanted == 0 {
             return Ok(());
         }
+        let Some(connection) = connection else {
+            return Err(Error::backend(
+                BACKEND,
+                false,
+                "the grant came without the id of its connection",
+            ));
+        };
+        let mut id = redis::cmd("CLIENT");
+        id.arg("ID");
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(wanted).arg(millis(self.config.wait_timeout));
+        let (now, acks) = self
+            .bounded(node, self.config.timeout, node.query_pair(&id, &wait))
+            .await?;
+        if &now != connection {
+            // A reconnection since the grant: this connection never wrote it.
+            return Err(Error::unavailable(
+                BACKEND,
+                "the connection changed between the grant and its replica check; it was released",
+            ));
+        }
         let acks = match acks {
-            Some(Value::Int(n)) => u32::try_from(*n).unwrap_or(0),
+            Value::Int(n) => u32::try_from(n).unwrap_or(0),
             _ => {
                 return Err(Error::backend(
                     BACKEND,

@@ -490,9 +490,11 @@ fn client_with(
 }
 
 impl SentinelNode {
-    fn forget_on(&self, err: &RedisError) {
+    /// Drops the connection a request went on (`epoch`) after `err`, if the error
+    /// calls for a reconnection and the connection is still the one in use.
+    fn forget_on(&self, err: &RedisError, epoch: u64) {
         if needs_reconnect(err) {
-            self.forget();
+            self.forget(epoch);
         }
     }
 }
@@ -568,6 +570,17 @@ impl Node {
         }
     }
 
+    /// Runs the plain commands `first` and `second` as one pipeline on one connection;
+    /// their replies (a server error in either is the error).
+    pub(crate) async fn query_pair(
+        &self,
+        first: &redis::Cmd,
+        second: &redis::Cmd,
+    ) -> Result<(Value, Value), Error> {
+        let (first, second) = self.send_pair(first, second).await?;
+        Ok((checked(first)?, checked(second)?))
+    }
+
     /// Sends `first` and `second` as one pipeline on one connection; their replies
     /// (server errors among them as [`Value::ServerError`]).
     async fn send_pair(
@@ -586,12 +599,12 @@ impl Node {
                 let (mut conn, epoch) = node.connection().await?;
                 let replies: Result<Vec<Value>, RedisError> = pipe.query_async(&mut conn).await;
                 match &replies {
-                    Err(e) => node.forget_on(e),
+                    Err(e) => node.forget_on(e, epoch),
                     // `READONLY`, `MASTERDOWN`: as for a single command.
                     Ok(values) => {
                         for value in values {
                             if let Value::ServerError(e) = value {
-                                node.forget_on(&e.clone().into());
+                                node.forget_on(&e.clone().into(), epoch);
                             }
                         }
                         if !node.unchanged(epoch) {
@@ -630,7 +643,7 @@ impl Node {
             Node::Sentinel(node) => {
                 let (mut conn, epoch) = node.connection().await?;
                 let reply = cmd.query_async(&mut conn).await.inspect_err(|e| {
-                    node.forget_on(e);
+                    node.forget_on(e, epoch);
                 });
                 if reply.is_ok() && !node.unchanged(epoch) {
                     return Err(switched());
@@ -961,5 +974,73 @@ mod tests {
                 Ok(_) => panic!("{url}: connected"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod sentinel_epoch_tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::RedisConfig;
+
+    /// A request that failed on a connection already dropped (here: a `BLPOP` on the
+    /// first connection, dropped as on a master switch, times out later) must not drop
+    /// the connection in use now: that would have every reply in flight on the healthy
+    /// one distrusted as "switched". The second `BLPOP`, on the new connection, is
+    /// answered after the first one's timeout and must be trusted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failure_on_a_replaced_connection_keeps_the_one_in_use() {
+        let set = tokio::task::spawn_blocking(fencelock_testkit::RedisSentinelSet::start)
+            .await
+            .unwrap();
+        let config = RedisConfig::from_url(&format!("{}?timeout=3s", set.url())).unwrap();
+        let nodes = open(&config).await.unwrap();
+        let Node::Sentinel(node) = &nodes[0] else {
+            panic!("a Sentinel node");
+        };
+        let (_, first) = node.connection().await.unwrap();
+        let mut old = redis::cmd("BLPOP");
+        old.arg("epoch-old").arg(0);
+        let mut new = redis::cmd("BLPOP");
+        new.arg("epoch-new").arg(0);
+        let started = tokio::time::Instant::now();
+        let on_old = async {
+            // Times out after `timeout`, on the connection dropped below.
+            let reply = nodes[0].query::<Value>(&old).await;
+            (reply, started.elapsed())
+        };
+        let on_new = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            // As a master switch does: the cached connection is dropped.
+            node.forget(first);
+            tokio::time::sleep(Duration::from_millis(1400)).await;
+            // A new connection; answered after the old one's request failed.
+            nodes[0].query::<Value>(&new).await
+        };
+        let push = async {
+            tokio::time::sleep(Duration::from_millis(3800)).await;
+            let mut conn = redis::Client::open(set.master().url())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let _: i64 = redis::cmd("LPUSH")
+                .arg("epoch-new")
+                .arg("x")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        };
+        let ((old_reply, failed_at), new_reply, ()) = tokio::join!(on_old, on_new, push);
+        assert!(old_reply.is_err(), "{old_reply:?}");
+        assert!(
+            failed_at < Duration::from_millis(3700),
+            "the old connection's request failed at {failed_at:?}, after the push"
+        );
+        assert!(
+            new_reply.is_ok(),
+            "a reply on the connection in use was distrusted: {new_reply:?}"
+        );
     }
 }

@@ -326,7 +326,10 @@ async fn try_member(
             }
             // The replica check (`wait_replicas`), as for a lock: a grant too few replicas
             // acknowledged is undone and refused.
-            if let Err(error) = engine.replicas_acknowledged(acks.as_ref(), sent, lease) {
+            if let Err(error) = engine
+                .replicas_acknowledged(node, acks.as_ref(), sent, lease)
+                .await
+            {
                 engine.undo(&mut in_flight, engine.config.timeout).await;
                 return Err(error);
             }

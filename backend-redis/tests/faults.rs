@@ -915,23 +915,22 @@ async fn a_replica_check_answered_after_the_lease_is_refused() {
     }
 }
 
-/// The replica check's `WAIT` goes with the grant's script, in one write on the same
-/// connection: a `WAIT` sent on another connection (the connection manager reconnected,
-/// or Sentinel's cached connection was replaced, between the script's reply and the
-/// `WAIT`) has no write of its own to wait for and returns at once, so the check would
-/// pass without checking anything. Seen from the server (`MONITOR`) with every reply
-/// held back 300 ms by a proxy: each grant script is followed at once, from the same
-/// client, by its `WAIT`, not after the script's reply reached the client. A lock and a
-/// semaphore permit.
+/// The replica check's `WAIT` runs on the grant's connection, and only after a grant:
+/// a `WAIT` sent on another connection (the connection manager reconnected, or
+/// Sentinel's cached connection was replaced, between the script's reply and the
+/// `WAIT`) has no write of its own to wait for and returns at once, checking nothing; so
+/// the script goes in one pipeline with `CLIENT ID`, and the `WAIT` in one with `CLIENT
+/// ID` again, which must name the same connection. A refused try sends no `WAIT`. Seen
+/// from the server (`MONITOR`): after each grant script (a lock and a semaphore permit),
+/// the same client runs `CLIENT`, `CLIENT`, `WAIT`; after refused tries, no `WAIT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_replica_check_goes_with_the_grant_on_its_connection() {
+async fn the_replica_check_runs_on_the_grants_connection_and_only_after_a_grant() {
     use futures_util::StreamExt;
 
     let (master, _replica, _pid) = master_and_replica().await;
-    let proxy = fencelock_testkit::FaultProxy::start(&master.addr());
     let url = format!(
-        "redis://{}?wait_replicas=1&wait_timeout=500ms&timeout=3s&prefix=same-conn:",
-        proxy.addr()
+        "{}?wait_replicas=1&wait_timeout=500ms&timeout=3s&prefix=same-conn:",
+        master.url()
     );
     let locks = fencelock_redis::connect(&url).await.unwrap();
     let mut monitor = redis::Client::open(master.url())
@@ -949,6 +948,20 @@ async fn the_replica_check_goes_with_the_grant_on_its_connection() {
             }
         }
     });
+    // `1700000000.123456 [0 127.0.0.1:54321] "EVALSHA" ...`; commands run by scripts
+    // show as `[0 lua]`. The client's, in order: (client, verb).
+    let take = |seen: &Mutex<Vec<String>>| -> Vec<(String, String)> {
+        std::mem::take(&mut *seen.lock().unwrap())
+            .iter()
+            .filter_map(|line| {
+                let (_, rest) = line.split_once(' ')?;
+                let (client, command) = rest.split_once("] ")?;
+                let client = client.split_whitespace().nth(1)?.to_owned();
+                let verb = command.split('"').nth(1)?.to_ascii_uppercase();
+                (client != "lua").then_some((client, verb))
+            })
+            .collect()
+    };
     let options = AcquireOptions::new()
         .lease(Duration::from_secs(10))
         .no_wait();
@@ -965,50 +978,91 @@ async fn the_replica_check_goes_with_the_grant_on_its_connection() {
     let warm = locks.acquire_permits("warm-s", one, options).await.unwrap();
     warm.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    seen.lock().unwrap().clear();
-    proxy.set(fencelock_testkit::Fault::DelayReplies(
-        Duration::from_millis(300),
-    ));
+    take(&seen);
+
     let lock = locks.acquire("k", options).await.unwrap();
     let permit = locks.acquire_permits("s", one, options).await.unwrap();
-    proxy.set(fencelock_testkit::Fault::Pass);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    watcher.abort();
-    // `1700000000.123456 [0 127.0.0.1:54321] "EVALSHA" ...`; commands run by scripts
-    // show as `[0 lua]`.
-    let commands: Vec<(f64, String, String)> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|line| {
-            let (time, rest) = line.split_once(' ')?;
-            let (client, command) = rest.split_once("] ")?;
-            let client = client.split_whitespace().nth(1)?.to_owned();
-            let verb = command.split('"').nth(1)?.to_ascii_uppercase();
-            let time: f64 = time.parse().ok()?;
-            (client != "lua").then_some((time, client, verb))
-        })
+    let granted = take(&seen);
+    let scripts: Vec<usize> = (0..granted.len())
+        .filter(|&i| matches!(granted[i].1.as_str(), "EVALSHA" | "EVAL"))
         .collect();
-    let scripts: Vec<usize> = (0..commands.len())
-        .filter(|&i| matches!(commands[i].2.as_str(), "EVALSHA" | "EVAL"))
-        .collect();
-    assert!(scripts.len() >= 2, "{commands:?}");
+    assert_eq!(scripts.len(), 2, "{granted:?}");
     for i in scripts {
-        let (at, client, _) = &commands[i];
-        let next = commands[i + 1..]
+        let client = &granted[i].0;
+        let after: Vec<&str> = granted[i + 1..]
             .iter()
-            .find(|(_, c, _)| c == client)
-            .unwrap_or_else(|| panic!("nothing followed the script: {commands:?}"));
-        assert_eq!(next.2, "WAIT", "{commands:?}");
-        assert!(
-            next.0 - at < 0.1,
-            "the WAIT came {:.0} ms after its grant's script, once the script's reply \
-             had reached the client: {commands:?}",
-            (next.0 - at) * 1000.0
-        );
+            .filter(|(c, _)| c == client)
+            .map(|(_, verb)| verb.as_str())
+            .take(3)
+            .collect();
+        assert_eq!(after, ["CLIENT", "CLIENT", "WAIT"], "{granted:?}");
     }
+
+    // Refused: the lock is held, and 3 permits of 3 are not free.
+    let refused = locks.acquire("k", options).await.map(|g| g.token());
+    assert!(
+        matches!(refused, Err(fencelock_core::Error::Contended { .. })),
+        "{refused:?}"
+    );
+    let three = fencelock_core::Permits::new(3, 3).unwrap();
+    let refused = locks
+        .acquire_permits("s", three, options)
+        .await
+        .map(|g| g.token());
+    assert!(
+        matches!(refused, Err(fencelock_core::Error::Contended { .. })),
+        "{refused:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refusals = take(&seen);
+    assert!(
+        refusals.iter().any(|(_, verb)| verb == "EVALSHA"),
+        "{refusals:?}"
+    );
+    assert!(
+        !refusals.iter().any(|(_, verb)| verb == "WAIT"),
+        "a refused try waited for replicas: {refusals:?}"
+    );
+    watcher.abort();
     lock.release().await.unwrap();
     permit.release().await.unwrap();
+}
+
+/// With the replica check on and replicas that do not acknowledge (here the replica is
+/// stopped, so every `WAIT` runs to `wait_timeout`), a refused try answers at once: it
+/// sends no `WAIT`, which would hold the client's shared connection (and every other
+/// request on it, renewals among them) for `wait_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_try_does_not_wait_for_replicas() {
+    let (master, _replica, pid) = master_and_replica().await;
+    let url = format!(
+        "{}?wait_replicas=1&wait_timeout=1500ms&timeout=3s&prefix=refused-wait:",
+        master.url()
+    );
+    let holder = fencelock_redis::connect(&url).await.unwrap();
+    let held = holder
+        .acquire("h", AcquireOptions::new().no_wait())
+        .await
+        .unwrap();
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    signal(pid, "-STOP");
+    let started = Instant::now();
+    let refused = locks
+        .acquire("h", AcquireOptions::new().no_wait())
+        .await
+        .map(|g| g.token());
+    let took = started.elapsed();
+    signal(pid, "-CONT");
+    assert!(
+        matches!(refused, Err(fencelock_core::Error::Contended { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        took < Duration::from_millis(700),
+        "a refused try took {took:?}: it waited for the replicas"
+    );
+    held.release().await.unwrap();
 }
 
 /// Script calls (`EVALSHA` and `EVAL`) `server` has run so far.
