@@ -453,7 +453,7 @@ return 0
 /// A semaphore's or read-write lock's holder key (`owner \r index \r token`: see
 /// [`MEMBER_ACQUIRE`]) is renewed with its index hash, whose expiry is kept at least as
 /// late as every holder's.
-/// Returns one integer per key: 1 renewed, 0 missing, another owner's or not a string
+/// Returns one integer per lock: 1 renewed, 0 missing, another owner's or not a string
 /// (someone overwrote it with another type). The `GET` is a `pcall`: a wrong-typed key
 /// is its own lock's loss, not an error that fails every lock renewed in the same call.
 /// A campaign's lock key (owner line, then the term: see [`campaign_grant`]) is compared
