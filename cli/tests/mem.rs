@@ -527,17 +527,23 @@ fn a_terminal_stop_stops_the_command_too() {
 /// zombie forever. Needs root (as the fault tests do) for the namespace.
 #[test]
 fn as_init_fencelock_reaps_what_the_command_left_and_exits() {
-    let out = output(
+    assert_code(&run_leaving_a_process_in_a_pid_namespace(&[]), 0);
+}
+
+/// `fencelock run --url mem:// init -- sh -c 'sleep 0.3 & exit 0'` as PID 1 of a new
+/// PID namespace, or under `init` (a command line that starts it) there.
+fn run_leaving_a_process_in_a_pid_namespace(init: &[&str]) -> std::process::Output {
+    output(
         std::process::Command::new("unshare")
             .args(["--pid", "--fork", "--kill-child"])
+            .args(init)
             .arg(env!("CARGO_BIN_EXE_fencelock"))
             .args(["run", "--url", "mem://", "init", "--", "sh", "-c"])
             .arg("sleep 0.3 & exit 0")
             .env_remove("FENCELOCK_URL")
             .env_remove("FENCELOCK_CONFIG")
             .stdin(std::process::Stdio::null()),
-    );
-    assert_code(&out, 0);
+    )
 }
 
 /// Under an init that reaps nothing but its own child (`tail -f /dev/null`, `sleep
@@ -547,18 +553,12 @@ fn as_init_fencelock_reaps_what_the_command_left_and_exits() {
 /// fencelock's to reap, and run returns.
 #[test]
 fn under_an_init_that_reaps_nothing_run_still_returns() {
-    let out = output(
-        std::process::Command::new("unshare")
-            .args(["--pid", "--fork", "--kill-child", "python3", "-c"])
-            .arg("import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))")
-            .arg(env!("CARGO_BIN_EXE_fencelock"))
-            .args(["run", "--url", "mem://", "init", "--", "sh", "-c"])
-            .arg("sleep 0.3 & exit 0")
-            .env_remove("FENCELOCK_URL")
-            .env_remove("FENCELOCK_CONFIG")
-            .stdin(std::process::Stdio::null()),
-    );
-    assert_code(&out, 0);
+    let init = [
+        "python3",
+        "-c",
+        "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))",
+    ];
+    assert_code(&run_leaving_a_process_in_a_pid_namespace(&init), 0);
 }
 
 /// A lock lost while fencelock and its command were stopped (Ctrl-Z past the lease):
