@@ -218,6 +218,10 @@ impl LockGuard {
 
     /// A [`CancellationToken`] cancelled when the lock is lost (including by deadline),
     /// for handing to code that takes one.
+    ///
+    /// Taken inside a temporary runtime (a `Runtime::new().block_on(...)` that then
+    /// ends), it still fires at the deadline while the runtime the lock was acquired on
+    /// runs: see [`Liveness::lost_token`].
     pub fn lost_token(&self) -> CancellationToken {
         self.liveness.lost_token()
     }

@@ -27,6 +27,7 @@ mod error;
 mod ext;
 mod fence;
 mod guard;
+mod kept;
 pub mod layer;
 pub mod line;
 mod liveness;

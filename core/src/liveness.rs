@@ -405,8 +405,11 @@ impl Liveness {
     /// The first call made inside a Tokio runtime (or on a lock whose backend gave one)
     /// starts one small task that watches the deadline until the lock is lost or the
     /// guard ends; until then the token fires only when the backend marks the lock lost.
-    /// A watcher whose runtime shut down before it fired is started again by the next
-    /// call made where a runtime runs.
+    /// The watcher runs on the runtime of the call; when that runtime shuts down first
+    /// (a temporary `Runtime::new().block_on(...)` that ends), it goes on on the
+    /// runtime this record was made on, so a token already handed out still fires at
+    /// the deadline while that runtime runs. Once neither runs, the next call made
+    /// where a runtime runs starts the watcher again.
     pub fn lost_token(&self) -> CancellationToken {
         let parent = self.inner.lost_token.get_or_init(CancellationToken::new);
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -421,36 +424,33 @@ impl Liveness {
 
     /// Starts the deadline watcher behind [`lost_token`](Self::lost_token) unless one
     /// is running: on the current runtime, else (or when it has shut down) on the one
-    /// the record was made on. Without a runtime to watch from, nothing is started and
-    /// nothing marked: the next call made inside one starts the watcher. A watcher
-    /// dropped before it fired or saw the end (its runtime shut down) clears
-    /// `driver_started` as it goes, so the next call starts another.
+    /// the record was made on; a watcher dropped with its runtime before it fired or
+    /// saw the end goes on on the next of the two that runs (see
+    /// [`spawn_kept`](crate::kept::spawn_kept)). Once neither runs (or without any
+    /// runtime to watch from), nothing watches and `driver_started` is cleared, so the
+    /// next call made where a runtime runs starts another.
     fn start_watcher(&self) {
         if self.inner.driver_started.swap(true, Ordering::AcqRel) {
             return;
         }
         let current = Handle::try_current().ok();
-        for runtime in current.iter().chain(self.inner.runtime.iter()) {
-            let rearm = Rearm {
-                live: self.clone(),
-                done: false,
-            };
-            let task = runtime.spawn(async move {
-                let mut rearm = rearm;
-                tokio::select! {
-                    () = rearm.live.lost() => {}
-                    () = rearm.live.wait_for(ENDED) => {}
+        let runtimes = current.into_iter().chain(self.inner.runtime.clone());
+        let (watched, rearm) = (self.clone(), self.clone());
+        crate::kept::spawn_kept(
+            runtimes,
+            move || {
+                let live = watched.clone();
+                async move {
+                    tokio::select! {
+                        () = live.lost() => {}
+                        () = live.wait_for(ENDED) => {}
+                    }
                 }
-                rearm.done = true;
-            });
-            // A runtime that shut down drops the task at once, and its `Rearm` cleared
-            // the flag. A task that finished this fast on a live runtime (the lock was
-            // lost or ended already) left it set, and nothing needs watching.
-            if !task.is_finished() || self.inner.driver_started.swap(true, Ordering::AcqRel) {
-                return;
-            }
-        }
-        self.inner.driver_started.store(false, Ordering::Release);
+            },
+            move || {
+                rearm.inner.driver_started.store(false, Ordering::Release);
+            },
+        );
     }
 
     /// Marks the connection behind the lock as unreliable (for example a ZooKeeper client
@@ -487,24 +487,6 @@ impl Liveness {
     /// None: it only waits.
     pub async fn ended(&self) {
         self.wait_for(ENDED).await
-    }
-}
-
-/// Held by the deadline watcher: dropped before the watcher saw the loss or the end
-/// (its runtime shut down), it lets the next [`Liveness::lost_token`] start another.
-struct Rearm {
-    live: Liveness,
-    done: bool,
-}
-
-impl Drop for Rearm {
-    fn drop(&mut self) {
-        if !self.done {
-            self.live
-                .inner
-                .driver_started
-                .store(false, Ordering::Release);
-        }
     }
 }
 

@@ -445,6 +445,37 @@ fn a_leaked_renewing_guard_whose_runtime_ended_expires_and_serves_the_queue() {
     });
 }
 
+/// A `lost_token()` taken inside a temporary runtime (a `block_on` that then ends) fires
+/// at a fixed lease's deadline while the runtime the lock was taken on runs: its
+/// deadline watcher, dropped with the temporary runtime, must go on on the lock's, or
+/// nothing marks the loss (a fixed `mem://` lease without contention has no other
+/// watcher) and the token already handed out never fires.
+#[test]
+fn a_lost_token_taken_on_a_runtime_that_ended_fires_at_the_deadline() {
+    let lease = Duration::from_millis(300);
+    let locks = MemoryLock::new();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_time()
+        .build()
+        .unwrap();
+    let guard = main
+        .block_on(locks.acquire("a", AcquireOptions::new().fixed_lease(lease)))
+        .unwrap();
+    let temporary = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let token = temporary.block_on(async { guard.lost_token() });
+    drop(temporary);
+    main.block_on(async {
+        tokio::time::timeout(lease + Duration::from_secs(2), token.cancelled())
+            .await
+            .expect("the token fires at the deadline");
+    });
+    assert!(guard.is_lost());
+}
+
 #[tokio::test(start_paused = true)]
 async fn closing_one_client_leaves_the_others_of_its_set_alone() {
     let namespace = "closing-one-client";
