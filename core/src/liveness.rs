@@ -453,6 +453,13 @@ impl Liveness {
         );
     }
 
+    /// The runtime this record was made on (the backend's, for a record a backend made
+    /// while acquiring), if it was made inside one: where the tasks a guard relies on
+    /// can go on when the runtime they were started on ends.
+    pub(crate) fn runtime(&self) -> Option<&Handle> {
+        self.inner.runtime.as_ref()
+    }
+
     /// Marks the connection behind the lock as unreliable (for example a ZooKeeper client
     /// that is disconnected but whose session may still be alive), or clears that mark.
     pub fn set_at_risk(&self, at_risk: bool) {

@@ -194,9 +194,10 @@ impl MetricsOptions {
 pub struct Metrics {
     inner: Arc<dyn DistributedLock>,
     options: MetricsOptions,
-    /// Where a held guard's loss is watched: the runtime this was made on, so that a
-    /// loss is counted when it happens also for a guard acquired on a runtime that has
-    /// ended since. `None` when made outside a runtime: then each acquire's.
+    /// Where a held guard's loss is watched first: the runtime this was made on, so
+    /// that a loss is counted when it happens also for a guard acquired on a runtime
+    /// that has ended since. `None` when made outside a runtime: then each acquire's.
+    /// A watch whose runtime ends goes on on the acquire's, then on the backend's.
     runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -238,7 +239,9 @@ impl Metrics {
     ///
     /// Made inside a Tokio runtime, the losses of held guards are watched on it,
     /// whichever runtime acquired them; made outside one, or once that runtime has
-    /// ended, on each acquire's.
+    /// ended, on each acquire's. When the runtime a held guard's watch runs on ends,
+    /// the watch goes on on the acquire's runtime, else on the one the backend made
+    /// the guard's record on, so the loss is still counted and the held gauge moved.
     pub fn new(inner: Arc<dyn DistributedLock>, options: MetricsOptions) -> Self {
         describe();
         Metrics {
@@ -529,25 +532,36 @@ struct HoldRecord {
 }
 
 impl HoldRecord {
-    /// Watches the grant until it is lost (counted) or ends.
-    /// Outside any runtime nothing watches: the loss is counted when the guard is
-    /// released or dropped.
+    /// Watches the grant until it is lost (counted) or ends: on `runtime` (the
+    /// layer's), else this acquire's; when the one it runs on ends while the guard is
+    /// held, on the next of these, then on the runtime `liveness` was made on (the
+    /// backend's). With none of them running nothing watches: the loss is counted when
+    /// the guard is released or dropped.
     fn watch(self: &Arc<Self>, runtime: Option<&tokio::runtime::Handle>, liveness: Liveness) {
         let record = self.clone();
-        crate::layer::spawn_kept(runtime, || {
-            let (record, liveness) = (record.clone(), liveness.clone());
-            async move {
-                tokio::select! {
-                    biased;
-                    _ = liveness.ended() => {}
-                    _ = liveness.lost() => {
-                        if !record.releasing.load(Ordering::SeqCst) {
-                            record.lost_by(&liveness);
+        let runtimes = runtime
+            .cloned()
+            .into_iter()
+            .chain(tokio::runtime::Handle::try_current().ok())
+            .chain(liveness.runtime().cloned());
+        crate::kept::spawn_kept(
+            runtimes,
+            move || {
+                let (record, liveness) = (record.clone(), liveness.clone());
+                async move {
+                    tokio::select! {
+                        biased;
+                        _ = liveness.ended() => {}
+                        _ = liveness.lost() => {
+                            if !record.releasing.load(Ordering::SeqCst) {
+                                record.lost_by(&liveness);
+                            }
                         }
                     }
                 }
-            }
-        });
+            },
+            || {},
+        );
     }
 
     /// Counts the loss `liveness` reports.
@@ -868,6 +882,41 @@ mod tests {
                 1.0,
                 "not counted while the guard lives"
             );
+            drop(guard);
+        });
+    }
+
+    /// A loss is counted when it happens also when the runtime the layer was made on
+    /// ends while the guard is held: the watch, dropped with that runtime, must go on
+    /// on another (the acquire's), or the loss is not counted and the gauge not moved.
+    #[test]
+    fn a_loss_is_counted_after_the_layers_runtime_ended_while_the_guard_was_held() {
+        let made_on = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (_memory, locks) =
+            made_on.block_on(async { metered(MetricsOptions::new().with_name_label()) });
+        let main = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let labels = ["backend=mem", "name=m-layer-runtime-ended"];
+        let opts = AcquireOptions::new().fixed_lease(Duration::from_millis(200));
+        let guard = main
+            .block_on(locks.acquire("m-layer-runtime-ended", opts))
+            .unwrap();
+        drop(made_on);
+        main.block_on(async {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let lost = [labels[0], labels[1], "cause=lease_expired"];
+            assert_eq!(
+                count(LOCK_LOST_TOTAL, &lost),
+                1.0,
+                "not counted while the guard lives"
+            );
+            assert_eq!(count(LOCKS_HELD, &labels), 0.0);
             drop(guard);
         });
     }

@@ -70,8 +70,8 @@ use async_trait::async_trait;
 use self::acquire::Leg;
 pub use self::token::{ERA_SHIFT, MAX_EPOCH, era_token};
 use crate::{
-    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, Leader, LeaderChanges,
-    ListedLock, LockGuard, LockInfo, Permits, validate_name, validate_prefix,
+    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, Leader, LeaderChange,
+    LeaderChanges, ListedLock, LockGuard, LockInfo, Permits, validate_name, validate_prefix,
 };
 
 /// The short backend name of a [`MigrationLock`] and its guards.
@@ -181,11 +181,13 @@ pub struct MigrationLock {
     /// The leg taken second, in the two-leg phases.
     second: Option<Leg>,
     second_leg_wait: Duration,
-    /// Where a two-leg guard's follower and an observer's mapping run: the runtime
-    /// this was made on (the legs' clients renew on theirs), so that a guard taken on
-    /// a runtime that then ends (a `block_on` on a helper thread) is not reported lost
-    /// while its legs hold. `None` when made outside a runtime: then the runtime of
-    /// each call.
+    /// Where a two-leg guard's follower and an observer's mapping run first: the
+    /// runtime this was made on (the legs' clients renew on theirs), so that a guard
+    /// taken on a runtime that then ends (a `block_on` on a helper thread) is not
+    /// reported lost while its legs hold. `None` when made outside a runtime: then the
+    /// runtime of each call. A follower or mapping whose runtime ends goes on on the
+    /// call's runtime, and a follower then on the runtimes the legs' records were made
+    /// on (see [`spawn_kept`](crate::kept::spawn_kept)).
     runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -199,6 +201,10 @@ impl MigrationLock {
     /// Made inside a Tokio runtime, a two-leg guard follows its legs on that runtime,
     /// whichever runtime acquired it (as the legs' own clients renew on theirs); made
     /// outside one, or once that runtime has ended, on the runtime of each acquire.
+    /// When the runtime a guard's follower runs on ends while the guard is held, the
+    /// follower goes on on the acquire's runtime, else on one the legs' clients were
+    /// made on, so the loss of a leg is still reported; an observation's mapping goes
+    /// on on the runtime `observe` was called on.
     ///
     /// # Errors
     ///
@@ -482,44 +488,55 @@ impl DistributedLock for MigrationLock {
         let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
-        // Taken by the mapping task when it first runs: `spawn_kept` may spawn it twice
-        // (once on a kept runtime that turns out to have ended, which drops it unrun).
+        // Taken by the mapping task when it starts, and put back when it is dropped
+        // unfinished (its runtime shut down): `spawn_kept` then builds it again on the
+        // next runtime, which takes the leg's stream and the caller's sender over.
         let slot = Arc::new(std::sync::Mutex::new(Some((inner, changes))));
         // Maps each term's token to the era's; ends with the caller's stream. On the
         // lock's own runtime (see `MigrationLock::runtime`), else, or when that one has
-        // ended, this call's.
-        let mapping = crate::layer::spawn_kept(self.runtime.as_ref(), || {
-            let (slot, stopped) = (slot.clone(), stopped.clone());
-            async move {
-                let taken = slot
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .take();
-                let Some((mut inner, changes)) = taken else {
-                    return;
-                };
-                loop {
-                    let change = tokio::select! {
-                        () = stopped.cancelled() => return,
-                        change = inner.next() => change,
-                    };
-                    let Some(change) = change else { return };
-                    let mapped = change.and_then(|leader| {
-                        leader
-                            .map(|l| Ok(Leader::new(l.value, era_token(epoch, l.token)?)))
-                            .transpose()
-                    });
-                    // The stream ends after an error, as the trait says: also after one
-                    // of ours (a token too large for the era bits) while the inner one
-                    // goes on.
-                    let failed = mapped.is_err();
-                    if changes.send(mapped).is_err() || failed {
+        // ended (also while the observation runs), this call's.
+        let runtimes = self
+            .runtime
+            .clone()
+            .into_iter()
+            .chain(tokio::runtime::Handle::try_current().ok());
+        let started = crate::kept::spawn_kept(
+            runtimes,
+            move || {
+                let (slot, stopped) = (slot.clone(), stopped.clone());
+                async move {
+                    let Some(mut lent) = Lent::take(&slot) else {
                         return;
+                    };
+                    let Some((inner, changes)) = lent.mapping.as_mut() else {
+                        return;
+                    };
+                    loop {
+                        let change = tokio::select! {
+                            () = stopped.cancelled() => break,
+                            change = inner.next() => change,
+                        };
+                        let Some(change) = change else { break };
+                        let mapped = change.and_then(|leader| {
+                            leader
+                                .map(|l| Ok(Leader::new(l.value, era_token(epoch, l.token)?)))
+                                .transpose()
+                        });
+                        // The stream ends after an error, as the trait says: also after
+                        // one of ours (a token too large for the era bits) while the
+                        // inner one goes on.
+                        let failed = mapped.is_err();
+                        if changes.send(mapped).is_err() || failed {
+                            break;
+                        }
                     }
+                    // Done: dropped here, not put back.
+                    lent.finish();
                 }
-            }
-        });
-        if mapping.is_none() {
+            },
+            || {},
+        );
+        if !started {
             return Err(Error::InvalidConfig(
                 "the migration layer needs a Tokio runtime".into(),
             ));
@@ -556,6 +573,49 @@ impl DistributedLock for MigrationLock {
 
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+}
+
+/// What an observation's mapping task works with: the leg's stream and the caller's
+/// sender.
+type Mapping = (
+    LeaderChanges,
+    tokio::sync::mpsc::UnboundedSender<LeaderChange>,
+);
+
+/// A mapping task's [`Mapping`], taken from its slot: put back when the task is
+/// dropped unfinished, so the task built again on another runtime goes on with it.
+struct Lent {
+    slot: Arc<std::sync::Mutex<Option<Mapping>>>,
+    mapping: Option<Mapping>,
+}
+
+impl Lent {
+    fn take(slot: &Arc<std::sync::Mutex<Option<Mapping>>>) -> Option<Lent> {
+        let mapping = slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()?;
+        Some(Lent {
+            slot: slot.clone(),
+            mapping: Some(mapping),
+        })
+    }
+
+    /// The observation ended: nothing is put back.
+    fn finish(mut self) {
+        self.mapping = None;
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(mapping) = self.mapping.take() {
+            *self
+                .slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mapping);
+        }
     }
 }
 

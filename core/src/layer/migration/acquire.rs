@@ -206,9 +206,22 @@ async fn combine(
         (second.role, second_guard.liveness().clone()),
     ];
     let outer = Liveness::new(legs[0].1.valid_until().min(legs[1].1.valid_until()));
-    // On the lock's own runtime (see `MigrationLock::runtime`), else this call's.
-    let follower = crate::layer::spawn_kept(runtime, || follow_legs(outer.clone(), legs.clone()));
-    if follower.is_none() {
+    // On the lock's own runtime (see `MigrationLock::runtime`), else this call's; when
+    // the one it runs on ends while the guard is held, on the next of these, then on
+    // the runtimes the legs' records were made on (their clients').
+    let runtimes = runtime
+        .cloned()
+        .into_iter()
+        .chain(tokio::runtime::Handle::try_current().ok())
+        .chain(legs.iter().filter_map(|(_, leg)| leg.runtime().cloned()))
+        .collect::<Vec<_>>();
+    let (following, follower) = (outer.clone(), legs.clone());
+    let started = crate::kept::spawn_kept(
+        runtimes,
+        move || follow_legs(following.clone(), follower.clone()),
+        || {},
+    );
+    if !started {
         release_quietly(second_guard).await;
         release_quietly(first_guard).await;
         return Err(Error::InvalidConfig(

@@ -584,6 +584,41 @@ fn a_lock_made_on_a_runtime_that_ended_still_follows_its_legs() {
     });
 }
 
+/// A guard held when the runtime its lock was made on ends still reports a lost leg:
+/// the follower, dropped with that runtime, must go on on another (the acquire's), or
+/// the loss of a leg is never reported to the holder.
+#[test]
+fn a_guard_held_when_its_locks_runtime_ends_still_reports_a_lost_leg() {
+    let made_on = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let legacy = Arc::new(MemoryLock::new());
+    let locks = made_on.block_on(async {
+        MigrationLock::new(
+            MigrationPhase::LegacyFirst,
+            Some(legacy.clone() as Arc<dyn DistributedLock>),
+            Some(Arc::new(MemoryLock::new())),
+        )
+        .unwrap()
+    });
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let options = AcquireOptions::new().fixed_lease(Duration::from_secs(60));
+    let guard = main.block_on(locks.acquire("leg-lost", options)).unwrap();
+    drop(made_on);
+    main.block_on(async {
+        assert!(legacy.revoke("leg-lost").await.unwrap().is_some());
+        tokio::time::timeout(Duration::from_secs(2), guard.lost())
+            .await
+            .expect("the lost leg is reported");
+        assert_eq!(guard.lost_cause(), Some(crate::LossCause::MigrationLeg));
+    });
+}
+
 /// An observation started on a lock made on a runtime that has ended since maps its
 /// changes on the caller's runtime: a mapping task spawned on the dead runtime is
 /// dropped at once, and the stream used to end with no item and no error.
@@ -614,6 +649,55 @@ fn an_observation_on_a_lock_made_on_a_runtime_that_ended_still_delivers() {
             .unwrap()
             .expect("a leader");
         assert_eq!(leader.token, era_token(0, FencingToken::new(7)).unwrap());
+    });
+}
+
+/// An observation whose lock's runtime ends while it runs goes on delivering: the
+/// mapping task, dropped with that runtime, must go on on another (the caller's) with
+/// the leg's stream it had, or the caller's stream just ends, with no error.
+#[test]
+fn an_observation_goes_on_after_its_locks_runtime_ended() {
+    let made_on = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let legacy = Arc::new(MemoryLock::new());
+    let locks = made_on.block_on(async {
+        MigrationLock::new(
+            MigrationPhase::Legacy,
+            Some(legacy.clone() as Arc<dyn DistributedLock>),
+            None,
+        )
+        .unwrap()
+    });
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut changes = main.block_on(async {
+        let mut changes = locks.observe("e").await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(2), changes.next())
+            .await
+            .expect("the first change arrives");
+        assert!(matches!(first, Some(Ok(None))), "{first:?}");
+        changes
+    });
+    drop(made_on);
+    main.block_on(async {
+        let term = legacy
+            .campaign("e", "v", AcquireOptions::new())
+            .await
+            .unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(2), changes.next())
+            .await
+            .expect("the next change arrives");
+        let leader = next
+            .expect("the stream goes on")
+            .unwrap()
+            .expect("a leader");
+        assert_eq!(leader.token, era_token(0, term.token()).unwrap());
+        term.release().await.unwrap();
     });
 }
 
