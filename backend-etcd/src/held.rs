@@ -585,10 +585,24 @@ impl HeldLock for EtcdHeld {
     /// An etcd lease's TTL cannot be changed, so the key moves onto a fresh lease of the
     /// new length (a put that keeps the create revision, so the token stays, checked
     /// against our incarnation and the lease it is on) and the old lease is revoked. The
-    /// work runs in its own task: a dropped call leaves either the old lease or the new
-    /// one, never both. Extends of one guard take turns (a dropped call's task keeps its
-    /// turn until it is done), so each moves the key from the lease the one before left
-    /// it on.
+    /// work runs in its own task. Extends of one guard take turns (a dropped call's task
+    /// keeps its turn until it is done), so each moves the key from the lease the one
+    /// before left it on.
+    ///
+    /// The guard's deadline is set by that task, not by the caller: once the move is
+    /// confirmed, to the new lease's conservative end (the instant before its grant was
+    /// sent, plus the lease, minus the drift margin), even when that is earlier than the
+    /// deadline it had. A move whose outcome stays unknown leaves the key on the old
+    /// lease or the new one: the deadline comes down to the new lease's conservative end
+    /// if that is earlier, and otherwise stays. A key the task finds gone, or on a lease
+    /// none of ours, marks the guard lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// A call dropped before its turn came sent nothing. A call dropped after that
+    /// leaves either the old lease or the new one, never both, and its task still does
+    /// all of the above: the guard's deadline follows the lease the key is on (or may be
+    /// on), also when nobody awaits the answer, and a loss the task finds is reported.
     #[tracing::instrument(name = "fencelock.etcd.extend", level = "debug", skip_all, fields(lock = %self.name))]
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
         self.check_extension(lease)?;
@@ -622,6 +636,8 @@ impl HeldLock for EtcdHeld {
             // This guard's next extend starts when this one is done.
             let _turn = turn;
             let sent = Instant::now();
+            // The conservative end of the new lease, anchored before its grant is sent.
+            let end = sent + lease - drift_margin(lease);
             // The new lease's ID is chosen before the request: a grant that times out
             // after etcd applied it, or any exit below that does not keep the lease, has
             // it revoked in the background (with retries), instead of a keyless lease
@@ -710,7 +726,7 @@ impl HeldLock for EtcdHeld {
                     (_, Some(error)) => {
                         // Still unknown: the key may live on `new`.
                         if unknown {
-                            keep_unconfirmed(&shared, &mut unkept, new);
+                            keep_unconfirmed(&shared, &mut unkept, new, end);
                         }
                         return Err(error);
                     }
@@ -720,9 +736,9 @@ impl HeldLock for EtcdHeld {
                     (Some(lease), _) if lease == new => break true,
                     // Not moved yet, but etcd may still apply the move (its request may
                     // be on its way, or in etcd's log): the key may come to live on
-                    // `new`, which is kept. The guard keeps its deadline.
+                    // `new`, which is kept, and the deadline comes down to its end.
                     (Some(lease), Some(error)) if lease == from && unknown => {
-                        keep_unconfirmed(&shared, &mut unkept, new);
+                        keep_unconfirmed(&shared, &mut unkept, new, end);
                         return Err(error);
                     }
                     // Not moved, and never will be: the guard keeps its lease and
@@ -742,10 +758,10 @@ impl HeldLock for EtcdHeld {
                 }
             };
             if !moved {
-                return Err(Error::lost(
-                    &*key,
-                    "the key was gone (or no longer ours) when extending its lease",
-                ));
+                // Marked here, not by the caller: a dropped extend reports it too.
+                let reason = "the key was gone (or no longer ours) when extending its lease";
+                shared.liveness.mark_lost(LossCause::KeyGone, reason);
+                return Err(Error::lost(&*key, reason));
             }
             // The key lives on `new` now. A release that took the clean-up meanwhile
             // revokes `old` only, and a closed client registers nothing: revoke `new` too.
@@ -765,24 +781,23 @@ impl HeldLock for EtcdHeld {
                 }
             };
             if !kept {
-                return Err(Error::lost(
-                    &*key,
-                    "the lock was released or closed while extending",
-                ));
+                let reason = "the lock was released or closed while extending";
+                shared.liveness.mark_lost(LossCause::KeyGone, reason);
+                return Err(Error::lost(&*key, reason));
             }
             unkept.keep();
+            // Set here, not by the caller: an extend whose future was dropped still
+            // moved the key, and the deadline follows the new lease even when it ends
+            // earlier than the old one did (by up to one drift margin).
+            shared.liveness.confirm_extension(end);
             for lease in std::iter::once(old).chain(maybe) {
                 revoke(lease);
             }
-            Ok(sent + lease - drift_margin(lease))
+            Ok(end)
         };
         match runtime.spawn(work).await {
-            Ok(Err(Error::Lost { reason, .. })) => {
-                self.shared
-                    .liveness
-                    .mark_lost(LossCause::KeyGone, reason.clone());
-                Err(Error::lost(&self.name, reason))
-            }
+            // The task marked the guard lost.
+            Ok(Err(Error::Lost { reason, .. })) => Err(Error::lost(&self.name, reason)),
             Ok(outcome) => outcome,
             Err(_) => Err(Error::unavailable(
                 crate::error::BACKEND,
@@ -798,7 +813,17 @@ impl HeldLock for EtcdHeld {
 /// the fixed lease, and revokes `new`; so does the next extend that moves the key. With
 /// the clean-up already taken (a release or a loss meanwhile) `new` is revoked at once:
 /// that deletes the key if the move lands first, and makes the move fail after it.
-fn keep_unconfirmed(shared: &Shared, unkept: &mut Unkept, new: i64) {
+///
+/// The key is on the lease it was on or on `new`, whichever etcd applied: the guard's
+/// deadline comes down to `end`, the conservative end of `new`, when that is earlier
+/// than the one it has (a shorter lease, or one whose conservative end lies within the
+/// drift margin before the old deadline), and otherwise stays.
+fn keep_unconfirmed(shared: &Shared, unkept: &mut Unkept, new: i64, end: Instant) {
+    // Only extends move a fixed lease's deadline, and they take turns (this one has
+    // it): nothing raises the deadline between the read and the write.
+    if end < shared.liveness.valid_until() {
+        shared.liveness.confirm_extension(end);
+    }
     if let Some(c) = shared
         .cleanup
         .lock()
@@ -811,7 +836,8 @@ fn keep_unconfirmed(shared: &Shared, unkept: &mut Unkept, new: i64) {
 }
 
 /// An extend that could not learn whether it moved the key, while the key is still ours:
-/// not a loss; the guard keeps the deadline it had.
+/// not a loss; the guard keeps the deadline it had (lowered first if the key may be on a
+/// lease that ends earlier, see [`keep_unconfirmed`]).
 fn not_confirmed() -> Error {
     Error::unavailable(
         crate::error::BACKEND,

@@ -795,6 +795,186 @@ async fn two_extends_at_once_are_not_a_loss() {
     guard.release().await.unwrap();
 }
 
+/// etcd's conservative end of a lease of `ttl` from a request sent at `sent`: minus the
+/// drift margin (1 % of the lease plus 50 ms).
+fn conservative_end(sent: tokio::time::Instant, ttl: Duration) -> tokio::time::Instant {
+    sent + ttl - (ttl / 100 + Duration::from_millis(50))
+}
+
+/// A guard on a 100 s fixed lease through a proxy (passing everything), a direct
+/// client on the same prefix, and the lease the guard's key is on. Requests time out
+/// after 1 s.
+async fn long_fixed_guard(
+    prefix: &str,
+) -> (
+    fencelock_testkit::FaultProxy,
+    EtcdLock,
+    fencelock_core::LockGuard,
+    i64,
+) {
+    let server = EtcdServer::shared();
+    let proxy = fencelock_testkit::FaultProxy::start(&server.endpoint());
+    let config = |endpoint: String| EtcdConfig {
+        endpoints: vec![endpoint],
+        prefix: prefix.to_owned(),
+        cleanup_timeout: Duration::from_secs(1),
+        ..EtcdConfig::default()
+    };
+    let locks = EtcdLock::connect(config(proxy.addr())).await.unwrap();
+    let options = AcquireOptions::new()
+        .fixed_lease(Duration::from_secs(100))
+        .no_wait();
+    let guard = locks.acquire("x", options).await.unwrap();
+    let direct = EtcdLock::connect(config(server.endpoint())).await.unwrap();
+    let lease = lease_of(&direct, &guard).await.expect("the guard's key");
+    (proxy, direct, guard, lease)
+}
+
+/// The lease `guard`'s key is on in etcd, read through `direct` (`None`: gone).
+async fn lease_of(direct: &EtcdLock, guard: &fencelock_core::LockGuard) -> Option<i64> {
+    let key = guard.backend_key().unwrap();
+    let read = direct.client().kv_client().get(key, None).await.unwrap();
+    read.kvs()
+        .first()
+        .filter(|kv| kv.create_revision() as u64 == guard.token().get())
+        .map(|kv| kv.lease())
+}
+
+/// Waits (3 s at most) until `guard`'s key is on another lease than `old`; returns an
+/// instant after etcd applied the move, so after the request that granted the new lease
+/// was sent.
+async fn moved_from(
+    direct: &EtcdLock,
+    guard: &fencelock_core::LockGuard,
+    old: i64,
+) -> tokio::time::Instant {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let lease = lease_of(direct, guard).await;
+        if lease.is_some_and(|lease| lease != old) {
+            return tokio::time::Instant::now();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the key was never moved: {lease:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An extend dropped after it sent its requests (a caller's timeout) goes on in its own
+/// task and moves the key onto its lease; the guard's deadline then follows that lease,
+/// also when it ends earlier than the old one (a 99 s lease right after a 100 s one:
+/// the conservative ends are about a second apart). The deadline used to stay where it
+/// was, up to one drift margin past the conservative end of the lease the key is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_extend_that_moved_the_key_sets_the_deadline() {
+    use fencelock_testkit::Fault;
+    let prefix = format!("dropped-shorter-{:x}", std::process::id());
+    let (proxy, direct, guard, old) = long_fixed_guard(&prefix).await;
+    let lease = Duration::from_secs(99);
+    proxy.set(Fault::DelayReplies(Duration::from_millis(100)));
+    let asked = tokio::time::Instant::now();
+    let dropped = tokio::time::timeout(Duration::from_millis(20), guard.extend(lease)).await;
+    assert!(dropped.is_err(), "the extend was meant to be cut short");
+    let moved = moved_from(&direct, &guard, old).await;
+    // The old lease is revoked once the move is answered (and the extension done).
+    let mut client = direct.client().clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while client.lease_time_to_live(old, None).await.unwrap().ttl() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the old lease was never revoked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.set(Fault::Pass);
+    let end = conservative_end(moved, lease);
+    let valid_until = guard.valid_until();
+    assert!(
+        valid_until <= end,
+        "the guard's deadline is {:?} past the conservative end of the lease its key is on",
+        valid_until - end
+    );
+    assert!(valid_until >= conservative_end(asked, lease));
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    guard.release().await.unwrap();
+}
+
+/// An extend whose move is applied but never answered (the link goes dark with the
+/// answer on its way), nor can a read say where the key is: the key may be on the new,
+/// shorter lease, and the guard's deadline comes down to its conservative end. It used
+/// to stay where it was, up to one drift margin past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_move_onto_a_shorter_lease_lowers_the_deadline() {
+    use fencelock_testkit::Fault;
+    let prefix = format!("unconfirmed-shorter-{:x}", std::process::id());
+    let (proxy, direct, guard, old) = long_fixed_guard(&prefix).await;
+    let lease = Duration::from_secs(99);
+    // The grant is answered 300 ms late; the move's answer, due 300 ms after etcd
+    // applied it, is held by the partition set as soon as the move is seen.
+    proxy.set(Fault::DelayReplies(Duration::from_millis(300)));
+    let asked = tokio::time::Instant::now();
+    let (extended, moved) = tokio::join!(guard.extend(lease), async {
+        let moved = moved_from(&direct, &guard, old).await;
+        proxy.set(Fault::Blackhole);
+        moved
+    });
+    proxy.set(Fault::Pass);
+    assert!(
+        extended
+            .as_ref()
+            .is_err_and(|e| !matches!(e, fencelock_core::Error::Lost { .. })),
+        "{extended:?}"
+    );
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    let end = conservative_end(moved, lease);
+    let valid_until = guard.valid_until();
+    assert!(
+        valid_until <= end,
+        "the guard's deadline is {:?} past the conservative end of the lease its key may be on",
+        valid_until - end
+    );
+    assert!(valid_until >= conservative_end(asked, lease));
+    guard.release().await.unwrap();
+}
+
+/// An extend dropped after it sent its grant, whose task then finds the key moved onto
+/// a lease none of ours (an operator's put) and so gives the lock up as lost: the guard
+/// reports the loss, as it does when the call is awaited. Only the call marked it, so a
+/// dropped one left the guard valid until its old deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_extend_that_finds_the_key_on_a_foreign_lease_reports_the_loss() {
+    use etcd_client::PutOptions;
+    use fencelock_testkit::Fault;
+    let prefix = format!("dropped-foreign-{:x}", std::process::id());
+    let (proxy, direct, guard, _) = long_fixed_guard(&prefix).await;
+    proxy.set(Fault::DelayReplies(Duration::from_millis(200)));
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(20),
+        guard.extend(Duration::from_secs(99)),
+    )
+    .await;
+    assert!(dropped.is_err(), "the extend was meant to be cut short");
+    // Before the move is sent (after the grant's answer, held 200 ms).
+    let mut client = direct.client().clone();
+    let foreign = client.lease_grant(60, None).await.unwrap().id();
+    let options = PutOptions::new().with_lease(foreign).with_ignore_value();
+    let key = guard.backend_key().unwrap().to_owned();
+    client.put(key, "", Some(options)).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while !guard.is_lost() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.set(Fault::Pass);
+    let lost = guard.is_lost();
+    let _ = client.lease_revoke(foreign).await;
+    assert!(
+        lost,
+        "the guard was not told its extension found the lock lost"
+    );
+}
+
 /// The IDs of the leases etcd holds that were granted for `ttl`.
 async fn leases_granted_for(client: &etcd_client::Client, ttl: i64) -> Vec<i64> {
     let mut client = client.clone();
