@@ -299,9 +299,15 @@ impl LockGuard {
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped call either extended the lease or left it as it was, and
-    /// leaves nothing behind. `valid_until` moves only once the extension is confirmed.
-    /// Calls made at once on one guard take turns: each is sent after the one before
-    /// it has been answered.
+    /// leaves nothing behind. `valid_until` moves only once the extension is confirmed,
+    /// by the call, or on a backend that finishes an extension in a task of its own
+    /// (etcd, whose key moves onto a new lease) by that task after the call was dropped;
+    /// an extension whose outcome stays unknown may move it back, never forward, to the
+    /// end of the shorter of the leases the server may now hold. Calls made at once on
+    /// one guard take turns: each is sent after the one before it has been answered. A
+    /// call that finds the deadline already far enough sends nothing; if a dropped
+    /// call's task is still finishing then, the deadline it sets may end up to one drift
+    /// margin short of what the later call asked (never past the server's lease).
     ///
     /// # Errors
     ///

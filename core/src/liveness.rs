@@ -262,6 +262,15 @@ impl Liveness {
         true
     }
 
+    /// Completes at the next change a waiter must see: the deadline moved back
+    /// ([`confirm_extension`](Self::confirm_extension) to an earlier instant,
+    /// [`lower_to`](Self::lower_to)), or the lock marked lost or ended. For a record that
+    /// follows this one (the migration layer's guard): pin it and call `enable` on it
+    /// *before* reading the deadline, so a change after the read is not missed.
+    pub(crate) fn changes(&self) -> tokio::sync::futures::Notified<'_> {
+        self.inner.changed.notified()
+    }
+
     /// Names the guard this record belongs to (its lock, token and backend), for the
     /// `warn!` that reports its loss. Set once, by [`LockGuard::new`](crate::LockGuard::new).
     pub fn set_identity(&self, name: &str, token: u64, backend: &'static str) {

@@ -204,7 +204,8 @@ const MIN_CHECK: Duration = Duration::from_millis(5);
 /// the legs renew, and more and more often as a leg that stopped renewing nears its end.
 ///
 /// The outer deadline is never later than either leg's, so between two checks it can
-/// only be too early, never too late.
+/// only be too early, never too late: a leg moved back (not only forward, by renewals)
+/// wakes the follower at once.
 pub(super) async fn follow_legs(outer: Liveness, legs: [(&'static str, Liveness); 2]) {
     let [(first_role, first), (second_role, second)] = legs;
     let lost = |role: &str, leg: &Liveness| {
@@ -212,6 +213,12 @@ pub(super) async fn follow_legs(outer: Liveness, legs: [(&'static str, Liveness)
         format!("the {role} leg was lost: {reason}")
     };
     loop {
+        // Registered before the legs are read: a leg moved back after the read (an
+        // extension's task confirming a shorter lease) wakes this loop at once.
+        let (first_moved, second_moved) = (first.changes(), second.changes());
+        tokio::pin!(first_moved, second_moved);
+        first_moved.as_mut().enable();
+        second_moved.as_mut().enable();
         let legs_until = first.valid_until().min(second.valid_until());
         outer.extend(legs_until);
         // Read again: an extension may have moved a leg back (and the guard with it)
@@ -230,6 +237,8 @@ pub(super) async fn follow_legs(outer: Liveness, legs: [(&'static str, Liveness)
                 return;
             }
             () = outer.lost() => return,
+            () = &mut first_moved => {}
+            () = &mut second_moved => {}
             () = tokio::time::sleep_until(next) => {}
         }
     }
@@ -309,6 +318,30 @@ mod tests {
         a.extend(Instant::now() + lease * 10);
         outer.lost().await;
         assert_eq!(Instant::now(), deadline);
+    }
+
+    /// A leg whose deadline its backend moves back between two checks (an extension's
+    /// task confirming a shorter lease after the caller went away) takes the outer
+    /// deadline back at once, not at the next check: the outer guard never claims more
+    /// time than a leg has.
+    #[tokio::test(start_paused = true)]
+    async fn a_leg_moved_back_between_checks_moves_the_guard_back_at_once() {
+        let (a, b) = (live(60), live(60));
+        let outer = live(60);
+        tokio::spawn(follow_legs(
+            outer.clone(),
+            [("legacy", a.clone()), ("target", b.clone())],
+        ));
+        // Let the follower read the legs and go to sleep until its next check (10 s).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(a.confirm_extension(Instant::now() + Duration::from_secs(30)));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(
+            outer.valid_until() <= a.valid_until(),
+            "the guard claims {:?}, its legacy leg only {:?}",
+            outer.valid_until() - Instant::now(),
+            a.valid_until() - Instant::now()
+        );
     }
 
     #[tokio::test(start_paused = true)]
