@@ -20,8 +20,8 @@ use self::semaphore::Semaphores;
 use self::table::{Attempt, Table};
 use crate::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, HolderInfo, Leader,
-    LeaderChanges, ListedLock, LockGuard, LockInfo, LossDetection, Permits, Wait, validate_name,
-    validate_prefix,
+    LeaderChange, LeaderChanges, ListedLock, LockGuard, LockInfo, LossDetection, Permits, Wait,
+    validate_name, validate_prefix,
 };
 
 const BACKEND: &str = "mem";
@@ -32,6 +32,11 @@ const BACKEND: &str = "mem";
 /// duration while the guard lives, loss is reported at the deadline, waiters are served in
 /// FIFO order without polling, tokens strictly increase, and a dropped `acquire` leaves
 /// nothing behind. All timing uses `tokio::time`, so tests can run it on a paused clock.
+///
+/// Renewals and observations run on the Tokio runtime of the call that started them
+/// (`acquire`, `observe`). When that runtime shuts down, a renewing lease is no longer
+/// renewed (the guard reports the loss at its deadline) and an observation's stream ends
+/// with [`Error::Unavailable`].
 ///
 /// It excludes tasks of one process only. Clones share the same locks; so do instances
 /// obtained with [`MemoryLock::named`] (what `mem://NAME` connects to), while
@@ -260,6 +265,48 @@ fn check_options(options: AcquireOptions) -> Result<(), Error> {
             Err(needs_a_runtime("a renewing lease"))
         }
         _ => Ok(()),
+    }
+}
+
+/// The two ends of an observation's relay: the table's channel to it (`kept`) and the
+/// caller's stream (`changes`).
+struct Relay {
+    kept: Option<tokio::sync::mpsc::UnboundedReceiver<LeaderChange>>,
+    changes: Option<tokio::sync::mpsc::UnboundedSender<LeaderChange>>,
+    shared: std::sync::Weak<Shared>,
+    key: Arc<str>,
+}
+
+impl Relay {
+    /// The relay ended: the name's entry goes if nothing else keeps it.
+    fn finish(&mut self) {
+        self.changes = None;
+        // Dropped first, so the table sees the observer gone.
+        self.kept = None;
+        if let Some(shared) = self.shared.upgrade() {
+            shared.table().unobserve(&self.key);
+        }
+    }
+}
+
+impl Drop for Relay {
+    /// Dropped unfinished: the runtime the relay ran on shut down. The caller's stream
+    /// gets what the table had told it, then an error, instead of just ending (which
+    /// would read as an observation nobody ends).
+    fn drop(&mut self) {
+        let Some(changes) = self.changes.take() else {
+            return;
+        };
+        if let Some(kept) = self.kept.as_mut() {
+            while let Ok(change) = kept.try_recv() {
+                let _ = changes.send(change);
+            }
+        }
+        let _ = changes.send(Err(Error::unavailable(
+            BACKEND,
+            "the Tokio runtime this election was observed on shut down; observe it again on a running one",
+        )));
+        self.finish();
     }
 }
 
@@ -518,13 +565,25 @@ impl DistributedLock for MemoryLock {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(needs_a_runtime("observing"));
         };
-        let (keeper, mut kept) = tokio::sync::mpsc::unbounded_channel();
+        let (keeper, kept) = tokio::sync::mpsc::unbounded_channel();
         self.shared.table().observe(&key, keeper);
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         let closed = self.client.closed.clone();
         let shared = Arc::downgrade(&self.shared);
+        // Owns both ends while the relay runs; if the runtime drops the relay unfinished
+        // (it shut down), it ends the caller's stream with an error and lets go of the
+        // name (see `Relay`'s `Drop`).
+        let mut relay = Relay {
+            kept: Some(kept),
+            changes: Some(changes),
+            shared: shared.clone(),
+            key: key.clone(),
+        };
         runtime.spawn(async move {
+            let (Some(kept), Some(changes)) = (relay.kept.as_mut(), relay.changes.as_ref()) else {
+                return;
+            };
             // Forwards until the observation ends: `true` when it ends with `Closed`
             // (this client closed, or every handle of it is gone without a close).
             let closing = async {
@@ -565,11 +624,7 @@ impl DistributedLock for MemoryLock {
                 }
                 let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
             }
-            // The name's entry goes if nothing else keeps it.
-            drop(kept);
-            if let Some(shared) = shared.upgrade() {
-                shared.table().unobserve(&key);
-            }
+            relay.finish();
         });
         Ok(LeaderChanges::new(receiver, stop))
     }

@@ -751,3 +751,37 @@ fn outside_a_runtime_a_renewing_acquire_is_refused_and_leaves_nothing() {
         assert!(guard.is_some(), "the name was left held");
     });
 }
+
+/// An observation whose relay ran on a runtime that then shut down ends with an error
+/// item (not silently, as if nobody would ever lead again), and leaves no state for its
+/// name.
+#[test]
+fn an_observation_whose_runtime_ended_says_so_and_leaves_nothing() {
+    let locks = MemoryLock::new();
+    let temporary = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut changes = temporary.block_on(locks.observe("e")).unwrap();
+    drop(temporary);
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    main.block_on(async {
+        let first = changes.next().await;
+        assert!(matches!(first, Some(Ok(None))), "{first:?}");
+        let end = tokio::time::timeout(Duration::from_secs(5), changes.next())
+            .await
+            .expect("the stream ends");
+        assert!(
+            matches!(end, Some(Err(Error::Unavailable { .. }))),
+            "the stream ended with {end:?}, not an error"
+        );
+        assert_eq!(
+            locks.shared.table().entries(),
+            0,
+            "the name's entry is left"
+        );
+    });
+}
