@@ -150,7 +150,7 @@ impl RedisTls {
 /// | `rediss+sentinel://...` | the same over TLS, to the Sentinels and the master |
 /// | `redis+cluster://[user:pass@]a:port,b:port` | Redis Cluster |
 /// | `rediss+cluster://...` | Redis Cluster over TLS (`tls-cluster yes` on the nodes) |
-/// | `redlock://[user:pass@]a:port,b:port,c:port` | Redlock over distinct independent masters (see [`RedisConfig::check_instances`]) |
+/// | `redlock://[user:pass@]a:port,b:port,c:port` | Redlock over distinct independent masters (see [`RedisConfig::check_instances`]; two names of one server are refused at connect by `run_id`) |
 /// | `redlocks://...` | Redlock over TLS to every instance |
 ///
 /// Query options (all optional): `prefix=STR` (key prefix, default `fencelock:`),
@@ -286,8 +286,9 @@ impl RedisConfig {
     /// Checks that no Redlock instance is named twice (host compared without case, an IP
     /// address by its value, so `[::1]` and `[0::1]` are one): a server named twice
     /// would count twice toward the majority, and one server's grant could then be a
-    /// "majority" of three. (Other names for one server, such as `localhost` and
-    /// `127.0.0.1`, cannot be told apart without resolving them.)
+    /// "majority" of three. Other names for one server, such as `localhost` and
+    /// `127.0.0.1`, cannot be told apart here: [`RedisLock::connect`](crate::RedisLock::connect)
+    /// refuses them by the servers' `run_id`.
     ///
     /// # Errors
     ///

@@ -27,6 +27,11 @@
 //!   holder may then appear; the fenced resource must reject the first). The optional
 //!   replica check (`wait_replicas`) narrows, but does not close, that window.
 //! - **Not FIFO**: waiters wake on an unlock message and race.
+//! - **Redlock counts servers, not names**: an instance named twice is refused by
+//!   [`RedisConfig::check_instances`], and two instances that reach one server (two names
+//!   or addresses of it) by their server's `run_id` (`INFO server`), at
+//!   [`RedisLock::connect`] and again whenever an instance's connection is re-made; a
+//!   reply is counted only from a connection so checked. The user needs `+info`.
 //! - **Leader election** (`campaign`, `leader`, `observe`) on every topology: a term is
 //!   the lock of the same name whose key holds `owner \n token \n value`, so the value is
 //!   set with the grant and renewed, expired and deleted with the key. Grants and releases
@@ -60,6 +65,7 @@ mod election;
 mod engine;
 mod fence;
 mod held;
+mod instance;
 mod keys;
 mod lock;
 mod node;

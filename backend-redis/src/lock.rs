@@ -42,6 +42,14 @@ impl RedisLock {
     /// Connects as `config` says. The first connection (with AUTH) is made here, so
     /// wrong credentials fail now.
     ///
+    /// Redlock: every instance that answers is asked for its server's `run_id`
+    /// (`INFO server`), and two instances that are one server (two names or addresses
+    /// of it, such as `localhost:6379` and `127.0.0.1:6379`) are refused: that server
+    /// would count twice toward the majority. An instance down now is checked at its
+    /// first answer, and every instance again whenever its connection is re-made after
+    /// an error (perhaps to another server): until then its replies do not count. The user needs `+info` on every instance (see the README's "Redlock
+    /// instances").
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped connect leaves nothing behind.
@@ -50,10 +58,12 @@ impl RedisLock {
     ///
     /// - [`Error::InvalidConfig`] for a replica check on Cluster or Redlock (not
     ///   supported), TLS without the `tls` feature, durations out of range (see
-    ///   [`RedisConfig::check_durations`]), or a Redlock instance given twice (see
-    ///   [`RedisConfig::check_instances`]);
+    ///   [`RedisConfig::check_durations`]), a Redlock instance given twice (see
+    ///   [`RedisConfig::check_instances`]), or two Redlock instances that answer with
+    ///   one server's `run_id` (the message names both endpoints);
     /// - [`Error::Unavailable`] when a server cannot be reached;
-    /// - [`Error::Backend`] (not retryable) when authentication fails.
+    /// - [`Error::Backend`] (not retryable) when authentication fails, or when a Redlock
+    ///   instance refuses `INFO` (allow the user `+info`) or names no `run_id`.
     pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
         config.check_durations()?;
         config.check_instances()?;

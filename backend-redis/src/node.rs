@@ -15,6 +15,7 @@ use redis::{
 };
 
 use crate::config::{Endpoint, RedisConfig, RedisTls, Topology};
+use crate::instance::Instance;
 use crate::scripts::Call;
 use crate::sentinel::SentinelNode;
 
@@ -28,6 +29,9 @@ pub(crate) enum Node {
     Single {
         conn: ConnectionManager,
         client: Box<Client>,
+        /// A Redlock instance's identity check (see [`crate::instance`]); `None` for a
+        /// single server.
+        instance: Option<Instance>,
     },
     /// A Redis Cluster; pub/sub goes through the first seed node that answers (see
     /// [`Node::for_shard`]).
@@ -67,8 +71,9 @@ fn redis_info(config: &RedisConfig, db: i64) -> RedisConnectionInfo {
 }
 
 /// Opens the nodes of `config`: one, or one per Redlock instance, within
-/// `connect_timeout` (connections, handshakes and the first `PING`: a server that
-/// accepts the connection and never answers fails here, retryably).
+/// `connect_timeout` (connections, handshakes, a Redlock instance's identity check and
+/// the first `PING`: a server that accepts the connection and never answers fails
+/// here, retryably).
 ///
 /// A failed AUTH (or any other failure of the first connection) is returned here, and
 /// nothing else is sent on a connection whose AUTH failed.
@@ -164,6 +169,7 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
             Ok::<_, Error>(Node::Single {
                 conn,
                 client: Box::new(client),
+                instance: None,
             })
         }
     };
@@ -190,9 +196,12 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
         }
         Topology::Redlock { instances, .. } => {
             // Instances connect lazily, so a minority may be down at start; a majority
-            // must answer PING now, and any authentication failure is fatal.
+            // must answer PING now, and any authentication failure is fatal. Each
+            // instance's first request checks the server behind it (`INFO server`), so
+            // two instances that are one server fail here if both answer, or at the
+            // first answer of one that was down (see `crate::instance`).
             let mut nodes = Vec::with_capacity(instances.len());
-            for endpoint in instances {
+            for (endpoint, instance) in instances.iter().zip(Instance::all(instances)) {
                 let client = client_with(endpoint, tls.as_ref(), redis_info(config, 0))?;
                 let conn =
                     ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
@@ -200,6 +209,7 @@ async fn open_nodes(config: &RedisConfig) -> Result<Vec<Node>, Error> {
                 nodes.push(Node::Single {
                     conn,
                     client: Box::new(client),
+                    instance: Some(instance),
                 });
             }
             let pings = futures_util::future::join_all(nodes.iter().map(|n| n.ping())).await;
@@ -593,6 +603,16 @@ impl Node {
             .add_command(first.clone())
             .add_command(second.clone());
         let replies: Result<Vec<Value>, RedisError> = match self {
+            Node::Single {
+                conn,
+                instance: Some(instance),
+                ..
+            } => {
+                let generation = instance.checked(conn).await?;
+                let replies = pipe.query_async(&mut conn.clone()).await;
+                instance.after(replies.as_ref().err(), generation)?;
+                replies
+            }
             Node::Single { conn, .. } => pipe.query_async(&mut conn.clone()).await,
             Node::Cluster { conn, .. } => pipe.query_async(&mut conn.clone()).await,
             Node::Sentinel(node) => {
@@ -638,6 +658,16 @@ impl Node {
         cmd: &redis::Cmd,
     ) -> Result<Result<T, RedisError>, Error> {
         Ok(match self {
+            Node::Single {
+                conn,
+                instance: Some(instance),
+                ..
+            } => {
+                let generation = instance.checked(conn).await?;
+                let reply = cmd.query_async(&mut conn.clone()).await;
+                instance.after(reply.as_ref().err(), generation)?;
+                reply
+            }
             Node::Single { conn, .. } => cmd.query_async(&mut conn.clone()).await,
             Node::Cluster { conn, .. } => cmd.query_async(&mut conn.clone()).await,
             Node::Sentinel(node) => {

@@ -1,7 +1,8 @@
 //! Redis-specific behaviour on real servers: the raw key layout against a hand-written
 //! `SET NX PX` lock, authentication, the replica check, loss on a deleted or overwritten
 //! key (that lock's alone), nothing left behind by dropped guards, unlock messages only
-//! for awaited locks, and `list` past keys that are not UTF-8.
+//! for awaited locks, `list` past keys that are not UTF-8, and Redlock instances that
+//! are one server (told apart by `run_id`) refused.
 
 use std::time::Duration;
 
@@ -681,4 +682,193 @@ async fn a_release_retried_after_a_dropped_one_is_not_a_loss() {
             next.release().await.unwrap();
         }
     }
+}
+
+/// Two names of one server in a Redlock URL (`localhost` and `127.0.0.1`, which
+/// `RedisConfig::check_instances` cannot tell apart without resolving them) would count
+/// that server twice toward the majority: its grant alone would make two of three.
+/// `connect` reads each instance's `run_id` (`INFO server`) and refuses the pair with
+/// `InvalidConfig` naming both endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_two_names_of_one_server() {
+    let (one, other) = (RedisServer::start(), RedisServer::start());
+    let (p1, p2) = (one.port(), other.port());
+    let url = format!("redlock://localhost:{p1},127.0.0.1:{p1},127.0.0.1:{p2}");
+    match fencelock_redis::connect(&url).await {
+        Ok(locks) => panic!("{url}: connected, one server counted twice: {locks:?}"),
+        Err(Error::InvalidConfig(message)) => {
+            assert!(
+                message.contains(&format!("localhost:{p1}"))
+                    && message.contains(&format!("127.0.0.1:{p1}")),
+                "{message}"
+            );
+            assert!(!message.contains(&format!(":{p2}")), "{message}");
+        }
+        Err(other) => panic!("{url}: {other:?}"),
+    }
+    // Three distinct servers are accepted (the check needs no more than the URL's user).
+    let third = RedisServer::start();
+    let distinct = format!(
+        "redlock://localhost:{p1},127.0.0.1:{p2},127.0.0.1:{}",
+        third.port()
+    );
+    let locks = fencelock_redis::connect(&distinct).await.unwrap();
+    locks
+        .lock("distinct")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// A TCP forwarder from a loopback port to a Redis server that can be pointed at
+/// another one, as a DNS name moved to another address would be: [`Alias::point_at`]
+/// closes the open connections, so the client's next connection reaches the new server.
+struct Alias {
+    port: u16,
+    upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl Alias {
+    async fn start(upstream: u16) -> Alias {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(upstream));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (to, tasks) = (target.clone(), open.clone());
+        let accepting = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let to = to.load(Ordering::SeqCst);
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                tasks.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Alias {
+            port,
+            upstream: target,
+            open,
+            accepting,
+        }
+    }
+
+    fn point_at(&self, upstream: u16) {
+        self.upstream
+            .store(upstream, std::sync::atomic::Ordering::SeqCst);
+        for task in self.open.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Alias {
+    fn drop(&mut self) {
+        self.accepting.abort();
+        self.point_at(0);
+    }
+}
+
+/// An instance whose connection is re-made to the server of another instance (its name
+/// now resolves elsewhere) is refused at its first request on the new connection: with a
+/// third server down, the one server left behind two instances must not grant a
+/// "majority" of two. Every try fails, with `InvalidConfig` naming both endpoints once
+/// the new connection has been checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_an_instance_reconnected_to_another_instances_server() {
+    let (a, b, c) = (
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    );
+    let alias = Alias::start(c.port()).await;
+    let url = format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?timeout=500ms",
+        alias.port,
+        a.port(),
+        b.port()
+    );
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    locks.lock("moved").await.unwrap().release().await.unwrap();
+
+    alias.point_at(a.port());
+    b.kill();
+    let mut refused = None;
+    for _ in 0..10 {
+        match locks.try_lock("moved").await {
+            Ok(Some(guard)) => panic!("granted by one server behind two instances: {guard:?}"),
+            Ok(None) => println!("refused as held"),
+            Err(Error::InvalidConfig(message)) => refused = Some(message),
+            Err(other) => println!("before the check: {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let message = refused.expect("the re-made connection was never refused");
+    assert!(
+        message.contains(&format!("127.0.0.1:{}", alias.port))
+            && message.contains(&format!("127.0.0.1:{}", a.port())),
+        "{message}"
+    );
+    // Pointed back at its own server, the instance is trusted again.
+    alias.point_at(c.port());
+    let mut granted = false;
+    for _ in 0..20 {
+        if let Ok(Some(guard)) = locks.try_lock("moved").await {
+            guard.release().await.unwrap();
+            granted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(granted, "never granted again by two distinct servers");
+}
+
+/// Redlock reads each instance's `run_id` with `INFO server`: a user without `+info`
+/// cannot connect, and the non-retryable error says what to allow. With `+info` the
+/// same user connects and locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_needs_info_and_says_so() {
+    let server = RedisServer::start();
+    let mut admin = raw(&server).await;
+    let rules = "reset on >app-pw ~fencelock:* &fencelock:* -@all +evalsha +eval +ping +get \
+                 +set +del +pexpire +pttl +time +publish +subscribe +unsubscribe +hgetall \
+                 +hset +hdel +hlen +hexists";
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("app");
+    setuser.arg(rules.split_whitespace().collect::<Vec<_>>());
+    let () = setuser.query_async(&mut admin).await.unwrap();
+    let url = format!("redlock://app:app-pw@127.0.0.1:{}", server.port());
+    let err = fencelock_redis::connect(&url).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Backend { .. }) && !err.is_retryable(),
+        "{err:?}"
+    );
+    let why = std::error::Error::source(&err).map(ToString::to_string);
+    assert!(
+        why.as_deref().is_some_and(|why| why.contains("+info")),
+        "{why:?}"
+    );
+
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("+info")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let locks = fencelock_redis::connect(&url).await.unwrap();
+    locks
+        .lock("with-info")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
