@@ -132,3 +132,121 @@ pub async fn a_release_retried_after_a_dropped_one_is_not_a_loss(lock: &dyn Dist
     .await
     .expect("release");
 }
+
+/// Acquires of a *free* name dropped at random points, where the grant may be on its way
+/// or already made on the server, then extensions of a fixed lease dropped the same way:
+/// a dropped acquire that was granted gives the name back promptly (in the background on
+/// remote backends, well before its 60 s lease would end), and a guard whose extensions
+/// were dropped is neither lost nor unable to release. Nothing is left afterwards: the
+/// name is free, has no waiter and is not listed.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards and pending acquires, which the backend cleans up
+/// as its own cancellation safety promises.
+pub async fn cancelled_grants_and_extensions_leave_nothing(lock: &dyn DistributedLock) {
+    const DROPPED: usize = 60;
+    let name = unique_name("cancelled-grants");
+    let lease = Duration::from_secs(60);
+    let mut granted = 0;
+    for i in 0..DROPPED {
+        // Before the first poll, after one poll, and at random points up to a few round
+        // trips in (most requests are answered within them).
+        let wait = match i % 4 {
+            0 => None,
+            1 => Some(Duration::ZERO),
+            2 => Some(Duration::from_micros(fastrand::u64(0..1_000))),
+            _ => Some(Duration::from_micros(fastrand::u64(1_000..8_000))),
+        };
+        let acquire = lock.acquire(&name, AcquireOptions::new().fixed_lease(lease));
+        let Some(wait) = wait else {
+            drop(acquire);
+            continue;
+        };
+        if let Ok(outcome) = tokio::time::timeout(wait, acquire).await {
+            let guard = outcome.expect("acquire of a free name");
+            granted += 1;
+            guard.release().await.expect("release of a granted acquire");
+        }
+    }
+    // Granted and dropped acquires give the name back in the background: it is free
+    // within seconds, not at the end of a 60 s lease.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        if let Some(guard) = lock
+            .acquire(&name, AcquireOptions::new().fixed_lease(lease).no_wait())
+            .await
+            .map(Some)
+            .or_else(|error| match error {
+                Error::Contended { .. } => Ok(None),
+                other => Err(other),
+            })
+            .expect("acquire after the dropped ones")
+        {
+            break guard;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: still held 10 s after {DROPPED} dropped acquires ({granted} completed); \
+             a dropped grant was left to its 60 s lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Extensions dropped at the same points: each either extended the lease or left it
+    // as it was, and the guard still holds and releases the lock.
+    let mut extensible = true;
+    for i in 0..DROPPED / 2 {
+        let to = lease + Duration::from_secs(fastrand::u64(1..60));
+        let extend = guard.extend(to);
+        let outcome = match i % 3 {
+            0 => tokio::time::timeout(Duration::ZERO, extend).await,
+            1 => {
+                let wait = Duration::from_micros(fastrand::u64(0..1_000));
+                tokio::time::timeout(wait, extend).await
+            }
+            _ => {
+                let wait = Duration::from_micros(fastrand::u64(1_000..8_000));
+                tokio::time::timeout(wait, extend).await
+            }
+        };
+        match outcome {
+            Ok(Err(Error::Unsupported { .. })) => {
+                extensible = false;
+                break;
+            }
+            Ok(result) => result.expect("extend"),
+            Err(_) => {}
+        }
+    }
+    assert!(
+        !guard.is_lost(),
+        "{name}: lost after dropped extensions: {:?}",
+        guard.lost_reason()
+    );
+    if extensible {
+        // One more, awaited: the lock is still this guard's on the server.
+        guard
+            .extend(lease * 2)
+            .await
+            .expect("an extension after the dropped ones");
+    }
+    guard
+        .release()
+        .await
+        .expect("release after dropped extensions");
+    let info = lock.inspect(&name).await.expect("inspect");
+    assert!(
+        !info.is_held(),
+        "{name}: held after the last release: {info:?}"
+    );
+    assert!(matches!(info.waiters, None | Some(0)), "{info:?}");
+    let listed = lock.list(&name).await.expect("list");
+    assert!(
+        listed.is_empty(),
+        "{name}: listed after the last release: {listed:?}"
+    );
+}

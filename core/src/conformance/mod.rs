@@ -28,7 +28,7 @@ mod support;
 
 pub use cancellation::{
     a_release_retried_after_a_dropped_one_is_not_a_loss, cancelled_acquires_leave_nothing,
-    dropped_guard_frees_promptly,
+    cancelled_grants_and_extensions_leave_nothing, dropped_guard_frees_promptly,
 };
 pub use clients::{
     exclusion_is_visible_across_clients, mutual_exclusion_across_clients,
@@ -88,6 +88,7 @@ macro_rules! conformance_suite {
             renewing_lease_outlives_its_duration,
             with_lock_cancels_work_on_loss,
             cancelled_acquires_leave_nothing,
+            cancelled_grants_and_extensions_leave_nothing,
             dropped_guard_frees_promptly,
             a_release_retried_after_a_dropped_one_is_not_a_loss,
             expiry_after_handoff_passes_the_turn_on,
