@@ -7,8 +7,10 @@
 //! The in-memory backend runs on a paused tokio clock, so waits of years end at once and
 //! extreme instants are reached without waiting for them. Failing cases are not
 //! persisted to files (`failure_persistence: None`): the shrunk case is in the failure
-//! message.
+//! message. A panic in any thread (a task the backend spawned included) fails the case.
 
+use std::sync::Once;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fencelock::{
@@ -17,6 +19,22 @@ use fencelock::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
+
+/// Panics anywhere in the process, counted by a hook (installed once, chaining the
+/// default one): a panic inside a task the backend spawned (a renewal, a relay) is
+/// swallowed by Tokio and would not fail the case otherwise.
+fn panics() -> usize {
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            COUNT.fetch_add(1, Ordering::SeqCst);
+            default(info);
+        }));
+    });
+    COUNT.load(Ordering::SeqCst)
+}
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
@@ -575,6 +593,7 @@ proptest! {
         names in prop::collection::vec(name(), 3),
         calls in prop::collection::vec(call(), 1..16),
     ) {
+        let panicked = panics();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .start_paused(true)
@@ -653,6 +672,9 @@ proptest! {
             let _ = locks.close().await;
             Ok(())
         })?;
+        // Its tasks end with it, after running to their next await.
+        drop(runtime);
+        prop_assert_eq!(panics(), panicked, "a task of the backend panicked (see above)");
     }
 
     #[test]
