@@ -242,6 +242,21 @@ fn scale_workloads(url: &str) {
                     assert_eq!(doc["batch_order_inversions"], 0, "{doc}");
                 }
                 assert!(doc["rss_bytes_per_waiter"].is_number(), "{doc}");
+                // Read from the server itself (which the other tests share: only that
+                // the counters are there is checked, not their values).
+                let counters: &[&str] = match doc["backend"].as_str() {
+                    Some("etcd") => &["watch_events", "proposals"],
+                    Some("zookeeper") => &["deletion_notifications", "packets_received"],
+                    _ => &["publish_calls", "script_calls"],
+                };
+                for counter in counters {
+                    assert!(
+                        doc["server_per_handoff"][counter]
+                            .as_f64()
+                            .is_some_and(|n| n >= 0.0),
+                        "{counter}: {doc}"
+                    );
+                }
             }
             _ => assert_eq!(doc[field], 0, "{doc}"),
         }
@@ -288,6 +303,13 @@ fn waiters_from_processes(url: &str) {
     }
     assert!(doc["handoffs_per_sec"].as_f64().unwrap() > 0.0, "{doc}");
     assert!(doc["drain_s"].as_f64().unwrap() > 0.0, "{doc}");
+    let counters = doc["server_per_handoff"]
+        .as_object()
+        .expect("server counters");
+    assert!(
+        !counters.is_empty() && counters.values().all(serde_json::Value::is_number),
+        "{doc}"
+    );
 }
 
 fn unreachable_backend_is_69(url: &str) {

@@ -72,7 +72,7 @@ pub async fn connect(url: &str) -> Result<(Arc<dyn Cycle>, &'static str), Failur
 /// pair by pair: `mem://` takes no query option at all, so a pair it accepts after
 /// `mem://?` is one the facade consumes. The list of the facade's options thus stays the
 /// library's, not a copy here. The URL itself was checked whole by `Config::from_url`.
-fn backend_url(url: &str) -> String {
+pub(super) fn backend_url(url: &str) -> String {
     let Some((head, query)) = url.split_once('?') else {
         return url.to_owned();
     };

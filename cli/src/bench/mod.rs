@@ -5,6 +5,7 @@ mod driver;
 mod processes;
 mod report;
 mod scale;
+mod server;
 
 use std::sync::Arc;
 
@@ -55,7 +56,7 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         let report = if args.processes() > 1 {
             processes::parent(&args, &target, locks.clone(), &prefix).await
         } else {
-            scale::run(&args, locks.clone(), other.clone(), &prefix).await
+            scale::run(&args, &target, locks.clone(), other.clone(), &prefix).await
         };
         let _ = locks.close().await;
         if let Some(other) = other {

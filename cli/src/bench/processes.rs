@@ -96,6 +96,7 @@ pub async fn parent(
     let name = format!("{prefix}/waiters");
     let fifo = locks.capabilities().fifo;
     let mut signals = Interrupts::listen()?;
+    let servers = super::server::servers(target);
     let holder = locks
         .acquire(&name, options(args))
         .await
@@ -134,6 +135,10 @@ pub async fn parent(
             );
         }
         progress(args, "waiters: all queued; releasing the holder");
+        let counted = match &servers {
+            Ok(servers) => super::server::read(servers).await,
+            Err(why) => Err(why.clone()),
+        };
         let released = now_ns();
         holder
             .release()
@@ -148,7 +153,15 @@ pub async fn parent(
                 }
             }
         }
-        Ok((released, reports))
+        let after = match &servers {
+            Ok(servers) => super::server::read(servers).await,
+            Err(why) => Err(why.clone()),
+        };
+        Ok((
+            released,
+            reports,
+            super::server::per_handoff(&counted, &after, count),
+        ))
     };
     let outcome = tokio::select! {
         outcome = run => outcome,
@@ -157,7 +170,7 @@ pub async fn parent(
             format!("interrupted by {signal}: the child processes were stopped"),
         )),
     };
-    let (released, mut reports) = match outcome {
+    let (released, mut reports, server) = match outcome {
         Ok(done) => done,
         Err(failure) => {
             children.stop().await;
@@ -165,7 +178,9 @@ pub async fn parent(
         }
     };
     reports.sort_by_key(|r| r.index);
-    summarize(&locks, fifo, count, processes, released, &reports)
+    let mut report = summarize(&locks, fifo, count, processes, released, &reports)?;
+    report["server_per_handoff"] = server;
+    Ok(report)
 }
 
 /// The merged report of the children, checked.

@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::args::{BenchArgs, Workload};
+use crate::args::{Backend, BenchArgs, Workload};
 use crate::exit::{Failure, code};
 
 /// How many requests run at once when filling or draining (acquiring many names).
@@ -85,12 +85,13 @@ pub(super) fn progress(args: &BenchArgs, line: impl AsRef<str>) {
 /// those of the client that holds everything.
 pub async fn run(
     args: &BenchArgs,
+    target: &Backend,
     locks: Arc<dyn DistributedLock>,
     other: Option<Arc<dyn DistributedLock>>,
     prefix: &str,
 ) -> Result<Value, Failure> {
     match args.workload {
-        Workload::Waiters => waiters(args, locks, prefix).await,
+        Workload::Waiters => waiters(args, target, locks, prefix).await,
         Workload::Held => {
             let other = other.unwrap_or_else(|| locks.clone());
             held(args, locks, other, prefix).await
@@ -126,6 +127,7 @@ type Grant = (usize, usize, Instant, u64);
 /// once, in batch order where the backend claims FIFO.
 async fn waiters(
     args: &BenchArgs,
+    target: &Backend,
     locks: Arc<dyn DistributedLock>,
     prefix: &str,
 ) -> Result<Value, Failure> {
@@ -176,6 +178,11 @@ async fn waiters(
     }
     let queued_rss = rss();
     progress(args, "waiters: all queued; releasing the holder");
+    let servers = super::server::servers(target);
+    let counted = match &servers {
+        Ok(servers) => super::server::read(servers).await,
+        Err(why) => Err(why.clone()),
+    };
     let released = Instant::now();
     holder
         .release()
@@ -189,6 +196,12 @@ async fn waiters(
         }
     }
     let drained = released.elapsed();
+    let server = match &servers {
+        Ok(servers) => {
+            super::server::per_handoff(&counted, &super::server::read(servers).await, count)
+        }
+        Err(why) => super::server::per_handoff(&Err(why.clone()), &counted, count),
+    };
     let mut grants = std::mem::take(
         &mut *grants
             .lock()
@@ -250,6 +263,7 @@ async fn waiters(
         "batch_order_inversions": inversions,
         "rss_bytes_per_waiter": per_item(before, queued_rss, count),
         "handoff_us_median": handoff_medians(&gaps, count),
+        "server_per_handoff": server,
         "drain_s": drained.as_secs_f64(),
         "handoffs_per_sec": count as f64 / drained.as_secs_f64().max(1e-9),
     }))
