@@ -758,9 +758,12 @@ impl HeldLock for EtcdHeld {
                 }
             };
             if !moved {
-                // Marked here, not by the caller: a dropped extend reports it too.
+                // Marked here, not by the caller: a dropped extend reports it too. Unless
+                // the holder released meanwhile (which deleted the key): no loss then.
                 let reason = "the key was gone (or no longer ours) when extending its lease";
-                shared.liveness.mark_lost(LossCause::KeyGone, reason);
+                if !shared.releasing.load(Ordering::SeqCst) {
+                    shared.liveness.mark_lost(LossCause::KeyGone, reason);
+                }
                 return Err(Error::lost(&*key, reason));
             }
             // The key lives on `new` now. A release that took the clean-up meanwhile
@@ -781,8 +784,12 @@ impl HeldLock for EtcdHeld {
                 }
             };
             if !kept {
+                // A release took the clean-up: the holder gave the lock up, nothing was
+                // lost. A close did: the lock goes with the client, which is a loss.
                 let reason = "the lock was released or closed while extending";
-                shared.liveness.mark_lost(LossCause::KeyGone, reason);
+                if !shared.releasing.load(Ordering::SeqCst) {
+                    shared.liveness.mark_lost(LossCause::KeyGone, reason);
+                }
                 return Err(Error::lost(&*key, reason));
             }
             unkept.keep();

@@ -901,6 +901,33 @@ async fn a_dropped_extend_that_moved_the_key_sets_the_deadline() {
     guard.release().await.unwrap();
 }
 
+/// A release while a dropped extend's task still waits for its move's answer: the task
+/// then finds the clean-up taken (or the key deleted) and must not call that a loss:
+/// the holder released, nothing was lost, and its `lost_token` must not fire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_during_a_dropped_extends_move_is_no_loss() {
+    use fencelock_testkit::Fault;
+    let prefix = format!("release-during-move-{:x}", std::process::id());
+    let (proxy, direct, guard, old) = long_fixed_guard(&prefix).await;
+    proxy.set(Fault::DelayReplies(Duration::from_millis(200)));
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(20),
+        guard.extend(Duration::from_secs(99)),
+    )
+    .await;
+    assert!(dropped.is_err(), "the extend was meant to be cut short");
+    let lost = guard.lost_token();
+    // The move is applied; its answer is 200 ms away. Release now.
+    moved_from(&direct, &guard, old).await;
+    guard.release().await.unwrap();
+    proxy.set(Fault::Pass);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        !lost.is_cancelled(),
+        "a release was reported as a loss to the holder"
+    );
+}
+
 /// An extend whose move is applied but never answered (the link goes dark with the
 /// answer on its way), nor can a read say where the key is: the key may be on the new,
 /// shorter lease, and the guard's deadline comes down to its conservative end. It used
