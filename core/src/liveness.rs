@@ -223,7 +223,8 @@ impl Liveness {
     /// conservative end of the new lease, **even when it is earlier** than the deadline
     /// it had (which then lay within the drift margin of the new lease's end; renewals
     /// use [`extend`](Self::extend), which never moves back). Wakes everything waiting
-    /// for the deadline, so a loss at the earlier one is reported on time. Ignored when
+    /// for the deadline, so a loss at the earlier one is reported on time (and, when it
+    /// moves later, a record following this one checks it again). Ignored when
     /// the lock is already lost (the deadline passed or it was marked lost). Returns
     /// whether the deadline was set.
     pub fn confirm_extension(&self, valid_until: Instant) -> bool {
@@ -234,10 +235,12 @@ impl Liveness {
         if self.has(LOST) || Instant::now() >= self.effective(*current) {
             return false;
         }
-        let earlier = valid_until < *current;
+        let moved = valid_until != *current;
         *current = valid_until;
         drop(current);
-        if earlier {
+        // Earlier: a loss at the new deadline is reported on time. Later too: a record
+        // that follows others (a migration guard) checks it is still below them.
+        if moved {
             self.inner.changed.notify_waiters();
         }
         true
@@ -262,9 +265,10 @@ impl Liveness {
         true
     }
 
-    /// Completes at the next change a waiter must see: the deadline moved back
-    /// ([`confirm_extension`](Self::confirm_extension) to an earlier instant,
-    /// [`lower_to`](Self::lower_to)), or the lock marked lost or ended. For a record that
+    /// Completes at the next change a waiter must see: the deadline set by
+    /// [`confirm_extension`](Self::confirm_extension) or moved back by
+    /// [`lower_to`](Self::lower_to) (not the renewals' [`extend`](Self::extend)), or the
+    /// lock marked lost or ended. For a record that
     /// follows this one (the migration layer's guard): pin it and call `enable` on it
     /// *before* reading the deadline, so a change after the read is not missed.
     pub(crate) fn changes(&self) -> tokio::sync::futures::Notified<'_> {
@@ -414,11 +418,13 @@ impl Liveness {
     /// The first call made inside a Tokio runtime (or on a lock whose backend gave one)
     /// starts one small task that watches the deadline until the lock is lost or the
     /// guard ends; until then the token fires only when the backend marks the lock lost.
-    /// The watcher runs on the runtime of the call; when that runtime shuts down first
-    /// (a temporary `Runtime::new().block_on(...)` that ends), it goes on on the
-    /// runtime this record was made on, so a token already handed out still fires at
-    /// the deadline while that runtime runs. Once neither runs, the next call made
-    /// where a runtime runs starts the watcher again.
+    /// The watcher runs on the runtime this record was made on (the backend's, where the
+    /// lock's own tasks run), else on the runtime of the call; when the one it runs on
+    /// shuts down first, it goes on on the other. So a token taken inside a temporary
+    /// runtime (a `Runtime::new().block_on(...)` that ends), or inside one the caller
+    /// keeps but enters only now and then, still fires at the deadline while the lock's
+    /// runtime runs. Once neither runs, the next call made where a runtime runs starts
+    /// the watcher again.
     pub fn lost_token(&self) -> CancellationToken {
         let parent = self.inner.lost_token.get_or_init(CancellationToken::new);
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -432,8 +438,8 @@ impl Liveness {
     }
 
     /// Starts the deadline watcher behind [`lost_token`](Self::lost_token) unless one
-    /// is running: on the current runtime, else (or when it has shut down) on the one
-    /// the record was made on; a watcher dropped with its runtime before it fired or
+    /// is running: on the runtime the record was made on, else (or when it has shut
+    /// down) on the current one; a watcher dropped with its runtime before it fired or
     /// saw the end goes on on the next of the two that runs (see
     /// [`spawn_kept`](crate::kept::spawn_kept)). Once neither runs (or without any
     /// runtime to watch from), nothing watches and `driver_started` is cleared, so the
@@ -442,8 +448,12 @@ impl Liveness {
         if self.inner.driver_started.swap(true, Ordering::AcqRel) {
             return;
         }
+        // The record's runtime first: the backend's, whose own tasks must run for the
+        // lock to work. The caller's may be one it keeps but enters only now and then
+        // (a sync wrapper's `block_on` on a current-thread runtime), where a parked
+        // watcher would not be polled.
         let current = Handle::try_current().ok();
-        let runtimes = current.into_iter().chain(self.inner.runtime.clone());
+        let runtimes = self.inner.runtime.clone().into_iter().chain(current);
         let (watched, rearm) = (self.clone(), self.clone());
         crate::kept::spawn_kept(
             runtimes,

@@ -476,6 +476,35 @@ fn a_lost_token_taken_on_a_runtime_that_ended_fires_at_the_deadline() {
     assert!(guard.is_lost());
 }
 
+/// A `lost_token()` taken inside a `current_thread` runtime the caller keeps but only
+/// enters now and then (a sync wrapper's `block_on`) fires at the deadline while the
+/// lock's own runtime runs: a watcher parked on the idle runtime would never be polled.
+#[test]
+fn a_lost_token_taken_on_an_idle_runtime_fires_at_the_deadline() {
+    let lease = Duration::from_millis(300);
+    let locks = MemoryLock::new();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_time()
+        .build()
+        .unwrap();
+    let guard = main
+        .block_on(locks.acquire("a", AcquireOptions::new().fixed_lease(lease)))
+        .unwrap();
+    let kept = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let token = kept.block_on(async { guard.lost_token() });
+    // The kept runtime is idle from here on; the lock's own keeps running.
+    std::thread::sleep(lease + Duration::from_millis(700));
+    assert!(
+        token.is_cancelled(),
+        "the token did not fire at the deadline"
+    );
+    drop(kept);
+}
+
 #[tokio::test(start_paused = true)]
 async fn closing_one_client_leaves_the_others_of_its_set_alone() {
     let namespace = "closing-one-client";
