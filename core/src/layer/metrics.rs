@@ -533,17 +533,17 @@ struct HoldRecord {
 
 impl HoldRecord {
     /// Watches the grant until it is lost (counted) or ends: on `runtime` (the
-    /// layer's), else this acquire's; when the one it runs on ends while the guard is
-    /// held, on the next of these, then on the runtime `liveness` was made on (the
-    /// backend's). With none of them running nothing watches: the loss is counted when
+    /// layer's), else on the runtime `liveness` was made on (the backend's), else this
+    /// acquire's (which may be one the caller enters only now and then); when the one it
+    /// runs on ends while the guard is held, on the next of these. With none of them running nothing watches: the loss is counted when
     /// the guard is released or dropped.
     fn watch(self: &Arc<Self>, runtime: Option<&tokio::runtime::Handle>, liveness: Liveness) {
         let record = self.clone();
         let runtimes = runtime
             .cloned()
             .into_iter()
-            .chain(tokio::runtime::Handle::try_current().ok())
-            .chain(liveness.runtime().cloned());
+            .chain(liveness.runtime().cloned())
+            .chain(tokio::runtime::Handle::try_current().ok());
         crate::kept::spawn_kept(
             runtimes,
             move || {

@@ -206,14 +206,15 @@ async fn combine(
         (second.role, second_guard.liveness().clone()),
     ];
     let outer = Liveness::new(legs[0].1.valid_until().min(legs[1].1.valid_until()));
-    // On the lock's own runtime (see `MigrationLock::runtime`), else this call's; when
-    // the one it runs on ends while the guard is held, on the next of these, then on
-    // the runtimes the legs' records were made on (their clients').
+    // On the lock's own runtime (see `MigrationLock::runtime`), else on the runtimes
+    // the legs' records were made on (their clients', whose own tasks must run for the
+    // legs to work), else this call's (which may be one the caller enters only now and
+    // then); when the one it runs on ends while the guard is held, on the next of these.
     let runtimes = runtime
         .cloned()
         .into_iter()
-        .chain(tokio::runtime::Handle::try_current().ok())
         .chain(legs.iter().filter_map(|(_, leg)| leg.runtime().cloned()))
+        .chain(tokio::runtime::Handle::try_current().ok())
         .collect::<Vec<_>>();
     let (following, follower) = (outer.clone(), legs.clone());
     let started = crate::kept::spawn_kept(
