@@ -500,6 +500,7 @@ impl DistributedLock for MigrationLock {
             .clone()
             .into_iter()
             .chain(tokio::runtime::Handle::try_current().ok());
+        let left = slot.clone();
         let started = crate::kept::spawn_kept(
             runtimes,
             move || {
@@ -534,7 +535,21 @@ impl DistributedLock for MigrationLock {
                     lent.finish();
                 }
             },
-            || {},
+            // Every runtime it could run on has ended: the caller's stream is told so,
+            // rather than just ending (which would read as an observation nobody ends).
+            move || {
+                let mapping = left
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                if let Some((_, changes)) = mapping {
+                    let _ = changes.send(Err(Error::unavailable(
+                        BACKEND,
+                        "every Tokio runtime this election could be observed on shut down; \
+                         observe it again on a running one",
+                    )));
+                }
+            },
         );
         if !started {
             return Err(Error::InvalidConfig(

@@ -147,12 +147,15 @@ impl HeldLock for MigrationHeld {
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
         let extended = self.extend_legs(lease).await;
         // Also after a failure: a leg extended before it may have moved back.
-        if let Some(outer) = &self.outer {
-            if let Some(legs_until) = self.legs.iter().map(Liveness::valid_until).min() {
-                outer.lower_to(legs_until);
-            }
+        let legs_until = self.legs.iter().map(Liveness::valid_until).min();
+        if let (Some(outer), Some(legs_until)) = (&self.outer, legs_until) {
+            outer.lower_to(legs_until);
         }
-        extended
+        // The legs as they are now, not as each was right after its own extension: a
+        // leg its backend moved back meanwhile (an earlier, dropped call's etcd task)
+        // must not be raised over by this answer. The follower, woken by the guard's
+        // deadline moving, checks again after the caller sets it.
+        extended.map(|until| legs_until.map_or(until, |legs| until.min(legs)))
     }
 }
 
@@ -215,10 +218,14 @@ pub(super) async fn follow_legs(outer: Liveness, legs: [(&'static str, Liveness)
     loop {
         // Registered before the legs are read: a leg moved back after the read (an
         // extension's task confirming a shorter lease) wakes this loop at once.
-        let (first_moved, second_moved) = (first.changes(), second.changes());
-        tokio::pin!(first_moved, second_moved);
+        // So does the guard's own deadline being set (an extension's answer may lie past
+        // a leg moved back since it was read).
+        let (first_moved, second_moved, outer_moved) =
+            (first.changes(), second.changes(), outer.changes());
+        tokio::pin!(first_moved, second_moved, outer_moved);
         first_moved.as_mut().enable();
         second_moved.as_mut().enable();
+        outer_moved.as_mut().enable();
         let legs_until = first.valid_until().min(second.valid_until());
         outer.extend(legs_until);
         // Read again: an extension may have moved a leg back (and the guard with it)
@@ -239,6 +246,7 @@ pub(super) async fn follow_legs(outer: Liveness, legs: [(&'static str, Liveness)
             () = outer.lost() => return,
             () = &mut first_moved => {}
             () = &mut second_moved => {}
+            () = &mut outer_moved => {}
             () = tokio::time::sleep_until(next) => {}
         }
     }

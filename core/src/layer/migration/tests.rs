@@ -701,6 +701,49 @@ fn an_observation_goes_on_after_its_locks_runtime_ended() {
     });
 }
 
+/// An observation whose every runtime ended (the lock's, then the one it moved to) ends
+/// with an error item, not silently, as if nobody would ever lead again.
+#[test]
+fn an_observation_whose_runtimes_all_ended_says_so() {
+    let made_on = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let legacy = Arc::new(MemoryLock::new());
+    let locks = made_on.block_on(async {
+        MigrationLock::new(
+            MigrationPhase::Legacy,
+            Some(legacy.clone() as Arc<dyn DistributedLock>),
+            None,
+        )
+        .unwrap()
+    });
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut changes = main.block_on(async { locks.observe("e").await.unwrap() });
+    drop(made_on);
+    drop(main);
+    let last = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    last.block_on(async {
+        let mut last_item = None;
+        while let Ok(Some(item)) =
+            tokio::time::timeout(Duration::from_secs(2), changes.next()).await
+        {
+            last_item = Some(item);
+        }
+        assert!(
+            matches!(last_item, Some(Err(Error::Unavailable { .. }))),
+            "the stream ended after {last_item:?}, not an error"
+        );
+    });
+}
+
 /// A leg's fixed lease, as its server sees it: `extend` takes `took` to answer, may be
 /// told to fail once, and answers the send instant plus the lease minus `margin`.
 #[derive(Debug)]
@@ -846,6 +889,43 @@ async fn extending_after_a_failed_extension_never_outlives_a_legs_server_lease()
     assert!(!guard.is_lost());
     guard.extend(Duration::from_secs(400)).await.unwrap();
     check("after a longer one");
+    guard.release().await.unwrap();
+}
+
+/// A leg moved back by its backend while a later leg is still being extended (an etcd
+/// extension task of an earlier, dropped call confirming a shorter lease): the guard's
+/// deadline after `extend` returns is no later than that leg's. The extension's answer,
+/// read before the leg moved back, must not raise the guard above it.
+#[tokio::test(start_paused = true)]
+async fn a_leg_moved_back_during_an_extension_keeps_the_guard_below_it() {
+    let legacy = Arc::new(FixedLegs::default());
+    let target = Arc::new(FixedLegs {
+        took: Duration::from_secs(2),
+        ..FixedLegs::default()
+    });
+    let (l, t): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) =
+        (legacy.clone(), target.clone());
+    let guard = migration(MigrationPhase::LegacyFirst, &l, &t)
+        .acquire(
+            "x",
+            AcquireOptions::new().fixed_lease(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let (_, legacy_leg) = legacy.leg(0);
+    let moving_back = async {
+        // The legacy leg is extended at once; the target leg takes 2 s.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(legacy_leg.confirm_extension(Instant::now() + Duration::from_secs(10)));
+    };
+    let (extended, ()) = tokio::join!(guard.extend(Duration::from_secs(60)), moving_back);
+    extended.unwrap();
+    assert!(
+        guard.valid_until() <= legacy_leg.valid_until(),
+        "the guard claims {:?}, its legacy leg only {:?}",
+        guard.valid_until() - Instant::now(),
+        legacy_leg.valid_until() - Instant::now()
+    );
     guard.release().await.unwrap();
 }
 
