@@ -21,8 +21,9 @@
 //!   nothing, and nothing of the case's prefix is left on the servers (C5 probes of
 //!   `fencelock_testkit::leftovers`: keys, nodes, Redis keys and channels).
 //!
-//! One defect this file found is tolerated until it is fixed, narrowly (one Redis key,
-//! in the cases that can leave it): see [`stale_member_index`].
+//! It found one defect: a Redis semaphore's or read-write lock's index outlived its
+//! last holder when another holder's lease had run out (fixed in `RELEASE`; the case is
+//! `an_expired_holders_entry_goes_with_the_last_release` in backend-redis's tests).
 //!
 //! Real time, so waits are short (at most 200 ms, or for ever behind nobody the case
 //! knows of) and sleeps at most 50 ms; leases are extreme (zero, 1 ns, the backend's
@@ -204,11 +205,6 @@ impl Deployment {
         }
     }
 
-    /// Whether the known Redis leftover (see [`stale_member_index`]) is tolerated here.
-    fn leaves_stale_member_index(&self) -> bool {
-        matches!(self, Deployment::Redis)
-    }
-
     /// A prefix (chroot) no other case or run uses.
     fn next_prefix(&self) -> String {
         static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -353,47 +349,10 @@ struct Held {
     permits: (u32, u32),
 }
 
-/// DEFECT (Redis, found by this file; not fixed, reported): the index hash of a Redis
-/// semaphore or read-write lock (`{prefix}:{name}:sem`, `{prefix}:{name}:rw`) outlives
-/// its last holder when one of its holders' lease ran out while another held on.
-/// The expired holder's key is gone, so its release answers `Lost` and removes nothing;
-/// the last live holder's release (`RELEASE` in backend-redis/src/scripts.rs) deletes
-/// the index only when no entry is left, and the expired holder's entry is still there
-/// (only `MEMBER_ACQUIRE` prunes such entries). The index then stays until its expiry,
-/// which renewals keep as late as the longest holder's lease (up to `MAX_LEASE`, 365
-/// days), or until the next acquire of that name prunes it. Nothing is held (`inspect`,
-/// `list` and a writer see the name free), but the key is left on the server (C5).
-/// Shrunk by hand from the first failing case (`names = ["a", "a", ""]`, calls
-/// `Read(0, no lease, wait 0ns)`, `Acquire(0, no lease, no wait)`,
-/// `Read(1, fixed 100ms, wait 145ms)`, `Read(1, renewing 31s, wait for ever)`, `List`,
-/// `Extend(4, 1ns)`, `Acquire(1, renewing 31536000s, wait for ever)`): a read lock with
-/// a fixed lease of 100 ms and one with a renewing lease, 300 ms of sleep, both
-/// released: `{prefix}:{a}:rw` is left with the expired reader's entry and a PTTL of
-/// the renewing reader's lease.
-///
-/// Until it is fixed, a case on Redis in which a semaphore or read-lock guard was lost
-/// before its release (or drop) tolerates that index key, and only that key, among the
-/// leftovers; the rest of the check stays.
-fn stale_member_index(prefix: &str, left: &str) -> bool {
-    left.strip_prefix("key ")
-        .and_then(|key| key.strip_prefix(prefix))
-        .is_some_and(|key| key.starts_with(':') && (key.ends_with(":rw") || key.ends_with(":sem")))
-}
-
 impl Held {
-    /// Whether this guard, released or dropped now, may leave an expired entry in a
-    /// semaphore's or read-write lock's index (see [`stale_member_index`]).
-    fn expired_member(&self) -> bool {
-        self.guard.is_lost() && self.primitive != Primitive::Lock
-    }
-
-    /// Releases the guard; returns whether it was a semaphore permit or read lock lost
-    /// before (see [`stale_member_index`]).
-    async fn release(self) -> bool {
-        let member = self.primitive != Primitive::Lock;
-        let lost = self.guard.is_lost();
-        let released = self.guard.release().await;
-        member && (lost || matches!(released, Err(Error::Lost { .. })))
+    /// Releases the guard (a loss it reports is no failure: leases here run out).
+    async fn release(self) {
+        let _ = self.guard.release().await;
     }
 }
 
@@ -444,19 +403,13 @@ async fn case(
         Err(_) => return Err(TestCaseError::fail(format!("connect {url}: timed out"))),
     };
     let mut held: Vec<Held> = Vec::new();
-    // A semaphore permit or read lock lost before its release (see `stale_member_index`).
-    let mut expired_member = false;
     // The largest token granted so far per primitive and name.
     let mut tokens: HashMap<(Primitive, String), u64> = HashMap::new();
     for (i, call) in calls.iter().enumerate() {
         let forever = options_of(call).is_some_and(|o| o.wait_kind() == Wait::Forever);
         let blocked = forever && behind_own_guard(call, names, &held);
         let limit = if blocked { BLOCKED_CAP } else { CALL_LIMIT };
-        let granted = timeout(
-            limit,
-            one_call(&*lock, call, names, &mut held, &mut expired_member),
-        )
-        .await;
+        let granted = timeout(limit, one_call(&*lock, call, names, &mut held)).await;
         let granted = match granted {
             Ok(granted) => granted,
             Err(_) if blocked => None,
@@ -495,7 +448,7 @@ async fn case(
     for h in held.drain(..) {
         let name = h.name.clone();
         match timeout(CALL_LIMIT, h.release()).await {
-            Ok(expired) => expired_member |= expired,
+            Ok(()) => {}
             Err(_) => {
                 return Err(TestCaseError::fail(format!(
                     "release of {name:?}: no answer within {CALL_LIMIT:?} (prefix {prefix})"
@@ -503,8 +456,7 @@ async fn case(
             }
         }
     }
-    let tolerate_stale_index = expired_member && deployment.leaves_stale_member_index();
-    all_free(&*lock, deployment, &prefix, names, tolerate_stale_index).await?;
+    all_free(&*lock, deployment, &prefix, names).await?;
     no_panic_since(panics, &format!("in the case (prefix {prefix})"))?;
     match timeout(CALL_LIMIT, lock.close()).await {
         Ok(_) => {}
@@ -524,7 +476,6 @@ async fn one_call(
     call: &Call,
     names: &[String],
     held: &mut Vec<Held>,
-    expired_member: &mut bool,
 ) -> Option<LockGuard> {
     match call {
         Call::Acquire(n, o) => lock.acquire(&names[*n], *o).await.ok(),
@@ -542,16 +493,13 @@ async fn one_call(
         }
         Call::Release(g) => {
             if !held.is_empty() {
-                let h = held.remove(g % held.len());
-                *expired_member |= h.release().await;
+                held.remove(g % held.len()).release().await;
             }
             None
         }
         Call::Drop(g) => {
             if !held.is_empty() {
-                let h = held.remove(g % held.len());
-                *expired_member |= h.expired_member();
-                drop(h);
+                drop(held.remove(g % held.len()));
             }
             None
         }
@@ -572,13 +520,11 @@ async fn one_call(
 
 /// Polls until `inspect` reports every (valid) name free with no waiter, `list` reports
 /// nothing and the servers hold nothing of `prefix`; fails after [`FREE_WITHIN`].
-/// `tolerate_stale_index`: but the known Redis leftover ([`stale_member_index`]).
 async fn all_free(
     lock: &dyn DistributedLock,
     deployment: &Deployment,
     prefix: &str,
     names: &[String],
-    tolerate_stale_index: bool,
 ) -> Result<(), TestCaseError> {
     let servers = deployment.servers(prefix);
     let deadline = Instant::now() + FREE_WITHIN;
@@ -595,13 +541,7 @@ async fn all_free(
             Ok(Ok(listed)) if listed.is_empty() => {}
             other => left.push(format!("list: {other:?}")),
         }
-        // DEFECT: see `stale_member_index`.
-        left.extend(
-            servers
-                .left()
-                .into_iter()
-                .filter(|left| !(tolerate_stale_index && stale_member_index(prefix, left))),
-        );
+        left.extend(servers.left());
         if left.is_empty() {
             return Ok(());
         }

@@ -397,13 +397,32 @@ return 1
 ///
 /// A semaphore's or read-write lock's holder key (`owner \r index \r token`: see
 /// [`MEMBER_ACQUIRE`]) is deleted with its entry in the index, and the index with its
-/// last holder.
+/// last live holder: entries whose holder key has expired (a holder that crashed, or
+/// whose lease ran out) are pruned on the way. A holder whose key has expired is told it
+/// lost the lock (0), and its entry goes too: its index is the holder key without the
+/// `:h:` + owner ending, touched only when that hash lists the owner.
 ///
 /// A lock key someone overwrote with another type is not held (0), like another
 /// owner's; the `GET` is a `pcall` so that this is the lock's loss, not a script error.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
+local function forget(idx, holders)
+  redis.call('HDEL', idx, ARGV[1])
+  local left = false
+  for _, f in ipairs(redis.call('HKEYS', idx)) do
+    if f ~= '#limit' then
+      if redis.call('EXISTS', holders .. f) == 1 then
+        left = true
+      else
+        redis.call('HDEL', idx, f)
+      end
+    end
+  end
+  if not left then
+    redis.call('DEL', idx)
+  end
+end
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' then
   return 0
@@ -426,15 +445,20 @@ end
 if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\r' then
   local rest = string.sub(v, #ARGV[1] + 2)
   local idx = string.match(rest, '^(.*)\r%d+$') or rest
-  redis.call('HDEL', idx, ARGV[1])
-  local n = redis.call('HLEN', idx)
-  if n == 0 or (n == 1 and redis.call('HEXISTS', idx, '#limit') == 1) then
-    redis.call('DEL', idx)
-  end
+  forget(idx, string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1]))
   if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
     redis.call('PUBLISH', ARGV[2], '0')
   end
   return 1
+end
+if not v then
+  local holders = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1])
+  if string.sub(KEYS[1], #holders + 1) == ARGV[1] and string.sub(holders, -3) == ':h:' then
+    local idx = string.sub(holders, 1, #holders - 3)
+    if redis.call('TYPE', idx).ok == 'hash' and redis.call('HEXISTS', idx, ARGV[1]) == 1 then
+      forget(idx, holders)
+    end
+  end
 end
 if not v and ARGV[3] ~= '' and redis.call('GET', KEYS[3]) == ARGV[3] then
   return 1

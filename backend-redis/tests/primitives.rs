@@ -99,6 +99,44 @@ async fn a_crashed_holders_permits_come_back_and_its_keys_go() {
     );
 }
 
+/// A holder whose lease ran out beside another that kept renewing: once both have
+/// released (the first told it lost the lock), no index is left behind. It used to stay,
+/// with the expired holder's entry, for as long as the renewed holder's lease (a year
+/// with `MAX_LEASE`). Also when the expired holder never releases (crashed): the last
+/// release prunes its entry. (Found by `tests/random_calls.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_holders_entry_goes_with_the_last_release() {
+    let server = RedisServer::start();
+    let locks = locks(&server.url()).await;
+    let short = AcquireOptions::new().fixed_lease(Duration::from_millis(100));
+    let long = AcquireOptions::new().lease(Duration::from_secs(30));
+
+    let expired = locks.acquire_read("doc", short.clone()).await.unwrap();
+    let renewed = locks.acquire_read("doc", long.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(matches!(expired.release().await, Err(Error::Lost { .. })));
+    renewed.release().await.unwrap();
+    assert_eq!(
+        keys(&server, "fencelock:{doc}*").await,
+        ["fencelock:{doc}:rw:token"],
+        "read-write lock, both released"
+    );
+
+    let crashed = locks
+        .acquire_permits("pool", of(1, 3), short)
+        .await
+        .unwrap();
+    std::mem::forget(crashed);
+    let renewed = locks.acquire_permits("pool", of(1, 3), long).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    renewed.release().await.unwrap();
+    assert_eq!(
+        keys(&server, "fencelock:{pool}*").await,
+        ["fencelock:{pool}:sem:token"],
+        "semaphore, one holder crashed"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_limit_is_refused_while_held_and_accepted_when_idle() {
     let server = RedisServer::start();
