@@ -111,8 +111,8 @@ async fn an_expired_holders_entry_goes_with_the_last_release() {
     let short = AcquireOptions::new().fixed_lease(Duration::from_millis(100));
     let long = AcquireOptions::new().lease(Duration::from_secs(30));
 
-    let expired = locks.acquire_read("doc", short.clone()).await.unwrap();
-    let renewed = locks.acquire_read("doc", long.clone()).await.unwrap();
+    let expired = locks.acquire_read("doc", short).await.unwrap();
+    let renewed = locks.acquire_read("doc", long).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(matches!(expired.release().await, Err(Error::Lost { .. })));
     renewed.release().await.unwrap();
