@@ -418,13 +418,14 @@ impl Liveness {
     /// The first call made inside a Tokio runtime (or on a lock whose backend gave one)
     /// starts one small task that watches the deadline until the lock is lost or the
     /// guard ends; until then the token fires only when the backend marks the lock lost.
-    /// The watcher runs on the runtime this record was made on (the backend's, where the
-    /// lock's own tasks run), else on the runtime of the call; when the one it runs on
-    /// shuts down first, it goes on on the other. So a token taken inside a temporary
-    /// runtime (a `Runtime::new().block_on(...)` that ends), or inside one the caller
-    /// keeps but enters only now and then, still fires at the deadline while the lock's
-    /// runtime runs. Once neither runs, the next call made where a runtime runs starts
-    /// the watcher again.
+    /// A watcher runs on the runtime this record was made on (the one the lock was
+    /// acquired on) and, when it is another, one on the runtime of the call; when the
+    /// runtime of one shuts down first, it goes on on the other. So a token fires at the
+    /// deadline while either runtime runs: also when taken inside a temporary runtime (a
+    /// `Runtime::new().block_on(...)` that ends), or when one of the two is a runtime
+    /// its owner keeps but drives only now and then (a sync wrapper's current-thread
+    /// `block_on`). Once neither runs, the next call made where a runtime runs starts
+    /// the watchers again.
     pub fn lost_token(&self) -> CancellationToken {
         let parent = self.inner.lost_token.get_or_init(CancellationToken::new);
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -437,10 +438,10 @@ impl Liveness {
         token
     }
 
-    /// Starts the deadline watcher behind [`lost_token`](Self::lost_token) unless one
-    /// is running: on the runtime the record was made on, else (or when it has shut
-    /// down) on the current one; a watcher dropped with its runtime before it fired or
-    /// saw the end goes on on the next of the two that runs (see
+    /// Starts the deadline watchers behind [`lost_token`](Self::lost_token) unless they
+    /// are running: on the runtime the record was made on and on the current one; a
+    /// watcher dropped with its runtime before it fired or saw the end goes on on the
+    /// other if that runs (see
     /// [`spawn_kept`](crate::kept::spawn_kept)). Once neither runs (or without any
     /// runtime to watch from), nothing watches and `driver_started` is cleared, so the
     /// next call made where a runtime runs starts another.
@@ -448,28 +449,54 @@ impl Liveness {
         if self.inner.driver_started.swap(true, Ordering::AcqRel) {
             return;
         }
-        // The record's runtime first: the backend's, whose own tasks must run for the
-        // lock to work. The caller's may be one it keeps but enters only now and then
-        // (a sync wrapper's `block_on` on a current-thread runtime), where a parked
-        // watcher would not be polled.
-        let current = Handle::try_current().ok();
-        let runtimes = self.inner.runtime.clone().into_iter().chain(current);
-        let (watched, rearm) = (self.clone(), self.clone());
-        crate::kept::spawn_kept(
-            runtimes,
-            move || {
-                let live = watched.clone();
-                async move {
-                    tokio::select! {
-                        () = live.lost() => {}
-                        () = live.wait_for(ENDED) => {}
+        // One watcher on each of the record's runtime (the one the lock was acquired on)
+        // and the caller's, when they differ: either may be one its owner keeps but
+        // drives only now and then (a sync wrapper's `block_on` on a current-thread
+        // runtime), where a parked watcher is not polled, so neither is trusted alone.
+        // Each goes on on the other when its own shuts down.
+        let mut runtimes: Vec<Handle> = Vec::with_capacity(2);
+        for runtime in self
+            .inner
+            .runtime
+            .iter()
+            .cloned()
+            .chain(Handle::try_current().ok())
+        {
+            if runtimes.iter().all(|r| r.id() != runtime.id()) {
+                runtimes.push(runtime);
+            }
+        }
+        if runtimes.is_empty() {
+            self.inner.driver_started.store(false, Ordering::Release);
+            return;
+        }
+        let left = Arc::new(std::sync::atomic::AtomicUsize::new(runtimes.len()));
+        for first in 0..runtimes.len() {
+            let order = runtimes[first..]
+                .iter()
+                .chain(&runtimes[..first])
+                .cloned()
+                .collect::<Vec<_>>();
+            let (watched, rearm, left) = (self.clone(), self.clone(), left.clone());
+            crate::kept::spawn_kept(
+                order,
+                move || {
+                    let live = watched.clone();
+                    async move {
+                        tokio::select! {
+                            () = live.lost() => {}
+                            () = live.wait_for(ENDED) => {}
+                        }
                     }
-                }
-            },
-            move || {
-                rearm.inner.driver_started.store(false, Ordering::Release);
-            },
-        );
+                },
+                move || {
+                    // The last watcher gone: the next call starts them again.
+                    if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        rearm.inner.driver_started.store(false, Ordering::Release);
+                    }
+                },
+            );
+        }
     }
 
     /// The runtime this record was made on (the backend's, for a record a backend made

@@ -505,6 +505,35 @@ fn a_lost_token_taken_on_an_idle_runtime_fires_at_the_deadline() {
     drop(kept);
 }
 
+/// The other way round: the lock acquired inside a `current_thread` runtime the caller
+/// keeps but leaves idle, the token taken on a running one. The record's runtime is the
+/// idle one, so a watcher there alone would never fire.
+#[test]
+fn a_lost_token_of_a_lock_acquired_on_an_idle_runtime_fires_at_the_deadline() {
+    let lease = Duration::from_millis(300);
+    let locks = MemoryLock::new();
+    let kept = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let guard = kept
+        .block_on(locks.acquire("a", AcquireOptions::new().fixed_lease(lease)))
+        .unwrap();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_time()
+        .build()
+        .unwrap();
+    let token = main.block_on(async { guard.lost_token() });
+    std::thread::sleep(lease + Duration::from_millis(700));
+    assert!(
+        token.is_cancelled(),
+        "the token did not fire at the deadline"
+    );
+    drop(main);
+    drop(kept);
+}
+
 #[tokio::test(start_paused = true)]
 async fn closing_one_client_leaves_the_others_of_its_set_alone() {
     let namespace = "closing-one-client";
