@@ -612,6 +612,9 @@ impl Engine {
             .arg(owner)
             .arg(&keys.channel)
             .arg(token);
+        if let Some(index) = &keys.index {
+            invocation.key(index);
+        }
         if election {
             invocation.arg(&keys.election);
         }

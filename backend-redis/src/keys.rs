@@ -68,6 +68,7 @@ impl KeyLayout {
                 waiters: format!("{{{tag}}}:fencelock-waiters:{lock}"),
                 channel: format!("{{{tag}}}:fencelock-unlock:{lock}"),
                 election: format!("{{{tag}}}:fencelock-election:{lock}"),
+                index: None,
                 slot: slot(&lock),
                 lock,
             }
@@ -83,6 +84,7 @@ impl KeyLayout {
                 waiters: joined(&lock, ":waiters"),
                 channel: joined(&lock, ":unlock"),
                 election: joined(&lock, ":election"),
+                index: None,
                 slot: slot(&lock),
                 lock,
             }
@@ -145,6 +147,7 @@ impl PrimitiveKeys {
             waiters: self.waiters.clone(),
             channel: self.channel.clone(),
             election: self.channel.clone(),
+            index: Some(self.index.clone()),
             slot: self.slot,
         }
         .into()
@@ -271,6 +274,9 @@ pub(crate) struct KeySet {
     /// The election channel: a campaign's grant and its release (or revocation) publish
     /// on it, for observers (see [`crate::election`]).
     pub election: String,
+    /// A semaphore's or read-write lock's holder: the index hash listing it (which the
+    /// release cleans also when the holder's key has expired); `None` for a lock.
+    pub index: Option<String>,
     /// The Redis Cluster slot of all of them.
     pub slot: u16,
 }

@@ -367,8 +367,9 @@ return 1
     )
 });
 
-/// KEYS: lock, waiter marker, token counter. ARGV: owner, unlock channel, the grant's
-/// token (or empty), and for a campaign's grant the election channel. Deletes the lock
+/// KEYS: lock, waiter marker, token counter, and for a semaphore's or read-write lock's
+/// holder its index. ARGV: owner, unlock channel, the grant's token (or empty), and for
+/// a campaign's grant the election channel. Deletes the lock
 /// only if the owner matches, together with the waiter marker, and publishes on the
 /// unlock channel only when the marker was there: an uncontended release is `GET` +
 /// `DEL`, like a hand-written compare-and-delete. Returns 1 if deleted (or already
@@ -398,9 +399,10 @@ return 1
 /// A semaphore's or read-write lock's holder key (`owner \r index \r token`: see
 /// [`MEMBER_ACQUIRE`]) is deleted with its entry in the index, and the index with its
 /// last live holder: entries whose holder key has expired (a holder that crashed, or
-/// whose lease ran out) are pruned on the way. A holder whose key has expired is told it
-/// lost the lock (0), and its entry goes too: its index is the holder key without the
-/// `:h:` + owner ending, touched only when that hash lists the owner.
+/// whose lease ran out) are pruned on the way (one `EXISTS` per holder). The release of
+/// a holder whose key has expired removes its entry too: its index is given as KEYS[4]
+/// (a semaphore's or read-write lock's holder only), whose holders' keys are KEYS[1]
+/// without the owner.
 ///
 /// A lock key someone overwrote with another type is not held (0), like another
 /// owner's; the `GET` is a `pcall` so that this is the lock's loss, not a script error.
@@ -451,13 +453,10 @@ if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '\r' then
   end
   return 1
 end
-if not v then
+if not v and KEYS[4] then
   local holders = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1])
-  if string.sub(KEYS[1], #holders + 1) == ARGV[1] and string.sub(holders, -3) == ':h:' then
-    local idx = string.sub(holders, 1, #holders - 3)
-    if redis.call('TYPE', idx).ok == 'hash' and redis.call('HEXISTS', idx, ARGV[1]) == 1 then
-      forget(idx, holders)
-    end
+  if string.sub(KEYS[1], #holders + 1) == ARGV[1] and redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then
+    forget(KEYS[4], holders)
   end
 end
 if not v and ARGV[3] ~= '' and redis.call('GET', KEYS[3]) == ARGV[3] then
@@ -770,5 +769,46 @@ mod tests {
             .await
             .unwrap();
         assert!(!left, "the index outlived its last holder");
+    }
+
+    /// The release of a plain lock whose key is gone touches nothing else, whatever its
+    /// name: a raw-layout key ending in `:h:` + owner next to a hash of the user's that
+    /// lists that owner (what a holder key and its index look like) leaves the hash be.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gone_lock_that_looks_like_a_holder_key_touches_no_hash() {
+        let server = RedisServer::shared();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let base = format!("user-hash-{}", std::process::id());
+        let () = redis::cmd("HSET")
+            .arg(&base)
+            .arg("X")
+            .arg("1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let released: i64 = RELEASE
+            .prepare_invoke()
+            .key(format!("{base}:h:X"))
+            .key(format!("{base}:waiters"))
+            .key(format!("{base}:token"))
+            .arg("X")
+            .arg(format!("{base}:unlock"))
+            .arg("")
+            .eval()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(released, 0);
+        let kept: bool = redis::cmd("HEXISTS")
+            .arg(&base)
+            .arg("X")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(kept, "a user's hash lost a field to a lock's release");
     }
 }
