@@ -391,7 +391,8 @@ async fn master_of(
     Err(last)
 }
 
-/// Every node of the cluster the first answering seed is in (`CLUSTER NODES`).
+/// The masters of the cluster the first answering seed is in (`CLUSTER NODES`): where
+/// scripts run (a replica's counters would count them again).
 async fn cluster_nodes(
     seeds: &[(String, u16)],
     auth: &RedisConnectionInfo,
@@ -399,21 +400,42 @@ async fn cluster_nodes(
     let mut last = "no seed given".to_owned();
     for (host, port) in seeds {
         match redis_query::<String>(host, *port, auth, redis::cmd("CLUSTER").arg("NODES")).await {
-            Ok(nodes) => {
-                return nodes
-                    .lines()
-                    .filter_map(|line| line.split(' ').nth(1))
-                    // `ip:port@cport[,hostname]`; a node that never announced an address
-                    // is `:0@0`, and nothing reaches it.
-                    .map(|address| address.split(['@', ',']).next().unwrap_or(address))
-                    .filter(|address| !address.starts_with(':'))
-                    .map(|address| host_port(address, 6379))
-                    .collect();
-            }
+            Ok(nodes) => return masters(&nodes, host),
             Err(why) => last = why,
         }
     }
     Err(last)
+}
+
+/// The reachable masters a `CLUSTER NODES` reply lists: `id ip:port@cport[,hostname]
+/// flags ...` per line. A node that has not learned its own address lists it as
+/// `:port@cport`: it is the one asked (`asked`). Nodes flagged failing, without an
+/// address or still in the handshake are left out.
+fn masters(reply: &str, asked: &str) -> Result<Vec<(String, u16)>, String> {
+    let mut masters = Vec::new();
+    for line in reply.lines().filter(|line| !line.trim().is_empty()) {
+        let mut fields = line.split(' ');
+        let (Some(_id), Some(address), Some(flags)) = (fields.next(), fields.next(), fields.next())
+        else {
+            return Err(format!("CLUSTER NODES: unexpected line {line:?}"));
+        };
+        let flags: Vec<&str> = flags.split(',').collect();
+        let unusable = ["fail", "fail?", "noaddr", "handshake"];
+        if !flags.contains(&"master") || flags.iter().any(|f| unusable.contains(f)) {
+            continue;
+        }
+        let address = address.split(['@', ',']).next().unwrap_or(address);
+        let address = match address.strip_prefix(':') {
+            Some(port) if asked.contains(':') => format!("[{asked}]:{port}"),
+            Some(port) => format!("{asked}:{port}"),
+            None => address.to_owned(),
+        };
+        masters.push(host_port(&address, 6379)?);
+    }
+    if masters.is_empty() {
+        return Err("CLUSTER NODES lists no reachable master".into());
+    }
+    Ok(masters)
 }
 
 #[cfg(test)]
@@ -427,6 +449,28 @@ mod tests {
         assert_eq!(host_port("[::1]:7", 2181), Ok(("::1".into(), 7)));
         assert_eq!(host_port("[::1]", 2181), Ok(("::1".into(), 2181)));
         assert!(host_port("a:x", 2181).is_err());
+    }
+
+    #[test]
+    fn cluster_masters_are_read_from_cluster_nodes() {
+        let reply = "a 10.0.0.1:7000@17000,n1 myself,master - 0 0 1 connected 0-5460\n\
+                     b 10.0.0.2:7001@17001 master - 0 0 2 connected 5461-10922\n\
+                     c 10.0.0.3:7002@17002 slave b 0 0 2 connected\n\
+                     d 10.0.0.4:7003@17003 master,fail - 0 0 3 disconnected\n\
+                     e :7004@17004 master,noaddr - 0 0 4 disconnected\n";
+        assert_eq!(
+            masters(reply, "seed"),
+            Ok(vec![("10.0.0.1".into(), 7000), ("10.0.0.2".into(), 7001)])
+        );
+        // A node that has not learned its own address is the one asked.
+        let alone = "a :7000@17000 myself,master - 0 0 1 connected 0-16383\n";
+        assert_eq!(
+            masters(alone, "10.0.0.9"),
+            Ok(vec![("10.0.0.9".into(), 7000)])
+        );
+        assert_eq!(masters(alone, "::1"), Ok(vec![("::1".into(), 7000)]));
+        assert!(masters("", "seed").is_err());
+        assert!(masters("garbage", "seed").is_err());
     }
 
     #[test]
