@@ -138,6 +138,24 @@ pub(crate) struct PrimitiveKeys {
 }
 
 impl PrimitiveKeys {
+    /// Whether every key and channel of the semaphore or read-write lock (its holders'
+    /// keys too) is in one cluster slot, as one script on a Redis Cluster needs. Not so
+    /// in the raw layout for a name with `}` and no non-empty `{tag}`, as for a lock (see
+    /// [`KeySet::share_a_slot`]).
+    pub(crate) fn share_a_slot(&self) -> bool {
+        let holder = joined(&self.holders, "owner");
+        [
+            &self.index,
+            &holder,
+            &self.token,
+            &self.waiters,
+            &self.channel,
+            &self.intent,
+        ]
+        .into_iter()
+        .all(|key| slot(key) == self.slot)
+    }
+
     /// The [`LockKeys`] of the holder `owner`: its own key, with the shared counter,
     /// marker and channel, which the lock's release and renewal scripts handle.
     pub(crate) fn holder(&self, owner: &str) -> LockKeys {
@@ -436,6 +454,41 @@ mod tests {
                 let keys = raw.keys(name);
                 assert!(!keys.share_a_slot(), "{prefix}{name}");
                 assert_ne!(slot(&keys.token), keys.slot, "{prefix}{name}");
+            }
+            // A semaphore's or read-write lock's keys all carry the tag `{lock}` (or the
+            // lock's own tag), which hashes on the lock up to its first `}`: one slot,
+            // unless that leaves it empty (a name starting with `}` and no prefix).
+            for name in [
+                "a",
+                "order:SKU-8842",
+                "{order}:1",
+                "{t}x}y",
+                "锁",
+                "a}b",
+                "x{}y}",
+            ] {
+                for kind in ["sem", "rw"] {
+                    assert!(
+                        raw.primitive_keys(name, kind).share_a_slot(),
+                        "{prefix}{name} {kind}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The raw layout without a prefix: a semaphore or read-write lock named with a
+    /// leading `}` gets the empty tag `{}`, and its keys hash whole, apart: a Cluster
+    /// refuses it (see `RedisLock::take_member`).
+    #[test]
+    fn raw_primitive_keys_with_an_empty_tag_do_not_share_a_slot() {
+        let raw = KeyLayout::raw("");
+        for name in ["}", "}x", "}:a"] {
+            for kind in ["sem", "rw"] {
+                assert!(
+                    !raw.primitive_keys(name, kind).share_a_slot(),
+                    "{name} {kind}"
+                );
             }
         }
     }

@@ -134,6 +134,16 @@ impl RedisLock {
             });
         }
         let keys = self.engine().config.layout.primitive_keys(name, ask.kind());
+        // As for a lock (`RedisLock::lock_keys`): a script over keys in several slots
+        // would fail with CROSSSLOT on every try.
+        if self.engine().is_cluster() && !keys.share_a_slot() {
+            return Err(Error::InvalidName {
+                name: name.chars().take(64).collect(),
+                reason: "in the raw layout on a Redis Cluster, a name with `}` and no \
+                         non-empty {tag} cannot keep its keys in one slot: put a {tag} in \
+                         the name",
+            });
+        }
         let wait = fencelock_core::WaitDeadline::new(options.wait_kind());
         let waiting = self.wait_member(name, &keys, ask, options, wait);
         let span = tracing::debug_span!("fencelock.redis.acquire_member", name = name);

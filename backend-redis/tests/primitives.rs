@@ -364,6 +364,25 @@ async fn every_key_of_a_name_is_in_the_lock_slot_on_a_cluster() {
         writer.release().await.unwrap();
         lock.release().await.unwrap();
     }
+    // The raw layout without a prefix: a name starting with `}` gives its keys the empty
+    // tag `{}`, so they would hash apart; refused before any I/O, not failed by CROSSSLOT.
+    let raw = self::locks(&format!("{}?layout=raw&prefix=", cluster.url())).await;
+    for name in ["}", "}x"] {
+        let permits = raw
+            .acquire_permits(name, of(1, 2), AcquireOptions::new().no_wait())
+            .await;
+        assert!(
+            matches!(permits, Err(Error::InvalidName { .. })),
+            "{name}: {permits:?}"
+        );
+        let reader = raw
+            .acquire_read(name, AcquireOptions::new().no_wait())
+            .await;
+        assert!(
+            matches!(reader, Err(Error::InvalidName { .. })),
+            "{name}: {reader:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
