@@ -196,8 +196,9 @@ pub struct Metrics {
     options: MetricsOptions,
     /// Where a held guard's loss is watched first: the runtime this was made on, so
     /// that a loss is counted when it happens also for a guard acquired on a runtime
-    /// that has ended since. `None` when made outside a runtime: then each acquire's.
-    /// A watch whose runtime ends goes on on the acquire's, then on the backend's.
+    /// that has ended since. `None` when made outside a runtime: then the one the
+    /// backend made the guard's record on, else the acquire's. A watch whose runtime
+    /// ends goes on on the next of these.
     runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -239,9 +240,9 @@ impl Metrics {
     ///
     /// Made inside a Tokio runtime, the losses of held guards are watched on it,
     /// whichever runtime acquired them; made outside one, or once that runtime has
-    /// ended, on each acquire's. When the runtime a held guard's watch runs on ends,
-    /// the watch goes on on the acquire's runtime, else on the one the backend made
-    /// the guard's record on, so the loss is still counted and the held gauge moved.
+    /// ended, on the runtime the backend made the guard's record on, else on the
+    /// acquire's. When the runtime a held guard's watch runs on ends, the watch goes on
+    /// on the next of these, so the loss is still counted and the held gauge moved.
     pub fn new(inner: Arc<dyn DistributedLock>, options: MetricsOptions) -> Self {
         describe();
         Metrics {
@@ -535,8 +536,9 @@ impl HoldRecord {
     /// Watches the grant until it is lost (counted) or ends: on `runtime` (the
     /// layer's), else on the runtime `liveness` was made on (the backend's), else this
     /// acquire's (which may be one the caller enters only now and then); when the one it
-    /// runs on ends while the guard is held, on the next of these. With none of them running nothing watches: the loss is counted when
-    /// the guard is released or dropped.
+    /// runs on ends while the guard is held, on the next of these. With none of them
+    /// running nothing watches: the loss is counted when the guard is released or
+    /// dropped.
     fn watch(self: &Arc<Self>, runtime: Option<&tokio::runtime::Handle>, liveness: Liveness) {
         let record = self.clone();
         let runtimes = runtime

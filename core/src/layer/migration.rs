@@ -200,11 +200,11 @@ impl MigrationLock {
     ///
     /// Made inside a Tokio runtime, a two-leg guard follows its legs on that runtime,
     /// whichever runtime acquired it (as the legs' own clients renew on theirs); made
-    /// outside one, or once that runtime has ended, on the runtime of each acquire.
-    /// When the runtime a guard's follower runs on ends while the guard is held, the
-    /// follower goes on on the acquire's runtime, else on one the legs' clients were
-    /// made on, so the loss of a leg is still reported; an observation's mapping goes
-    /// on on the runtime `observe` was called on.
+    /// outside one, or once that runtime has ended, on a runtime the legs' guards were
+    /// made on, else on the acquire's. When the runtime a guard's follower runs on ends
+    /// while the guard is held, the follower goes on on the next of these, so the loss
+    /// of a leg is still reported; an observation's mapping goes on on the runtime
+    /// `observe` was called on.
     ///
     /// # Errors
     ///
