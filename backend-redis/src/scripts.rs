@@ -399,7 +399,8 @@ return 1
 /// A semaphore's or read-write lock's holder key (`owner \r index \r token`: see
 /// [`MEMBER_ACQUIRE`]) is deleted with its entry in the index, and the index with its
 /// last live holder: entries whose holder key has expired (a holder that crashed, or
-/// whose lease ran out) are pruned on the way (one `EXISTS` per holder). The release of
+/// whose lease ran out) are pruned on the way (one `PTTL` per holder: the commands
+/// `MEMBER_ACQUIRE` prunes with, which the least-privilege ACL allows). The release of
 /// a holder whose key has expired removes its entry too: its index is given as KEYS[4]
 /// (a semaphore's or read-write lock's holder only), whose holders' keys are KEYS[1]
 /// without the owner.
@@ -412,12 +413,14 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 local function forget(idx, holders)
   redis.call('HDEL', idx, ARGV[1])
   local left = false
-  for _, f in ipairs(redis.call('HKEYS', idx)) do
+  local all = redis.call('HGETALL', idx)
+  for i = 1, #all, 2 do
+    local f = all[i]
     if f ~= '#limit' then
-      if redis.call('EXISTS', holders .. f) == 1 then
-        left = true
-      else
+      if redis.call('PTTL', holders .. f) == -2 then
         redis.call('HDEL', idx, f)
+      else
+        left = true
       end
     end
   end
