@@ -53,7 +53,7 @@ mod common;
 use common::Servers;
 
 /// Cases per backend.
-const CASES: u32 = 40;
+const CASES: u32 = 30;
 /// The longest any call may take (but a wait for ever behind the case's own guard).
 const CALL_LIMIT: Duration = Duration::from_secs(4);
 /// When a wait for ever behind a guard the case holds is cut.
