@@ -297,7 +297,10 @@ async fn passwords_stay_hidden_over_tls() {
                 eprintln!("attempt {attempts}: {err:?}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Err(err) => panic!("connect: {err:?}"),
+            Err(err) => panic!(
+                "connect: {err:?}\nthe server's log ends:\n{}",
+                shared().1.log_tail()
+            ),
         }
     };
     locks
