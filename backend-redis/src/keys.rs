@@ -41,6 +41,11 @@ impl KeyLayout {
     /// refused there with [`Error::InvalidName`](fencelock_core::Error::InvalidName)
     /// before anything is sent (and `list` skips it); use a tag in such keys. Its
     /// semaphore and read-write lock, whose keys share a slot of their own, work.
+    ///
+    /// Keys are not encoded here, so names that would land on another name's auxiliary
+    /// keys are refused with `InvalidName` on every deployment: a key containing
+    /// `}:fencelock-`, and a semaphore or read-write lock key with a `{tag}` that ends
+    /// with `:token`, `:waiters` or `:intent` or contains `:h:`.
     pub fn raw(prefix: impl Into<String>) -> Self {
         KeyLayout {
             prefix: prefix.into(),
@@ -90,6 +95,51 @@ impl KeyLayout {
             }
             .into()
         }
+    }
+}
+
+/// The part every auxiliary key of the raw layout has after its `{tag}`.
+const RAW_AUXILIARY: &str = "}:fencelock-";
+
+/// The ends of a raw semaphore's or read-write lock's auxiliary keys after its index
+/// key (see [`KeyLayout::primitive_keys`]); `:h:` is followed by a holder's owner.
+const RAW_MEMBER_SUFFIXES: [&str; 3] = [":token", ":waiters", ":intent"];
+
+impl KeyLayout {
+    /// Why `name` cannot be used in this layout (a semaphore's or read-write lock's name
+    /// when `member`), if so: in the raw layout, where keys are the names themselves,
+    /// a name whose key would be another name's auxiliary key. Such a name would take
+    /// over the other's token counter, waiter marker or index (the other holder losing
+    /// its lock, or its scripts failing with `WRONGTYPE`). The tagged layout encodes
+    /// names, so every name maps to keys of its own there.
+    ///
+    /// Refused, in the raw layout only: a key (prefix and name) containing
+    /// `}:fencelock-`; for a semaphore or read-write lock whose key has a `{tag}`, a key
+    /// ending with `:token`, `:waiters` or `:intent` or containing `:h:` (another such
+    /// name's keys are its own followed by those: without a tag, each name's keys hash
+    /// on the whole name and stay apart).
+    pub(crate) fn refusal(&self, name: &str, member: bool) -> Option<&'static str> {
+        if !self.raw {
+            return None;
+        }
+        let key = format!("{}{name}", self.prefix);
+        if key.contains(RAW_AUXILIARY) {
+            return Some(
+                "in the raw layout, a key containing `}:fencelock-` would be another \
+                 name's token counter, waiter marker or index",
+            );
+        }
+        let sibling =
+            RAW_MEMBER_SUFFIXES.iter().any(|end| key.ends_with(end)) || key.contains(":h:");
+        if member && sibling && hash_tag(&key).is_some() {
+            return Some(
+                "in the raw layout, a semaphore or read-write lock key with a {tag} that \
+                 ends with `:token`, `:waiters` or `:intent`, or contains `:h:`, would be \
+                 another one's counter, waiter marker or holder key: use another name or \
+                 the tagged layout",
+            );
+        }
+        None
     }
 }
 
@@ -347,6 +397,8 @@ pub(crate) fn slot(key: &str) -> u16 {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     #[test]
@@ -474,6 +526,75 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// In the raw layout no accepted name's key is another accepted name's key: the
+    /// names built to land on the auxiliary keys of others are refused (see
+    /// `KeyLayout::refusal`), and the tagged layout refuses nothing.
+    #[test]
+    fn raw_names_that_would_land_on_other_names_keys_are_refused() {
+        let owner = "0123456789abcdef0123456789abcdef:7";
+        for prefix in ["", "lock:", "{app}:"] {
+            let raw = KeyLayout::raw(prefix);
+            let mut names: Vec<String> = ["a", "{t}x", "x}y", "{t}", "}"]
+                .iter()
+                .map(|n| (*n).to_owned())
+                .collect();
+            // Each of their keys without the prefix, and their siblings.
+            for base in names.clone() {
+                let keys = raw.keys(&base);
+                let mut theirs = vec![keys.token.clone(), keys.waiters.clone()];
+                for kind in ["sem", "rw"] {
+                    let member = raw.primitive_keys(&base, kind);
+                    theirs.extend([member.index.clone(), member.token.clone()]);
+                    theirs.push(format!("{}{owner}", member.holders));
+                }
+                for key in theirs {
+                    names.push(key.strip_prefix(prefix).unwrap_or(&key).to_owned());
+                }
+                for end in [":token", ":waiters", ":intent", ":h:"] {
+                    names.push(format!(
+                        "{base}{end}{}",
+                        if end == ":h:" { owner } else { "" }
+                    ));
+                }
+            }
+            // kind → (name, its keys) of every accepted name.
+            let mut taken: HashMap<String, String> = HashMap::new();
+            let mut claim = |name: &str, what: &str, key: String| {
+                if let Some(other) = taken.insert(key.clone(), format!("{what} {name}")) {
+                    assert_eq!(other, format!("{what} {name}"), "{prefix}: {key} twice");
+                }
+            };
+            for name in &names {
+                if raw.refusal(name, false).is_none() {
+                    let keys = raw.keys(name);
+                    claim(name, "lock", keys.lock.clone());
+                    claim(name, "lock", keys.token.clone());
+                    claim(name, "lock", keys.waiters.clone());
+                }
+                for kind in ["sem", "rw"] {
+                    if raw.refusal(name, true).is_none() {
+                        let member = raw.primitive_keys(name, kind);
+                        for key in [
+                            member.index.clone(),
+                            member.token.clone(),
+                            member.waiters.clone(),
+                            member.intent.clone(),
+                            format!("{}{owner}", member.holders),
+                        ] {
+                            claim(name, kind, key);
+                        }
+                    }
+                }
+            }
+            assert!(names.iter().any(|n| raw.refusal(n, false).is_some()));
+            assert!(raw.refusal("order:SKU-8842", false).is_none());
+            assert!(raw.refusal("{order}:1", true).is_none());
+        }
+        for name in ["{a}:fencelock-token:a", "{t}x:token", "{t}x:h:y"] {
+            assert_eq!(KeyLayout::default().refusal(name, true), None);
         }
     }
 

@@ -268,12 +268,21 @@ impl RedisLock {
         ))
     }
 
-    /// The keys of lock (or election) `name`. On a Redis Cluster, a name whose keys
-    /// cannot share one slot (the raw layout's `}` without a tag: see
+    /// The keys of lock (or election) `name`. In the raw layout, a name whose key would
+    /// be another name's auxiliary key is [`Error::InvalidName`] (see
+    /// `KeyLayout::refusal`). On a Redis Cluster, a name whose
+    /// keys cannot share one slot (the raw layout's `}` without a tag: see
     /// [`KeyLayout::raw`](crate::KeyLayout::raw)) is [`Error::InvalidName`], before any
     /// I/O: its scripts would fail with `CROSSSLOT`.
     pub(crate) fn lock_keys(&self, name: &str) -> Result<LockKeys, Error> {
-        let keys = self.engine.config.layout.keys(name);
+        let layout = &self.engine.config.layout;
+        if let Some(reason) = layout.refusal(name, false) {
+            return Err(Error::InvalidName {
+                name: name.chars().take(64).collect(),
+                reason,
+            });
+        }
+        let keys = layout.keys(name);
         if self.engine.is_cluster() && !keys.share_a_slot() {
             return Err(Error::InvalidName {
                 name: name.chars().take(64).collect(),

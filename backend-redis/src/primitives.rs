@@ -133,7 +133,14 @@ impl RedisLock {
                 },
             });
         }
-        let keys = self.engine().config.layout.primitive_keys(name, ask.kind());
+        let layout = &self.engine().config.layout;
+        if let Some(reason) = layout.refusal(name, true) {
+            return Err(Error::InvalidName {
+                name: name.chars().take(64).collect(),
+                reason,
+            });
+        }
+        let keys = layout.primitive_keys(name, ask.kind());
         // As for a lock (`RedisLock::lock_keys`): a script over keys in several slots
         // would fail with CROSSSLOT on every try.
         if self.engine().is_cluster() && !keys.share_a_slot() {

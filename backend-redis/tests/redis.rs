@@ -872,3 +872,73 @@ async fn redlock_needs_info_and_says_so() {
         .await
         .unwrap();
 }
+
+/// The raw layout maps names to keys injectively, as the tagged one does: a name whose
+/// key would be another name's token counter, waiter marker, semaphore or read-write
+/// index, or a sibling's counter (`{t}x` and `{t}x:token`), is refused with
+/// `InvalidName` before anything is sent, or is independent of it. Never does taking one
+/// overwrite the other's keys (the holder losing its lock) or fail on their type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_names_never_land_on_another_names_keys() {
+    let server = RedisServer::shared();
+    let locks = locks(&format!("{}?layout=raw&prefix=", server.url())).await;
+    let u = fencelock_core::conformance::unique_name("collide").replace(['{', '}'], "");
+    let lease = || {
+        AcquireOptions::new()
+            .lease(Duration::from_secs(3))
+            .no_wait()
+    };
+    let permit = || fencelock_core::Permits::new(1, 2).unwrap();
+    // (what, the name squatting on the keys, taken first; the name whose keys they are)
+    let mut held = Vec::new();
+    let mut refused = Vec::new();
+    let mut granted = |what: String, result: Result<fencelock_core::LockGuard, Error>| match result
+    {
+        Ok(guard) => held.push((what, guard)),
+        Err(Error::InvalidName { .. }) => refused.push(what),
+        Err(other) => panic!("{what}: {other:?}"),
+    };
+    for kind in ["token", "waiters"] {
+        let owner = format!("{u}-{kind}");
+        let squatter = format!("{{{owner}}}:fencelock-{kind}:{owner}");
+        granted(squatter.clone(), locks.acquire(&squatter, lease()).await);
+        let taken = locks.acquire(&owner, lease()).await;
+        granted(format!("lock {owner} beside {squatter}"), taken);
+    }
+    for kind in ["sem", "rw"] {
+        let owner = format!("{u}-{kind}");
+        let squatter = format!("{{{owner}}}:fencelock-{kind}:{owner}");
+        granted(squatter.clone(), locks.acquire(&squatter, lease()).await);
+        let taken = if kind == "sem" {
+            locks.acquire_permits(&owner, permit(), lease()).await
+        } else {
+            locks.acquire_read(&owner, lease()).await
+        };
+        granted(format!("{kind} {owner} beside {squatter}"), taken);
+    }
+    for suffix in ["token", "waiters", "unlock", "h:x"] {
+        let base = format!("{{{u}}}x{suffix}");
+        let sibling = format!("{base}:{suffix}");
+        granted(
+            base.clone(),
+            locks.acquire_permits(&base, permit(), lease()).await,
+        );
+        granted(
+            format!("semaphore {sibling}"),
+            locks.acquire_permits(&sibling, permit(), lease()).await,
+        );
+    }
+    // Past a renewal (every second), which finds an overwritten key.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for (what, guard) in held {
+        assert!(!guard.is_lost(), "{what} was lost (refused: {refused:?})");
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    }
+    assert!(
+        !refused.is_empty(),
+        "no name was refused: the squatters above did land on other names' keys"
+    );
+}
