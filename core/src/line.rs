@@ -131,4 +131,30 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
         assert_eq!(lines.len(), 0);
     }
+
+    /// A wait dropped while queued, before or after the turn came to it (but before it
+    /// was polled again), leaves no line behind.
+    #[tokio::test]
+    async fn a_wait_dropped_in_line_leaves_nothing() {
+        let lines = Arc::new(Lines::default());
+        for turn_came in [false, true] {
+            let first = lines.front("k").await;
+            let mut waiting = Box::pin(lines.front("k"));
+            // Polled once: queued.
+            tokio::select! {
+                biased;
+                _ = &mut waiting => panic!("the line was free"),
+                () = std::future::ready(()) => {}
+            }
+            assert_eq!(lines.waiting_behind("k"), 1);
+            if turn_came {
+                drop(first);
+                drop(waiting);
+            } else {
+                drop(waiting);
+                drop(first);
+            }
+            assert_eq!(lines.len(), 0, "turn came: {turn_came}");
+        }
+    }
 }
