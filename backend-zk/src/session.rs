@@ -23,7 +23,7 @@
 //! as the client, whichever call opened them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -49,6 +49,10 @@ pub(crate) struct ZkSession {
     runtime: Handle,
     ended: CancellationToken,
     held: Mutex<HashMap<u64, Registered>>,
+    /// Set by [`give_up`](Self::give_up) (the client was closed), under the lock of
+    /// `held`, which [`register`](Self::register) takes too: a grant is either drained
+    /// there or refused here.
+    given_up: AtomicBool,
     next_id: AtomicU64,
     /// Send times of the last two answered probes (older, latest): see
     /// [`anchor`](Self::anchor).
@@ -144,6 +148,7 @@ impl ZkSession {
             runtime: Handle::current(),
             ended: CancellationToken::new(),
             held: Mutex::new(HashMap::new()),
+            given_up: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             lines: Arc::default(),
             watcher: Arc::new(Watcher::new(Handle::current())),
@@ -228,13 +233,27 @@ impl ZkSession {
 
     /// Lets the monitor renew and report on `tracked` (capped at `cap` for a fixed
     /// lease). Returns the id for [`unregister`](Self::unregister).
+    ///
+    /// After [`give_up`](Self::give_up) (a grant that passed the acquire's check of the
+    /// client's close just before it), the lock is given up here as it would have been
+    /// there: it is lost ([`LossCause::ClientClosed`]), not kept, and its nodes are
+    /// deleted in the background.
     pub(crate) fn register(&self, tracked: &Arc<Tracked>, cap: Option<Instant>) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let liveness = tracked.liveness.clone();
+        let mut held = self.held();
+        if self.given_up.load(Ordering::Relaxed) {
+            drop(held);
+            liveness.mark_lost(LossCause::ClientClosed, "the client was closed");
+            tracked.give_up();
+            return id;
+        }
+        // Under the lock `end` takes after cancelling `ended`: a lock registered after
+        // `end` went through the held ones sees it ended.
         if self.ended.is_cancelled() {
             liveness.mark_lost(LossCause::SessionEnded, "the ZooKeeper session ended");
         }
-        self.held().insert(
+        held.insert(
             id,
             Registered {
                 liveness,
@@ -265,9 +284,13 @@ impl ZkSession {
     /// Gives up every lock held on this session (on close), at once: each guard reports
     /// [`LossCause::ClientClosed`], and the monitor forgets it. Returns the paths of their
     /// nodes, for [`delete_given_up`](Self::delete_given_up).
+    ///
+    /// Locks registered later are given up at [`register`](Self::register).
     pub(crate) fn give_up(&self) -> Vec<String> {
-        self.held()
-            .drain()
+        let mut held = self.held();
+        // Relaxed: read and written only under the lock of `held`.
+        self.given_up.store(true, Ordering::Relaxed);
+        held.drain()
             .flat_map(|(_, entry)| {
                 entry
                     .liveness
@@ -629,4 +652,59 @@ impl Drop for AbortOnDrop {
 /// The error of every call on a closed client.
 pub(crate) fn closed() -> Error {
     Error::Closed { backend: BACKEND }
+}
+
+#[cfg(test)]
+mod tests {
+    use fencelock_core::Liveness;
+    use fencelock_testkit::ZkServer;
+
+    use super::*;
+    use crate::held::{Node, ZkHeld};
+
+    /// A grant that registers after `close` gave up its session (it passed the
+    /// acquire's `closed` check just before) is given up too: its guard reports
+    /// [`LossCause::ClientClosed`], the session keeps no trace of it, and its node is
+    /// deleted, as for the grants `close` drained.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_registered_after_give_up_is_given_up_too() {
+        let server = ZkServer::shared();
+        let config = ZkConfig::new(server.connect_string());
+        let transport = Transport::prepare(&config).unwrap();
+        let session = ZkSession::connect(&config, &transport, config.session_timeout())
+            .await
+            .unwrap();
+        let path = format!("/fencelock-late-grant-{:x}", std::process::id());
+        let options = zk::CreateMode::Ephemeral.with_acls(session.acls());
+        let (stat, _) = session.client.create(&path, b"", &options).await.unwrap();
+
+        // `close` went through: nothing was registered yet.
+        assert!(session.give_up().is_empty());
+
+        // The late grant, as `acquire::grant` builds it.
+        let liveness = Liveness::new(session.deadline(session.anchor()));
+        let node = Node::new(session.clone(), path.clone(), stat.version);
+        let held = ZkHeld::start("late", node, liveness.clone(), None);
+
+        assert_eq!(
+            liveness.lost_cause(),
+            Some(LossCause::ClientClosed),
+            "a grant registered after give_up must be lost (reason: {:?})",
+            liveness.lost_reason()
+        );
+        assert_eq!(liveness.lost_reason(), Some("the client was closed"));
+        assert!(
+            session.held().is_empty(),
+            "a grant registered after give_up must not be kept"
+        );
+        let gone = async {
+            while session.client.check_stat(&path).await.unwrap().is_some() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), gone)
+            .await
+            .expect("the node of a grant given up at registration is deleted");
+        drop(held);
+    }
 }

@@ -90,9 +90,10 @@ impl Tracked {
         self.stopped.load(Ordering::Acquire)
     }
 
-    /// The lock is lost by deadline: delete its nodes in the background (once), so it
-    /// does not stay blocked by nodes nobody uses.
-    fn give_up(&self) {
+    /// The lock is lost by deadline (or was given up at registration, the client being
+    /// closed): delete its nodes in the background (once), so it does not stay blocked by
+    /// nodes nobody uses.
+    pub(crate) fn give_up(&self) {
         if !self.is_stopped() && !self.given_up.swap(true, Ordering::AcqRel) {
             for node in self.nodes() {
                 node.delete_in_background();
