@@ -277,19 +277,16 @@ impl RedisLock {
     pub(crate) fn lock_keys(&self, name: &str) -> Result<LockKeys, Error> {
         let layout = &self.engine.config.layout;
         if let Some(reason) = layout.refusal(name, false) {
-            return Err(Error::InvalidName {
-                name: name.chars().take(64).collect(),
-                reason,
-            });
+            return Err(invalid_name(name, reason));
         }
         let keys = layout.keys(name);
         if self.engine.is_cluster() && !keys.share_a_slot() {
-            return Err(Error::InvalidName {
-                name: name.chars().take(64).collect(),
-                reason: "in the raw layout on a Redis Cluster, a lock key with `}` and no \
-                         non-empty {tag} cannot keep its token key in its slot: put a {tag} \
-                         in the name",
-            });
+            return Err(invalid_name(
+                name,
+                "in the raw layout on a Redis Cluster, a lock key with `}` and no \
+                 non-empty {tag} cannot keep its token key in its slot: put a {tag} \
+                 in the name",
+            ));
         }
         Ok(keys)
     }
@@ -569,6 +566,14 @@ impl RedisLock {
 }
 
 /// What `inspect`, `list` and `revoke` report of a holder.
+/// [`Error::InvalidName`] for `name` (shortened, as `validate_name` does) and `reason`.
+pub(crate) fn invalid_name(name: &str, reason: &'static str) -> Error {
+    Error::InvalidName {
+        name: name.chars().take(64).collect(),
+        reason,
+    }
+}
+
 fn holder_info(holder: &Holder) -> HolderInfo {
     HolderInfo::new(
         holder.owner.clone(),

@@ -28,7 +28,7 @@ use tracing::Instrument;
 
 use crate::engine::{Engine, InFlight};
 use crate::keys::PrimitiveKeys;
-use crate::lock::{MIN_LEASE, RedisLock};
+use crate::lock::{MIN_LEASE, RedisLock, invalid_name};
 use crate::node::BACKEND;
 use crate::scripts;
 
@@ -135,21 +135,18 @@ impl RedisLock {
         }
         let layout = &self.engine().config.layout;
         if let Some(reason) = layout.refusal(name, true) {
-            return Err(Error::InvalidName {
-                name: name.chars().take(64).collect(),
-                reason,
-            });
+            return Err(invalid_name(name, reason));
         }
         let keys = layout.primitive_keys(name, ask.kind());
         // As for a lock (`RedisLock::lock_keys`): a script over keys in several slots
         // would fail with CROSSSLOT on every try.
         if self.engine().is_cluster() && !keys.share_a_slot() {
-            return Err(Error::InvalidName {
-                name: name.chars().take(64).collect(),
-                reason: "in the raw layout on a Redis Cluster, a name with `}` and no \
-                         non-empty {tag} cannot keep its keys in one slot: put a {tag} in \
-                         the name",
-            });
+            return Err(invalid_name(
+                name,
+                "in the raw layout on a Redis Cluster, a name with `}` and no \
+                 non-empty {tag} cannot keep its keys in one slot: put a {tag} in \
+                 the name",
+            ));
         }
         let wait = fencelock_core::WaitDeadline::new(options.wait_kind());
         let waiting = self.wait_member(name, &keys, ask, options, wait);
