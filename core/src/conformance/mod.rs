@@ -53,8 +53,8 @@ pub use handoff::{
 };
 pub use names::{invalid_input_is_rejected, odd_names_are_independent};
 pub use operators::{
-    close_releases_and_refuses, list_finds_held_and_waited_names,
-    revoke_takes_the_lock_from_its_holder,
+    acquires_racing_close_are_given_up, close_releases_and_refuses,
+    list_finds_held_and_waited_names, revoke_takes_the_lock_from_its_holder,
 };
 pub use rwlock::{
     a_waiting_writer_is_not_starved, readers_share_and_writers_exclude,
@@ -67,10 +67,16 @@ pub use semaphore::{
 };
 pub use support::unique_name;
 
+/// How many rounds, each with a fresh first client, [`conformance_suite!`](crate::conformance_suite) runs of a case
+/// that closes that client ([`acquires_racing_close_are_given_up`]).
+pub const ROUNDS: usize = 5;
+
 /// Generates one `#[tokio::test]` per conformance case, each calling `$setup` (an
 /// expression that may `.await`, evaluating to something that dereferences to a
 /// [`DistributedLock`](crate::DistributedLock), such as `Arc<dyn DistributedLock>`) to get
-/// a fresh client; the two-client cases call it twice, for two independent clients.
+/// a fresh client; the two-client cases call it twice, for two independent clients, and
+/// the cases that close their first client call it once more for each of [`ROUNDS`]
+/// rounds.
 ///
 /// The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features as a
 /// dev-dependency.
@@ -121,6 +127,21 @@ macro_rules! conformance_suite {
             readers_share_and_writers_exclude,
             a_waiting_writer_is_not_starved,
         );
+        $crate::conformance_suite!(@rounds $setup;
+            acquires_racing_close_are_given_up,
+        );
+    };
+    (@rounds $setup:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let b = $setup;
+                for _ in 0..$crate::conformance::ROUNDS {
+                    let a = $setup;
+                    $crate::conformance::$case(&*a, &*b).await;
+                }
+            }
+        )+
     };
     (@pairs $setup:expr; $($case:ident),+ $(,)?) => {
         $(

@@ -167,6 +167,96 @@ pub async fn revoke_takes_the_lock_from_its_holder(
     assert!(matches!(a.revoke("").await, Err(Error::InvalidName { .. })));
 }
 
+/// Acquires of free names in flight while `close` runs on another thread, truly at once:
+/// each fails, or returns a guard `close` gave up (it reports
+/// [`LossCause::ClientClosed`] within seconds, or [`LossCause::MigrationLeg`] through the
+/// migration layer), never one that stays held. Either way
+/// the name is free for `b` within seconds, long before the 60 s lease: nothing is left
+/// behind. One round on a fresh client `a`; the suite runs several, each a new `a`.
+///
+/// The acquires and the close run on threads of their own (through the current
+/// runtime's handle), so this needs a multi-thread runtime.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guards, which the backend cleans up as its own
+/// cancellation safety promises (the threads it started finish first).
+pub async fn acquires_racing_close_are_given_up(a: &dyn DistributedLock, b: &dyn DistributedLock) {
+    let names: Vec<String> = (0..16).map(|_| unique_name("close-race")).collect();
+    let options = AcquireOptions::new()
+        .lease(Duration::from_secs(60))
+        .wait_timeout(Duration::from_secs(5));
+    let delay = Duration::from_micros(fastrand::u64(0..4000));
+    let handle = tokio::runtime::Handle::current();
+    let (results, closed) = tokio::task::block_in_place(|| {
+        std::thread::scope(|threads| {
+            let acquiring = threads.spawn(|| {
+                handle.block_on(futures_util::future::join_all(
+                    names.iter().map(|name| a.acquire(name, options)),
+                ))
+            });
+            let closing = threads.spawn(|| {
+                handle.block_on(async {
+                    tokio::time::sleep(delay).await;
+                    a.close().await
+                })
+            });
+            let closed = closing.join().expect("close panicked");
+            (acquiring.join().expect("an acquire panicked"), closed)
+        })
+    });
+    closed.expect("close");
+    let mut granted = 0;
+    for (name, result) in names.iter().zip(results) {
+        match result {
+            Ok(guard) => {
+                granted += 1;
+                tokio::time::timeout(Duration::from_secs(5), guard.lost())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "{name}: granted while close ran {delay:?} in, and still held \
+                             5 s after close returned"
+                        )
+                    });
+                // A migration guard reports its closed leg's loss, as in
+                // `close_releases_and_refuses`.
+                assert!(
+                    matches!(
+                        guard.lost_cause(),
+                        Some(LossCause::ClientClosed | LossCause::MigrationLeg)
+                    ),
+                    "{name}: {:?}: {:?}",
+                    guard.lost_cause(),
+                    guard.lost_reason()
+                );
+            }
+            Err(Error::Closed { .. }) => {}
+            Err(error) => assert!(
+                error.is_retryable(),
+                "{name}: an acquire cut short by close fails with Closed or a retryable \
+                 error, not {error:?}"
+            ),
+        }
+    }
+    for name in &names {
+        let guard = b
+            .acquire(
+                name,
+                AcquireOptions::new().wait_timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{name} is not free 10 s after close ({granted} granted): {e:?}")
+            });
+        guard.release().await.expect("release");
+    }
+}
+
 /// `close` releases every lock held through the client (their guards report
 /// `ClientClosed`; the other client takes the names at once, long before the leases
 /// would end), fails its waiting acquire with `Closed`, leaves no waiter behind, and
