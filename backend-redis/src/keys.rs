@@ -560,7 +560,7 @@ mod tests {
                     ));
                 }
             }
-            // kind → (name, its keys) of every accepted name.
+            // Key → the accepted name (and its kind) that has it.
             let mut taken: HashMap<String, String> = HashMap::new();
             let mut claim = |name: &str, what: &str, key: String| {
                 if let Some(other) = taken.insert(key.clone(), format!("{what} {name}")) {

@@ -889,7 +889,8 @@ async fn raw_names_never_land_on_another_names_keys() {
             .no_wait()
     };
     let permit = || fencelock_core::Permits::new(1, 2).unwrap();
-    // (what, the name squatting on the keys, taken first; the name whose keys they are)
+    // Each request in turn: first the name on another name's keys, then that name.
+    // Granted guards (with what was asked) and the requests refused with `InvalidName`.
     let mut held = Vec::new();
     let mut refused = Vec::new();
     let mut granted = |what: String, result: Result<fencelock_core::LockGuard, Error>| match result
