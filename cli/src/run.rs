@@ -151,6 +151,15 @@ fn alive_tasks() -> usize {
 /// for others until then. Waits until the tasks started since `before` (counted before
 /// connecting) are done, at most [`SETTLE_TIMEOUT`]. Call it after dropping the
 /// connection, whose own tasks would otherwise count.
+///
+/// # Errors
+///
+/// None: past the timeout it returns, and the tasks still running are left to the
+/// process's exit.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only waits.
 pub async fn settle(before: usize) {
     let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
     while alive_tasks() > before && tokio::time::Instant::now() < deadline {

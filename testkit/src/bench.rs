@@ -151,6 +151,15 @@ pub fn over(mine: &[f64], floor: &[f64]) -> Vec<f64> {
 
 /// `ops` sequential ops, `once()` each, every one timed: their latencies (µs). The body
 /// of a worker of [`run_workers`].
+///
+/// # Errors
+///
+/// None: an op that fails is `once`'s to report (a bench panics on it).
+///
+/// # Cancel safety
+///
+/// Dropped, it stops between ops (or inside one, as `once`'s future allows); the ops
+/// already done are not reported.
 pub async fn timed_ops<F, Fut>(ops: usize, mut once: F) -> Histogram<u64>
 where
     F: FnMut() -> Fut,
@@ -243,6 +252,15 @@ impl<K> Measured<K> {
 /// Sequential latency of each of `kinds`, interleaved as `plan` says: `once(kind)` does
 /// one op of `kind`, which this times. Returns one [`Measured`] per kind, in the order of
 /// `kinds`.
+///
+/// # Errors
+///
+/// None: an op that fails is `once`'s to report (a bench panics on it).
+///
+/// # Cancel safety
+///
+/// Dropped, it stops inside the current op as `once`'s future allows; nothing measured
+/// so far is returned.
 pub async fn interleave<K, F, Fut>(kinds: &[K], plan: Rounds, mut once: F) -> Vec<Measured<K>>
 where
     K: Copy,
@@ -369,6 +387,11 @@ impl Run {
 /// # Errors
 ///
 /// The first worker's error, as [`timed_join`].
+///
+/// # Cancel safety
+///
+/// Dropped, it drops the handles it awaits; workers spawned with `tokio::spawn` go on
+/// running to their end (abort them through their handles if that matters).
 pub async fn run_workers<I, H, E>(spawn: I) -> Result<Run, E>
 where
     I: IntoIterator<Item = H>,
@@ -430,6 +453,14 @@ pub fn rate_lines<K: Copy>(
 /// `repeats` rounds of whole runs, one `run(kind, repeat)` of each of `kinds` in turn per
 /// round (for throughput, contention and CPU, where one run is many ops). Returns, per
 /// kind in the order of `kinds`, what each of its runs returned, in order.
+///
+/// # Errors
+///
+/// None: a run that fails is `run`'s to report (a bench panics on it).
+///
+/// # Cancel safety
+///
+/// Dropped, it drops the run in progress; nothing measured so far is returned.
 pub async fn interleave_runs<K, T, F, Fut>(kinds: &[K], repeats: usize, mut run: F) -> Vec<Vec<T>>
 where
     K: Copy,
@@ -454,6 +485,11 @@ where
 ///
 /// The first worker's error (e.g. a `JoinError` of a worker that panicked), after all
 /// workers were spawned; the others are not awaited.
+///
+/// # Cancel safety
+///
+/// Dropped, it drops the handles it awaits; workers spawned with `tokio::spawn` go on
+/// running to their end (abort them through their handles if that matters).
 pub async fn timed_join<I, H, T, E>(spawn: I) -> Result<(Duration, Vec<T>), E>
 where
     I: IntoIterator<Item = H>,

@@ -7,6 +7,10 @@
 //! cd bench/redlock-vs-rslock && cargo run --release
 //! ```
 //!
+//! `BENCH_ONLY=1` (or `3`) runs one deployment only; with `BENCH_PROFILE=fencelock` (or
+//! `rslock`) it runs only that side's uncontended ops, 5,000 of them, for a profiler
+//! (`valgrind --tool=callgrind` counts instructions, repeatable on a busy machine).
+//!
 //! Workloads, the kinds interleaved in every repeat (`fencelock_testkit::bench`):
 //!
 //! 1. uncontended acquire + release on one name, one client: p50/p99 and the median over
@@ -46,6 +50,8 @@ use rslock::LockManager;
 const RUN: Duration = Duration::from_secs(3);
 const REPEATS: usize = 3;
 const LEASE: Duration = Duration::from_secs(10);
+/// Uncontended ops run under `BENCH_PROFILE`.
+const PROFILE_OPS: usize = 5_000;
 
 /// One side of the comparison.
 #[derive(Clone)]
@@ -258,6 +264,21 @@ async fn compare(label: &str, deployment: &Deployment) {
         std::thread::available_parallelism().map_or(0, usize::from)
     );
 
+    if let Ok(profile) = std::env::var("BENCH_PROFILE") {
+        // Only one side's uncontended ops, for a profiler (e.g. callgrind's instruction
+        // counts per op): `rslock`, or fencelock's with a renewing lease.
+        let kind = if profile == "rslock" {
+            Kind::Rslock
+        } else {
+            Kind::Fencelock
+        };
+        let side = deployment.side(kind).await;
+        for _ in 0..PROFILE_OPS {
+            side.once_then("bench-uncontended", || {}).await;
+        }
+        println!("-- {PROFILE_OPS} uncontended ops of {}", kind.label());
+        return;
+    }
     let kinds = [Kind::Rslock, Kind::Fencelock, Kind::FencelockFixed];
     let mut sides = Vec::new();
     for kind in kinds {
