@@ -188,18 +188,21 @@ async fn lost_acquire_reply(
     free_within(label, b, name, bound).await;
 }
 
-/// One client's 150 acquires of F9 (b): returns (granted, cancelled).
+/// One client's 150 acquires of F9 (b), each given a random time of up to `longest`:
+/// returns (granted, cancelled).
 async fn barrage(
     label: &str,
     checker: &Checker,
     client: &str,
     lock: &dyn DistributedLock,
     name: &str,
+    longest: Duration,
 ) -> (u64, u64) {
     let mut rng = Rng::new();
     let (mut granted, mut cancelled) = (0u64, 0u64);
+    let longest = u64::try_from(longest.as_micros()).unwrap_or(u64::MAX);
     for _ in 0..150 {
-        let limit = Duration::from_micros(rng.below(5_001));
+        let limit = Duration::from_micros(rng.below(longest.saturating_add(1)));
         let hold = Duration::from_micros(rng.below(2_001));
         let acquire = lock.acquire(name, options().wait_timeout(Duration::from_secs(10)));
         match tokio::time::timeout(limit, acquire).await {
@@ -221,13 +224,28 @@ async fn barrage(
     (granted, cancelled)
 }
 
-/// F9 (b): `clients` race 150 acquires each with random 0-5 ms timeouts on `name`.
+/// F9 (b): `clients` race 150 acquires each on `name`, with random timeouts of up to 5
+/// ms, or twice the slowest of 5 uncontended acquires where that is longer: so that
+/// some are granted and some cancelled, at every point of the acquire, however fast the
+/// machine and the backend (a two-leg migration over etcd takes longer than 5 ms on a
+/// busy 2-core machine, and then nothing was ever granted).
 async fn cancel_at_grant(label: &str, clients: [&dyn DistributedLock; 2], name: &str) {
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let guard = clients[0]
+            .acquire(name, options().wait_timeout(Duration::from_secs(10)))
+            .await
+            .unwrap_or_else(|e| panic!("{label}: an uncontended acquire failed: {e:?}"));
+        slowest = slowest.max(started.elapsed());
+        guard.release().await.expect("release");
+    }
+    let longest = (slowest * 2).max(Duration::from_millis(5));
     let checker = Checker::new();
     let start = Instant::now();
     let ((g1, c1), (g2, c2)) = tokio::join!(
-        barrage(label, &checker, "c1", clients[0], name),
-        barrage(label, &checker, "c2", clients[1], name),
+        barrage(label, &checker, "c1", clients[0], name, longest),
+        barrage(label, &checker, "c2", clients[1], name, longest),
     );
     let took = start.elapsed();
     let done = Instant::now();
@@ -236,7 +254,8 @@ async fn cancel_at_grant(label: &str, clients: [&dyn DistributedLock; 2], name: 
     }
     let freed_after = done.elapsed();
     eprintln!(
-        "{label}: {} granted, {} cancelled in {took:?}; free {freed_after:?} later",
+        "{label}: {} granted, {} cancelled (timeouts up to {longest:?}) in {took:?}; free \
+         {freed_after:?} later",
         g1 + g2,
         c1 + c2
     );
