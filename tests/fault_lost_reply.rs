@@ -232,18 +232,18 @@ async fn barrage(
 /// The median, not the slowest, so that one slow moment does not make nearly every
 /// timeout long enough to be granted.
 async fn cancel_at_grant(label: &str, clients: [&dyn DistributedLock; 2], name: &str) {
-    let mut took = Vec::new();
+    let mut uncontended = Vec::new();
     for _ in 0..5 {
         let started = Instant::now();
         let guard = clients[0]
             .acquire(name, options().wait_timeout(Duration::from_secs(10)))
             .await
             .unwrap_or_else(|e| panic!("{label}: an uncontended acquire failed: {e:?}"));
-        took.push(started.elapsed());
+        uncontended.push(started.elapsed());
         guard.release().await.expect("release");
     }
-    took.sort();
-    let longest = (took[2] * 3).clamp(Duration::from_millis(5), Duration::from_millis(50));
+    uncontended.sort();
+    let longest = (uncontended[2] * 3).clamp(Duration::from_millis(5), Duration::from_millis(50));
     let checker = Checker::new();
     let start = Instant::now();
     let ((g1, c1), (g2, c2)) = tokio::join!(
