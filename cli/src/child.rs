@@ -6,9 +6,56 @@
 // async-signal-safe calls are allowed. It makes two system calls (`prctl`, `getppid`).
 #![allow(unsafe_code)]
 
+use std::ffi::OsStr;
+use std::ops::{Deref, DerefMut};
+
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
+
+/// A command to run under a lock, protected as [`protect`] says. Set its environment and
+/// standard streams through `Deref` to [`Command`], then [`Guarded::spawn`] it once.
+pub struct Guarded {
+    command: Command,
+}
+
+/// The protected command for `argv` (program and arguments): what `run`, and every
+/// other subcommand that runs a command while it holds something, starts. The
+/// command's process group is what callers stop: the spawned child's pid is its id.
+pub fn command<S: AsRef<OsStr>>(argv: &[S]) -> Guarded {
+    let (program, args) = argv
+        .split_first()
+        .map_or((OsStr::new(""), &[][..]), |(p, a)| (p.as_ref(), a));
+    let mut command = Command::new(program);
+    command.args(args);
+    protect(&mut command);
+    Guarded { command }
+}
+
+impl Guarded {
+    /// Starts the command.
+    ///
+    /// # Errors
+    ///
+    /// The command could not be started: its error's kind says whether it was not found
+    /// ([`std::io::ErrorKind::NotFound`]) or could not be executed.
+    pub fn spawn(&mut self) -> std::io::Result<Child> {
+        self.command.spawn()
+    }
+}
+
+impl Deref for Guarded {
+    type Target = Command;
+    fn deref(&self) -> &Command {
+        &self.command
+    }
+}
+
+impl DerefMut for Guarded {
+    fn deref_mut(&mut self) -> &mut Command {
+        &mut self.command
+    }
+}
 
 /// Puts the command in a process group of its own and, on Linux, has the kernel send it
 /// SIGKILL when fencelock's main thread ends (however fencelock dies).

@@ -6,9 +6,9 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::{AcquireOptions, DistributedLock, Error, LockGuard, Wait};
+use fencelock::{AcquireOptions, DistributedLock, Error, LockGuard, Permits, Wait};
 use nix::sys::signal::Signal;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::args::{RunArgs, WaitArgs};
 use crate::child;
@@ -35,7 +35,71 @@ enum Outcome {
     Lost { reason: String, killed: bool },
 }
 
-/// Runs the command under the lock and returns the exit code.
+/// What the command runs holding: `run`'s lock or semaphore permits, `elect`'s
+/// leadership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    /// The lock NAME.
+    Lock,
+    /// Permits of semaphore NAME (`run --permits N/LIMIT`).
+    Permits(Permits),
+    /// Leadership of election NAME, campaigning with this value (`elect`).
+    Leader(String),
+}
+
+impl Grant {
+    /// Takes it on `locks`, as `options` say.
+    ///
+    /// # Errors
+    ///
+    /// The library's: as [`DistributedLock::acquire`], `acquire_permits` or `campaign`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the library's: a dropped request leaves nothing behind.
+    pub async fn take(
+        &self,
+        locks: &dyn DistributedLock,
+        name: &str,
+        options: AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        match self {
+            Grant::Lock => locks.acquire(name, options).await,
+            Grant::Permits(permits) => locks.acquire_permits(name, *permits, options).await,
+            Grant::Leader(value) => locks.campaign(name, value, options).await,
+        }
+    }
+
+    /// How messages name what is held: `lock "x"`, `semaphore "x" (1 of 3 permits)`,
+    /// `leadership of "x"`.
+    pub fn describe(&self, name: &str) -> String {
+        match self {
+            Grant::Lock => format!("lock {name:?}"),
+            Grant::Permits(permits) => format!(
+                "semaphore {name:?} ({} of {} permits)",
+                permits.count(),
+                permits.limit()
+            ),
+            Grant::Leader(_) => format!("leadership of {name:?}"),
+        }
+    }
+
+    /// The variable the command gets besides `run`'s: `FENCELOCK_PERMITS=N/LIMIT` or
+    /// `FENCELOCK_VALUE=VALUE`.
+    pub fn env(&self) -> Option<(&'static str, String)> {
+        match self {
+            Grant::Lock => None,
+            Grant::Permits(permits) => Some((
+                "FENCELOCK_PERMITS",
+                format!("{}/{}", permits.count(), permits.limit()),
+            )),
+            Grant::Leader(value) => Some(("FENCELOCK_VALUE", value.clone())),
+        }
+    }
+}
+
+/// Runs the command under the lock (or `--permits` of the semaphore) and returns the
+/// exit code.
 ///
 /// # Errors
 ///
@@ -47,15 +111,37 @@ enum Outcome {
 /// Not meant to be cancelled: it owns the child process; the binary's signal handling
 /// stops the child and releases the lock instead.
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
+    let grant = args.permits.map_or(Grant::Lock, Grant::Permits);
+    run_holding(args, grant).await
+}
+
+/// [`run`], holding `grant` (`elect` holds leadership).
+///
+/// # Errors
+///
+/// As [`run`].
+///
+/// # Cancel safety
+///
+/// As [`run`].
+pub async fn run_holding(args: RunArgs, grant: Grant) -> Result<u8, Failure> {
     let events = Events::new(&args.output);
     let mut signals = Signals::listen()?;
-    let (locks, guard) =
-        match acquire(&args.url, &args.wait, &args.name, &events, &mut signals).await? {
-            Acquired::Held(locks, guard) => (locks, guard),
-            Acquired::Interrupted(code) => return Ok(code),
-        };
+    let (locks, guard) = match acquire(
+        &args.url,
+        &args.wait,
+        &args.name,
+        &grant,
+        &events,
+        &mut signals,
+    )
+    .await?
+    {
+        Acquired::Held(locks, guard) => (locks, guard),
+        Acquired::Interrupted(code) => return Ok(code),
+    };
     child::become_subreaper();
-    let mut child = match spawn(&args, &guard) {
+    let mut child = match spawn(&args, &guard, &grant) {
         Ok(child) => child,
         Err(failure) => {
             let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
@@ -65,8 +151,9 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let grace = args.kill_grace.value;
     let outcome = supervise(&mut child, &guard, &mut signals, grace, &events).await?;
     drop(locks);
+    let what = grant.describe(&args.name);
     match outcome {
-        Outcome::Exited(status) => finish(guard, status, &events).await,
+        Outcome::Exited(status) => finish(guard, status, &what, &events).await,
         Outcome::Lost { reason, killed } => {
             events.lost(&guard);
             let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
@@ -80,7 +167,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             };
             Err(Failure::new(
                 code::LOST,
-                format!("lock {:?} was lost: {reason}; {how}", args.name),
+                format!("{what} was lost: {reason}; {how}"),
             ))
         }
     }
@@ -109,6 +196,7 @@ pub async fn acquire(
     url: &crate::args::UrlArg,
     wait: &WaitArgs,
     name: &str,
+    grant: &Grant,
     events: &Events,
     signals: &mut Signals,
 ) -> Result<Acquired, Failure> {
@@ -120,7 +208,7 @@ pub async fn acquire(
         signal = signals.recv() => return Ok(Acquired::Interrupted(signals::exit_code(signal))),
     };
     let acquired = tokio::select! {
-        guard = locks.acquire(name, options(wait)) => guard.map_err(|e| not_acquired(e, name, wait)),
+        guard = grant.take(&*locks, name, options(wait)) => guard.map_err(|e| not_acquired(e, &grant.describe(name), wait)),
         signal = signals.recv() => Err(Failure::new(signals::exit_code(signal), format!("interrupted by {signal} while waiting for the lock"))),
     };
     match acquired {
@@ -184,7 +272,8 @@ pub fn options(args: &WaitArgs) -> AcquireOptions {
     }
 }
 
-fn not_acquired(error: Error, name: &str, wait: &WaitArgs) -> Failure {
+/// Not acquired: the conflict exit code, naming `what` ([`Grant::describe`]).
+fn not_acquired(error: Error, what: &str, wait: &WaitArgs) -> Failure {
     let conflict = wait.conflict_exit_code.unwrap_or(code::NOT_ACQUIRED);
     match error {
         Error::Timeout { .. } => {
@@ -194,12 +283,12 @@ fn not_acquired(error: Error, name: &str, wait: &WaitArgs) -> Failure {
                 .map_or_else(String::new, ToString::to_string);
             Failure::new(
                 conflict,
-                format!("lock {name:?} was not acquired within {within}: another owner holds it"),
+                format!("{what} was not acquired within {within}: another owner holds it"),
             )
         }
         Error::Contended { .. } => Failure::new(
             conflict,
-            format!("lock {name:?} is held by another owner (not waiting)"),
+            format!("{what} is held by another owner (not waiting)"),
         ),
         // Any other refusal (the client's `max_waiters=` limit is full): not acquired,
         // so `-E` applies to it as to the others.
@@ -208,7 +297,7 @@ fn not_acquired(error: Error, name: &str, wait: &WaitArgs) -> Failure {
     }
 }
 
-fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, Failure> {
+fn spawn(args: &RunArgs, guard: &LockGuard, grant: &Grant) -> Result<Child, Failure> {
     let (program, rest): (&std::ffi::OsStr, Vec<&std::ffi::OsStr>) = match &args.shell {
         Some(script) => ("sh".as_ref(), vec!["-c".as_ref(), script.as_os_str()]),
         None => {
@@ -221,9 +310,9 @@ fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, Failure> {
             )
         }
     };
-    let mut command = Command::new(program);
+    let argv: Vec<&std::ffi::OsStr> = std::iter::once(program).chain(rest).collect();
+    let mut command = child::command(&argv);
     command
-        .args(rest)
         .env("FENCELOCK_TOKEN", guard.token().get().to_string())
         .env("FENCELOCK_NAME", guard.name())
         .env("FENCELOCK_BACKEND", guard.backend())
@@ -231,12 +320,14 @@ fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, Failure> {
     if let Some(key) = guard.backend_key() {
         command.env("FENCELOCK_KEY", key);
     }
+    if let Some((variable, value)) = grant.env() {
+        command.env(variable, value);
+    }
     // In a process group of its own the command cannot read the terminal (it would be
     // stopped, holding the lock): it gets end-of-file instead.
     if std::io::stdin().is_terminal() {
         command.stdin(std::process::Stdio::null());
     }
-    child::protect(&mut command);
     command.spawn().map_err(|e| {
         let program = program.to_string_lossy();
         match e.kind() {
@@ -347,8 +438,14 @@ async fn stop(child: &mut Child, group: Option<u32>, grace: Duration) -> std::io
     Ok(true)
 }
 
-/// Releases after the command exited and picks the exit code.
-async fn finish(guard: LockGuard, status: ExitStatus, events: &Events) -> Result<u8, Failure> {
+/// Releases after the command exited and picks the exit code; `what` names what was
+/// held ([`Grant::describe`]).
+async fn finish(
+    guard: LockGuard,
+    status: ExitStatus,
+    what: &str,
+    events: &Events,
+) -> Result<u8, Failure> {
     let name = guard.name().to_owned();
     let token = guard.token();
     match guard.release().await {
@@ -360,12 +457,12 @@ async fn finish(guard: LockGuard, status: ExitStatus, events: &Events) -> Result
             events.lost_at_release(&name, token, &reason);
             Err(Failure::new(
                 code::LOST,
-                format!("lock {name:?} was lost before the command finished: {reason}"),
+                format!("{what} was lost before the command finished: {reason}"),
             ))
         }
         Err(error) => {
             events.warn(&format!(
-                "releasing lock {name:?} failed ({}); it expires with its lease",
+                "releasing {what} failed ({}); it expires with its lease",
                 one_line(&error)
             ));
             Ok(status_code(status))
