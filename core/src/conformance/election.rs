@@ -395,3 +395,146 @@ pub async fn observations_end_when_the_client_closes(
         None
     );
 }
+
+/// How many candidates campaign on each client in [`observers_report_each_grant_once`].
+const CANDIDATES_PER_CLIENT: usize = 2;
+
+/// How many terms each candidate of [`observers_report_each_grant_once`] serves: enough
+/// terms, with candidates racing for each, that an observer reading while a grant is
+/// being made (a Redlock grant whose instances answered different tokens, say) is caught.
+const TERMS_PER_CANDIDATE: usize = 10;
+
+/// Candidates on several clients (`campaigners`, separate connections or sessions)
+/// campaign for one election many times, each term short, while `observer` (another
+/// client) observes it. Every leader the observer reports is a grant a candidate was
+/// actually given, with that term's own value and token (never a token the leader did not
+/// have), each term at most once, in the order of the terms: the reported tokens strictly
+/// increase. An observer may skip a term (one that begins and ends between two of its
+/// reads); it may not report one with another token, or twice. A last term, held until it
+/// is reported, shows the observer is still following.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's terms, campaigns and observation, which the backend cleans
+/// up as its own cancellation safety promises.
+pub async fn observers_report_each_grant_once(
+    campaigners: &[&dyn DistributedLock],
+    observer: &dyn DistributedLock,
+) {
+    if !has_elections(observer).await {
+        return;
+    }
+    let election = unique_name("election-each-grant-once");
+    let within = Duration::from_secs(10);
+    let mut changes = observer.observe(&election).await.expect("observe");
+    let first = tokio::time::timeout(within, changes.next())
+        .await
+        .expect("the first item comes at once")
+        .expect("an item")
+        .expect("observing");
+    assert_eq!(first, None, "nobody leads a new election");
+
+    let sitting = AtomicUsize::new(0);
+    let register = FencedRegister::new(0u64);
+    // Every grant: (token, value), in the order the terms were served.
+    let grants = std::sync::Mutex::new(Vec::new());
+    let candidates = campaigners
+        .iter()
+        .enumerate()
+        .flat_map(|(c, &client)| (0..CANDIDATES_PER_CLIENT).map(move |k| (c, k, client)));
+    let candidates = candidates.map(|(c, k, client)| {
+        let (election, sitting, register, grants) = (&election, &sitting, &register, &grants);
+        async move {
+            for n in 0..TERMS_PER_CANDIDATE {
+                let value = format!("client{c}-candidate{k}-term{n}");
+                let term = client
+                    .campaign(
+                        election,
+                        &value,
+                        AcquireOptions::new().wait_timeout(Duration::from_secs(60)),
+                    )
+                    .await
+                    .expect("campaign");
+                assert_eq!(
+                    sitting.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two leaders at once"
+                );
+                let count = register.read();
+                register
+                    .write(term.token(), count + 1)
+                    .expect("a sitting leader's write is accepted");
+                grants.lock().unwrap().push((term.token(), value));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                sitting.fetch_sub(1, Ordering::SeqCst);
+                term.release().await.expect("resign");
+            }
+        }
+    });
+    join_all(candidates).await;
+
+    // The last term is held until the observer reports it.
+    let last = campaigners[0]
+        .campaign(&election, "last", AcquireOptions::new())
+        .await
+        .expect("campaign");
+    let mut grants = grants.into_inner().unwrap();
+    grants.push((last.token(), "last".to_owned()));
+    let mut observed = Vec::new();
+    tokio::time::timeout(within, async {
+        loop {
+            match changes.next().await {
+                Some(Ok(Some(leader))) => {
+                    let done = leader.value == "last";
+                    observed.push((leader.token, leader.value));
+                    if done {
+                        return;
+                    }
+                }
+                Some(Ok(None)) => {}
+                Some(Err(error)) => panic!("observing failed: {error}"),
+                None => panic!("the observation ended"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the observer did not report the last term ({}) within {within:?}; it reported {observed:?}",
+            last.token()
+        )
+    });
+    last.release().await.expect("resign");
+
+    assert_eq!(register.read() as usize, grants.len() - 1);
+    assert!(
+        grants.windows(2).all(|w| w[0].0 < w[1].0),
+        "terms' tokens increase: {grants:?}"
+    );
+    let granted: std::collections::HashMap<_, _> = grants.iter().cloned().collect();
+    for (token, value) in &observed {
+        let leader_had = grants.iter().find(|(_, v)| v == value).map(|(t, _)| *t);
+        assert!(
+            granted.get(token) == Some(value),
+            "the observer reported ({token}, {value:?}), which no candidate was granted \
+             ({value:?} had token {leader_had:?}); {} reports for {} terms: {observed:?}",
+            observed.len(),
+            grants.len(),
+        );
+    }
+    for pair in observed.windows(2) {
+        assert!(
+            pair[0].0 < pair[1].0,
+            "the observer reported {:?} after {:?}: a term twice or out of order; {} \
+             reports for {} terms: {observed:?}",
+            pair[1],
+            pair[0],
+            observed.len(),
+            grants.len(),
+        );
+    }
+}

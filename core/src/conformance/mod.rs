@@ -36,8 +36,8 @@ pub use clients::{
 };
 pub use election::{
     campaigns_are_checked_and_cancellable, leadership_passes_when_the_leader_is_lost,
-    observations_end_when_the_client_closes, observers_see_every_leader_in_order,
-    one_leader_at_a_time,
+    observations_end_when_the_client_closes, observers_report_each_grant_once,
+    observers_see_every_leader_in_order, one_leader_at_a_time,
 };
 pub use exclusion::{
     fifo_order, locks_are_not_reentrant, mutual_exclusion, release_is_idempotent,
@@ -74,12 +74,14 @@ pub const ROUNDS: usize = 5;
 /// Generates one `#[tokio::test]` per conformance case, each calling `$setup` (an
 /// expression that may `.await`, evaluating to something that dereferences to a
 /// [`DistributedLock`](crate::DistributedLock), such as `Arc<dyn DistributedLock>`) to get
-/// a fresh client; the two-client cases call it twice, for two independent clients, and
-/// the cases that close their first client call it once more for each of [`ROUNDS`]
-/// rounds.
+/// a fresh client; the two-client cases call it twice, for two independent clients, the
+/// cases that close their first client call it once more for each of [`ROUNDS`]
+/// rounds, and the crowd case ([`observers_report_each_grant_once`]) five times: four
+/// campaigning clients and an observing one.
 ///
 /// The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features as a
 /// dev-dependency.
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 #[macro_export]
 macro_rules! conformance_suite {
     ($setup:expr) => {
@@ -130,6 +132,21 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@rounds $setup;
             acquires_racing_close_are_given_up,
         );
+        $crate::conformance_suite!(@crowd $setup;
+            observers_report_each_grant_once,
+        );
+    };
+    (@crowd $setup:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let clients = [$setup, $setup, $setup, $setup];
+                let observer = $setup;
+                let campaigners: ::std::vec::Vec<&dyn $crate::DistributedLock> =
+                    clients.iter().map(|c| &**c as &dyn $crate::DistributedLock).collect();
+                $crate::conformance::$case(&campaigners, &*observer).await;
+            }
+        )+
     };
     (@rounds $setup:expr; $($case:ident),+ $(,)?) => {
         $(
