@@ -22,6 +22,8 @@
 //! The trait's full contract (what a guard promises, when loss is reported, cancel
 //! safety) is documented on [`DistributedLock`] and in `fencelock-core`.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod config;
 mod connect;
 mod file;
@@ -42,6 +44,7 @@ pub use fencelock_core::{
     StaleToken, Wait, downcast_lock, parse_duration, validate_name, validate_prefix,
 };
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use fencelock_core::{Metrics, MetricsOptions};
 pub use fencelock_core::{MigrationLock, MigrationPhase, Retry, RetryPolicy};
 pub use migrate::migration_url;
@@ -52,12 +55,15 @@ pub use requirement::Requirement;
 /// and helpers beyond the trait such as [`etcd::owner_compare`]. Reach the lock behind a
 /// URL with [`downcast_lock`].
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use fencelock_etcd as etcd;
 /// The Redis backend (cargo feature `redis`): [`redis::RedisLock`] and its
 /// configuration.
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use fencelock_redis as redis;
 /// The ZooKeeper backend (cargo feature `zookeeper`): [`zookeeper::ZkLock`], its
 /// configuration and [`zookeeper::ZkFence`].
 #[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use fencelock_zk as zookeeper;

@@ -5,6 +5,8 @@
 //! [`EtcdLock::connect`]. See [`EtcdConfig`] for the URL form and [`EtcdLock`] for the
 //! algorithm.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod batch;
 mod config;
 mod delayed;

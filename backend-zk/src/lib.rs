@@ -37,6 +37,8 @@
 //! See [`ZkConfig`] for the settings and [`ZkFence`] for writes that only succeed while
 //! the lock is held.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod acquire;
 mod config;
 mod election;

@@ -18,8 +18,11 @@
 //! guarantee ownership ([`LockGuard::lost`]), at the latest at its conservative local
 //! deadline ([`LockGuard::valid_until`]).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod capabilities;
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 mod duration;
 mod election;
@@ -50,6 +53,7 @@ pub use fence::{FencedRegister, StaleToken};
 pub use guard::{HeldLock, LockGuard};
 pub use layer::limit::WaiterLimit;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use layer::metrics::{Metrics, MetricsOptions};
 pub use layer::migration::{MigrationLock, MigrationPhase};
 pub use layer::retry::{Retry, RetryPolicy};

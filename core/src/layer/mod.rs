@@ -7,6 +7,7 @@
 
 pub mod limit;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 pub mod migration;
 pub mod retry;
