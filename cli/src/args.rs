@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use fencelock::Permits;
 
 use crate::duration::{self, DurationArg};
 
@@ -41,6 +42,9 @@ pub enum Command {
     /// Run a command while holding a lock; stop it if the lock is lost.
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
+    /// Run a command while leader of an election; stop it if leadership is lost.
+    #[command(after_help = ELECT_HELP)]
+    Elect(ElectArgs),
     /// Show who holds a lock, its token, remaining lease and waiters.
     #[command(after_help = INSPECT_HELP)]
     Inspect(InspectArgs),
@@ -107,6 +111,10 @@ The backend is required: --url, --config, FENCELOCK_URL or FENCELOCK_CONFIG
 
 The command sees FENCELOCK_TOKEN (the fencing token: pass it to every write),
 FENCELOCK_NAME, FENCELOCK_BACKEND and, where the backend has one, FENCELOCK_KEY.
+With --permits N/LIMIT, NAME is a semaphore of LIMIT permits (every holder must
+give the same LIMIT) and the command runs holding N of them, so at most LIMIT/N
+such commands run at once, like `consul lock -n LIMIT`; it also sees
+FENCELOCK_PERMITS=N/LIMIT, and a loss stops it as a lost lock does.
 It runs in a process group of its own (with /dev/null as stdin if fencelock's
 is a terminal). If the lock is lost, the group gets SIGTERM, then SIGKILL after
 --kill-grace, and fencelock exits with 76. SIGINT, SIGTERM and SIGHUP are
@@ -117,6 +125,7 @@ gets SIGKILL (Linux: PR_SET_PDEATHSIG).
 Examples:
   fencelock run --url etcd://127.0.0.1:2379/locks -w 10s nightly-report -- ./report.sh
   FENCELOCK_URL=redis://127.0.0.1:6379 fencelock run -n billing -c 'echo $FENCELOCK_TOKEN'
+  fencelock run --url etcd://127.0.0.1:2379/locks --permits 1/3 encoders -- ./encode.sh
 
 Exit codes: the command's own; 64 usage, 69 backend unavailable, 75 (or -E)
 not acquired within --wait, 76 lock lost, 126/127 command not executable / not found.";
@@ -324,14 +333,130 @@ pub struct RunArgs {
     /// Time between SIGTERM and SIGKILL when the lock is lost
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     pub kill_grace: DurationArg,
-    /// Run this shell command (`sh -c CMD`) instead of COMMAND
-    #[arg(short = 'c', long, value_name = "CMD", conflicts_with = "command")]
+    /// Run this shell command (`sh -c STRING`) instead of a COMMAND after --
+    #[arg(
+        short = 'c',
+        long = "command",
+        visible_alias = "shell",
+        value_name = "STRING",
+        conflicts_with = "command"
+    )]
     pub shell: Option<OsString>,
+    /// Take N of the LIMIT permits of semaphore NAME instead of the lock NAME (every
+    /// holder must give the same LIMIT)
+    #[arg(long, value_name = "N/LIMIT", value_parser = parse_permits)]
+    pub permits: Option<Permits>,
     /// The lock name
     pub name: String,
-    /// The command and its arguments
+    /// The command and its arguments, after --
     #[arg(last = true, required_unless_present = "shell", value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// Parses `--permits N/LIMIT`: N permits (1 to LIMIT) of a semaphore of LIMIT.
+///
+/// # Errors
+///
+/// A message saying what is wrong: not `N/LIMIT`, not numbers, N of 0, N above LIMIT.
+pub fn parse_permits(text: &str) -> Result<Permits, String> {
+    let parsed = text.split_once('/').and_then(|(n, limit)| {
+        Some((
+            n.trim().parse::<u32>().ok()?,
+            limit.trim().parse::<u32>().ok()?,
+        ))
+    });
+    let Some((count, limit)) = parsed else {
+        return Err(
+            "expected N/LIMIT, two whole numbers: N permits of a semaphore of LIMIT, e.g. 1/3"
+                .into(),
+        );
+    };
+    if count == 0 || limit == 0 {
+        return Err(format!("N and LIMIT are at least 1, not {count}/{limit}"));
+    }
+    if count > limit {
+        return Err(format!(
+            "N is at most LIMIT: {count} permits of a semaphore of {limit} can never be granted"
+        ));
+    }
+    Permits::new(count, limit).map_err(|e| e.to_string())
+}
+
+const ELECT_HELP: &str = "\
+Campaigns for leadership of ELECTION with VALUE (default HOST:PID), waiting as
+--wait says, and once elected runs the command, like `etcdctl elect` with a
+command. The command sees FENCELOCK_TOKEN (the term's fencing token, larger than
+every earlier term's: pass it to every write), FENCELOCK_VALUE, FENCELOCK_NAME (the
+election), FENCELOCK_BACKEND and, where the backend has one, FENCELOCK_KEY. It runs
+as `run` runs its command (a process group of its own, signals forwarded); if
+leadership is lost, the group gets SIGTERM, then SIGKILL after --kill-grace, and
+fencelock exits with 76. When the command exits, fencelock resigns and exits with
+its status. An election is a lock whose holder publishes a value: campaigning and
+`run` on the same name exclude each other.
+
+Examples:
+  fencelock elect --url etcd://127.0.0.1:2379/elections scheduler \"$(hostname)\" -- ./scheduler
+  fencelock elect --url redis://127.0.0.1:6379 -w 1m indexer -c 'exec ./indexer --token \"$FENCELOCK_TOKEN\"'
+
+Exit codes: the command's own; 64 usage, 69 backend unavailable, 75 (or -E)
+not elected within --wait, 76 leadership lost, 126/127 command not executable / not
+found.";
+
+/// `fencelock elect`.
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    /// Time between SIGTERM and SIGKILL when leadership is lost
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub kill_grace: DurationArg,
+    /// Run this shell command (`sh -c STRING`) instead of a COMMAND after --
+    #[arg(
+        short = 'c',
+        long = "command",
+        visible_alias = "shell",
+        value_name = "STRING",
+        conflicts_with = "command"
+    )]
+    pub shell: Option<OsString>,
+    /// The election name
+    pub election: String,
+    /// What the leader publishes (observers and `inspect` see it) [default: HOST:PID]
+    pub value: Option<String>,
+    /// The command and its arguments, after --
+    #[arg(last = true, required_unless_present = "shell", value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+impl ElectArgs {
+    /// The value to campaign with: VALUE, else `HOST:PID`.
+    pub fn value(&self) -> String {
+        self.value.clone().unwrap_or_else(|| {
+            let host = nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "localhost".into());
+            format!("{host}:{}", std::process::id())
+        })
+    }
+
+    /// The same command line as `run` would take, for the shared supervision.
+    pub fn into_run(self) -> RunArgs {
+        RunArgs {
+            url: self.url,
+            wait: self.wait,
+            output: self.output,
+            kill_grace: self.kill_grace,
+            shell: self.shell,
+            permits: None,
+            name: self.election,
+            command: self.command,
+        }
+    }
 }
 
 /// `fencelock hold`.

@@ -5,7 +5,7 @@ use serde_json::json;
 use crate::args::HoldArgs;
 use crate::events::Events;
 use crate::exit::{Failure, code, one_line};
-use crate::run::{Acquired, CLEANUP_TIMEOUT, acquire};
+use crate::run::{Acquired, CLEANUP_TIMEOUT, Grant, acquire};
 use crate::signals::Signals;
 
 /// Holds the lock until SIGINT, SIGTERM or SIGHUP, then releases it.
@@ -20,11 +20,19 @@ use crate::signals::Signals;
 pub async fn hold(args: HoldArgs) -> Result<u8, Failure> {
     let events = Events::new(&args.output);
     let mut signals = Signals::listen()?;
-    let (_locks, guard) =
-        match acquire(&args.url, &args.wait, &args.name, &events, &mut signals).await? {
-            Acquired::Held(locks, guard) => (locks, guard),
-            Acquired::Interrupted(code) => return Ok(code),
-        };
+    let (_locks, guard) = match acquire(
+        &args.url,
+        &args.wait,
+        &args.name,
+        &Grant::Lock,
+        &events,
+        &mut signals,
+    )
+    .await?
+    {
+        Acquired::Held(locks, guard) => (locks, guard),
+        Acquired::Interrupted(code) => return Ok(code),
+    };
     let key = guard.backend_key().unwrap_or("-").to_owned();
     let line = if events.is_json() {
         json!({ "name": guard.name(), "key": key, "token": guard.token().get() }).to_string()

@@ -8,11 +8,13 @@ mod capabilities;
 mod child;
 mod completions;
 mod duration;
+mod elect;
 mod events;
 mod exit;
 mod hold;
 mod inspect;
 mod list;
+mod logging;
 mod run;
 mod signals;
 
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
+    logging::init(&cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Elect(args) => elect::elect(args).await,
             Command::Inspect(args) => inspect::inspect(args).await,
             Command::List(args) => list::list(args).await,
             Command::Revoke(args) => list::revoke(args).await,
@@ -62,21 +66,58 @@ fn fail(failure: Failure) -> ExitCode {
     ExitCode::from(failure.code)
 }
 
-/// Help and version go to stdout with status 0; anything else is one line and status 64.
+/// Help and version go to stdout with status 0; anything else is clap's whole message
+/// (what is wrong, its suggestions, the usage line), its first line starting with
+/// `fencelock: `, and status 64.
 fn usage_error(error: clap::Error) -> ExitCode {
     match error.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = error.print();
             ExitCode::SUCCESS
         }
-        _ => {
-            let text = error.to_string();
-            let first = text
-                .lines()
-                .next()
-                .unwrap_or("bad usage")
-                .trim_start_matches("error: ");
-            fail(Failure::usage(format!("{first} (see fencelock --help)")))
+        _ => fail(Failure::usage(usage_message(&error))),
+    }
+}
+
+/// Clap's message without its `error: ` prefix; for `run` and `elect`, a tip when a
+/// word after the name looks like the command given without `--`, or the command is
+/// missing.
+fn usage_message(error: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let text = error.to_string();
+    let text = text.trim_end().trim_start_matches("error: ");
+    let command_line: Vec<String> = std::env::args().skip(1).collect();
+    let Some(subcommand) = command_line
+        .iter()
+        .find(|a| !a.starts_with('-'))
+        .filter(|sub| *sub == "run" || *sub == "elect")
+    else {
+        return text.to_owned();
+    };
+    let what = if subcommand == "elect" {
+        "ELECTION [VALUE]"
+    } else {
+        "NAME"
+    };
+    let tip = match (error.kind(), error.get(ContextKind::InvalidArg)) {
+        (ErrorKind::UnknownArgument, Some(ContextValue::String(arg))) if !arg.starts_with('-') => {
+            format!("fencelock {subcommand} [OPTIONS] {what} -- {arg} ...")
         }
+        (ErrorKind::MissingRequiredArgument, Some(ContextValue::Strings(args)))
+            if args.iter().any(|a| a.contains("COMMAND")) =>
+        {
+            format!("fencelock {subcommand} [OPTIONS] {what} -- COMMAND [ARGS]...")
+        }
+        _ => return text.to_owned(),
+    };
+    let tip = format!(
+        "tip: the command goes after `--`: {tip}\n     or is one shell command: -c 'STRING' (run with sh -c)"
+    );
+    // Before clap's closing "For more information, try '--help'.", when it has one.
+    match text.rsplit_once("\n\n") {
+        Some((body, more)) if more.starts_with("For more information") => {
+            format!("{body}\n\n{tip}\n\n{more}")
+        }
+        _ => format!("{text}\n\n{tip}"),
     }
 }

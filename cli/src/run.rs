@@ -140,9 +140,19 @@ pub async fn run_holding(args: RunArgs, grant: Grant) -> Result<u8, Failure> {
         Acquired::Held(locks, guard) => (locks, guard),
         Acquired::Interrupted(code) => return Ok(code),
     };
+    let what = grant.describe(&args.name);
+    tracing::debug!(
+        backend = guard.backend(),
+        key = guard.backend_key(),
+        token = guard.token().get(),
+        "acquired {what}"
+    );
     child::become_subreaper();
     let mut child = match spawn(&args, &guard, &grant) {
-        Ok(child) => child,
+        Ok(child) => {
+            tracing::debug!(pid = child.id(), "started the command");
+            child
+        }
         Err(failure) => {
             let _ = tokio::time::timeout(CLEANUP_TIMEOUT, guard.release()).await;
             return Err(failure);
@@ -151,7 +161,6 @@ pub async fn run_holding(args: RunArgs, grant: Grant) -> Result<u8, Failure> {
     let grace = args.kill_grace.value;
     let outcome = supervise(&mut child, &guard, &mut signals, grace, &events).await?;
     drop(locks);
-    let what = grant.describe(&args.name);
     match outcome {
         Outcome::Exited(status) => finish(guard, status, &what, &events).await,
         Outcome::Lost { reason, killed } => {
@@ -448,6 +457,7 @@ async fn finish(
 ) -> Result<u8, Failure> {
     let name = guard.name().to_owned();
     let token = guard.token();
+    tracing::debug!(%status, "the command exited; releasing {what}");
     match guard.release().await {
         Ok(()) => {
             events.released(&name);
