@@ -1,26 +1,41 @@
+// The front page is the README. Its "API at a glance" links to docs.rs, for readers on
+// GitHub and crates.io; these definitions come first, so they win here: rustdoc
+// resolves and checks them, and they point into this version's own pages.
+//! [`connect`]: connect
+//! [`connect_from_env`]: connect_from_env
+//! [`connect_config`]: connect_config
+//! [`Config`]: Config
+//! [`Config::from_url`]: Config::from_url
+//! [`Config::from_file`]: Config::from_file
+//! [`Config::from_toml_str`]: Config::from_toml_str
+//! [`SUPPORTED_SCHEMES`]: SUPPORTED_SCHEMES
+//! [`DistributedLock::acquire`]: DistributedLock::acquire
+//! [`AcquireOptions`]: AcquireOptions
+//! [`Lease`]: Lease
+//! [`Wait`]: Wait
+//! [`DistributedLockExt`]: DistributedLockExt
+//! [`LockGuard`]: LockGuard
+//! [`FencingToken`]: FencingToken
+//! [`FencedRegister`]: FencedRegister
+//! [`DEFAULT_LEASE`]: DEFAULT_LEASE
+//! [`SHORTEST_LEASE`]: SHORTEST_LEASE
+//! [`MAX_LEASE`]: MAX_LEASE
+//! [`FOREVER`]: FOREVER
+//! [`MAX_NAME_LEN`]: MAX_NAME_LEN
+//! [`Capabilities`]: Capabilities
+//! [`Requirement`]: Requirement
+//! [`Error`]: Error
+//! [`Error::is_retryable`]: Error::is_retryable
+//! [`Retry`]: Retry
+//! [`RetryPolicy`]: RetryPolicy
+//! [`MigrationLock`]: MigrationLock
+//! [`MigrationPhase`]: MigrationPhase
+//! [`migration_url`]: migration_url
+//! [`layer`]: layer
+//! [`MemoryLock`]: MemoryLock
+//! [revoke]: MemoryLock::revoke
+//! [`DistributedLock`]: DistributedLock
 #![doc = include_str!("../README.md")]
-//!
-//! ## API at a glance
-//!
-//! - Connecting: [`connect`] (a URL), [`connect_from_env`] (`FENCELOCK_URL`, then
-//!   `FENCELOCK_CONFIG`, then `mem://`), [`connect_config`] with a [`Config`]
-//!   ([`Config::from_url`], [`Config::from_file`], [`Config::from_toml_str`]);
-//!   [`SUPPORTED_SCHEMES`] lists what this build can connect to.
-//! - Locking: [`DistributedLock::acquire`] with [`AcquireOptions`] ([`Lease`], [`Wait`]),
-//!   and [`DistributedLockExt`] (`lock`, `try_lock`, `with_lock`); the [`LockGuard`] and
-//!   its [`FencingToken`]; [`FencedRegister`], a resource that checks tokens, in memory.
-//! - Limits: [`DEFAULT_LEASE`], [`SHORTEST_LEASE`], [`MAX_LEASE`], [`FOREVER`],
-//!   [`MAX_NAME_LEN`]; what a backend guarantees: [`Capabilities`], checked at start with
-//!   [`Requirement`]s.
-//! - Errors: one [`Error`] enum of stable kinds, with [`Error::is_retryable`].
-//! - Layers: [`Retry`] ([`RetryPolicy`]), `Metrics` (cargo feature `metrics`), and the
-//!   [`MigrationLock`] behind `migrate://` ([`MigrationPhase`], [`migration_url`]); see
-//!   [`layer`].
-//! - Testing: [`MemoryLock`] runs on `tokio::time` and can
-//!   [`revoke`](MemoryLock::revoke) a lock.
-//!
-//! The trait's full contract (what a guard promises, when loss is reported, cancel
-//! safety) is documented on [`DistributedLock`] and in `fencelock-core`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
