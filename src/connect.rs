@@ -163,7 +163,10 @@ fn with_metrics(
 ) -> Result<Arc<dyn DistributedLock>, Error> {
     if on || names {
         return Err(Error::InvalidConfig(
-            "metrics=true needs fencelock's cargo feature `metrics`".into(),
+            "metrics=true needs fencelock's cargo feature `metrics`, which this build does not \
+             enable: build with it (`features = [\"metrics\"]` on the fencelock dependency, or \
+             `cargo build --features metrics`)"
+                .into(),
         ));
     }
     Ok(lock)

@@ -90,7 +90,7 @@ pub enum Error {
 
     /// The scheme is known, but its backend was not compiled into this build.
     #[error(
-        "lock backend scheme {scheme:?} needs fencelock's cargo feature `{feature}`, which this build does not enable"
+        "lock backend scheme {scheme:?} needs fencelock's cargo feature `{feature}`, which this build does not enable: build with it (`features = [\"{feature}\"]` on the fencelock dependency, or `cargo build --features {feature}`)"
     )]
     BackendNotCompiled {
         /// The scheme found in the URL.
@@ -244,6 +244,11 @@ mod tests {
             feature: "etcd",
         };
         assert!(e.to_string().contains("feature `etcd`"));
+        // How to get it, not only what is missing.
+        assert!(
+            e.to_string().contains("`cargo build --features etcd`"),
+            "{e}"
+        );
         let e = Error::UnknownScheme {
             scheme: "consul".into(),
             supported: vec!["mem"],
