@@ -27,6 +27,9 @@ use args::{Cli, Command};
 use exit::{Failure, code};
 
 fn main() -> ExitCode {
+    if let Some(code) = child::guardian_main() {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
