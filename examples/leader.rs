@@ -20,7 +20,10 @@ const ELECTION: &str = "examples/scheduler-leader";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let locks = fencelock::connect_from_env().await?;
+    // FENCELOCK_URL names the backend; with nothing set this demo uses mem://, which
+    // locks inside this one process only. A service calls `connect_from_env`, which
+    // refuses to guess.
+    let locks = fencelock::connect_from_env_or_memory().await?;
     if !locks.capabilities().election {
         return Err(format!("backend {} has no leader election", locks.backend()).into());
     }
@@ -50,7 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
 
     // Instance 1 is elected on a lease it will not renew: it is about to "die".
-    let first = fencelock::connect_from_env().await?;
+    let first = fencelock::connect_from_env_or_memory().await?;
     let term = first
         .campaign(
             ELECTION,
@@ -66,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for address in ["10.0.0.2:8080", "10.0.0.3:8080"] {
         let schedule = schedule.clone();
         others.spawn(async move {
-            let locks = fencelock::connect_from_env().await?;
+            let locks = fencelock::connect_from_env_or_memory().await?;
             let term = locks
                 .campaign(ELECTION, address, AcquireOptions::new())
                 .await?;

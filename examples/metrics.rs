@@ -6,9 +6,10 @@
 //! curl -s http://127.0.0.1:9898/metrics | grep fencelock_
 //! ```
 //!
-//! The backend comes from `FENCELOCK_URL` (default `mem://`). A small workload runs
-//! forever: workers take `reports/nightly` in turn, some give up after a short wait,
-//! and now and then a fixed lease runs out under a holder, so every metric moves. The
+//! The backend comes from `FENCELOCK_URL` (`mem://` when unset, through
+//! `connect_from_env_or_memory`). A small workload runs forever: workers take
+//! `reports/nightly` in turn, some give up after a short wait, and now and then a fixed
+//! lease runs out under a holder, so every metric moves. The
 //! recorder is `metrics-exporter-prometheus` without its HTTP features; this file serves
 //! the rendered text itself from a plain thread.
 
@@ -107,8 +108,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = start_exporter(port, handle)?;
     println!("serving metrics on http://{addr}/metrics");
     // The example's two lock names are fixed, so the name label is safe here.
+    // FENCELOCK_URL names the backend; with nothing set this demo uses mem://, which
+    // locks inside this one process only. A service calls `connect_from_env`, which
+    // refuses to guess.
     let locks: Arc<dyn DistributedLock> = Arc::new(Metrics::new(
-        fencelock::connect_from_env().await?,
+        fencelock::connect_from_env_or_memory().await?,
         MetricsOptions::new().with_name_label(),
     ));
     spawn_workload(&locks, 3);

@@ -22,7 +22,10 @@ const NAME: &str = "examples/catalog";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let locks = fencelock::connect_from_env().await?;
+    // FENCELOCK_URL names the backend; with nothing set this demo uses mem://, which
+    // locks inside this one process only. A service calls `connect_from_env`, which
+    // refuses to guess.
+    let locks = fencelock::connect_from_env_or_memory().await?;
     if !locks.capabilities().rw_lock {
         return Err(format!("backend {} has no read-write locks", locks.backend()).into());
     }
@@ -41,7 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             stop.clone(),
         );
         readers.spawn(async move {
-            let locks = fencelock::connect_from_env().await?;
+            let locks = fencelock::connect_from_env_or_memory().await?;
             let mut reads = 0;
             while !stop.load(Ordering::SeqCst) {
                 let read = locks.acquire_read(NAME, AcquireOptions::new()).await?;
@@ -65,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         readers_inside.load(Ordering::SeqCst)
     );
 
-    let writer = fencelock::connect_from_env().await?;
+    let writer = fencelock::connect_from_env_or_memory().await?;
     let asked = tokio::time::Instant::now();
     let write = writer.acquire_write(NAME, AcquireOptions::new()).await?;
     writer_inside.store(true, Ordering::SeqCst);

@@ -23,7 +23,10 @@ const ITEM: &str = "seckill/SKU-8842";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let locks = fencelock::connect_from_env().await?;
+    // FENCELOCK_URL names the backend; with nothing set this demo uses mem://, which
+    // locks inside this one process only. A service calls `connect_from_env`, which
+    // refuses to guess.
+    let locks = fencelock::connect_from_env_or_memory().await?;
     println!(
         "backend: {}  ({} buyers, {STOCK} items in stock)",
         locks.backend(),
@@ -36,7 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for buyer in 0..BUYERS {
         let (stock, sold) = (stock.clone(), sold.clone());
         buyers.spawn(async move {
-            let locks = fencelock::connect_from_env().await?;
+            let locks = fencelock::connect_from_env_or_memory().await?;
             let mut mine = 0u32;
             loop {
                 let guard = locks
@@ -100,7 +103,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// token: the store refuses it.
 async fn zombie_demo(stock: &FencedRegister<u32>) -> Result<bool, Error> {
     println!();
-    let locks = fencelock::connect_from_env().await?;
+    let locks = fencelock::connect_from_env_or_memory().await?;
     let lease = locks
         .capabilities()
         .min_lease
@@ -118,7 +121,7 @@ async fn zombie_demo(stock: &FencedRegister<u32>) -> Result<bool, Error> {
     );
 
     // Stands in for an 8 s GC pause: the zombie does nothing while its lease runs out.
-    let other = fencelock::connect_from_env().await?;
+    let other = fencelock::connect_from_env_or_memory().await?;
     let restock = other
         .acquire(ITEM, AcquireOptions::new().wait_timeout(lease * 10))
         .await?;

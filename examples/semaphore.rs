@@ -22,7 +22,10 @@ const LIMIT: u32 = 3;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let locks = fencelock::connect_from_env().await?;
+    // FENCELOCK_URL names the backend; with nothing set this demo uses mem://, which
+    // locks inside this one process only. A service calls `connect_from_env`, which
+    // refuses to guess.
+    let locks = fencelock::connect_from_env_or_memory().await?;
     if !locks.capabilities().semaphore {
         return Err(format!("backend {} has no semaphores", locks.backend()).into());
     }
@@ -35,7 +38,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for worker in 0..8 {
         let (running, most) = (running.clone(), most.clone());
         workers.spawn(async move {
-            let locks = fencelock::connect_from_env().await?;
+            let locks = fencelock::connect_from_env_or_memory().await?;
             let mut tokens = Vec::new();
             for _ in 0..3 {
                 let permit = locks
@@ -62,7 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // A worker takes all 3 permits on a lease it will not renew, then "crashes".
-    let crashed = fencelock::connect_from_env().await?;
+    let crashed = fencelock::connect_from_env_or_memory().await?;
     let all = crashed
         .acquire_permits(
             NAME,

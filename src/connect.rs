@@ -238,7 +238,13 @@ async fn open_scheme(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
 }
 
 /// Connects to the backend named by the environment: the URL in `FENCELOCK_URL`, else
-/// the TOML config file whose path is in `FENCELOCK_CONFIG`, else `mem://`.
+/// the TOML config file whose path is in `FENCELOCK_CONFIG`. With neither set it is an
+/// error, never a silent in-memory lock: `mem://` excludes the tasks of one process
+/// only, so a service deployed on two hosts would run its critical section on both.
+/// `FENCELOCK_URL=mem://` asks for memory in so many words; tests and examples that want
+/// memory by default call [`connect_from_env_or_memory`].
+///
+/// An empty variable counts as unset.
 ///
 /// # Cancel safety
 ///
@@ -246,32 +252,164 @@ async fn open_scheme(url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
 ///
 /// # Errors
 ///
-/// As [`connect`] and [`Config::from_file`]; a value that is not valid Unicode is
-/// [`Error::InvalidUrl`] / [`Error::InvalidConfig`].
+/// - [`Error::InvalidConfig`] when neither `FENCELOCK_URL` nor `FENCELOCK_CONFIG` is set:
+///   the message names both, and any set variable whose name looks like a misspelling of
+///   one of them (`FENCELOCK_ULR`, `fencelock_url`).
+/// - As [`connect`] and [`Config::from_file`]; a value that is not valid Unicode is
+///   [`Error::InvalidUrl`] / [`Error::InvalidConfig`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// match fencelock::connect_from_env().await {
+///     Ok(locks) => println!("locking with {}", locks.backend()),
+///     // Neither FENCELOCK_URL nor FENCELOCK_CONFIG is set (or the backend is down).
+///     Err(e) => eprintln!("no lock backend: {e}"),
+/// }
+/// # }
+/// ```
+pub async fn connect_from_env() -> Result<Arc<dyn DistributedLock>, Error> {
+    connect_to(from_env(&process_env(), Unset::Refuse)?).await
+}
+
+/// [`connect_from_env`], but with neither `FENCELOCK_URL` nor `FENCELOCK_CONFIG` set it
+/// connects to `mem://`: for tests, examples and demos that run anywhere.
+///
+/// **Not for services.** The memory backend's locks exclude the tasks of this one
+/// process only: a service that is deployed on two hosts, or runs as two processes, and
+/// whose variable is missing or misspelled (`FENCELOCK_ULR`) runs its critical section
+/// in both at once, with no error. Production code calls [`connect_from_env`] (which
+/// refuses to guess) or [`connect`] with a URL.
+///
+/// # Cancel safety
+///
+/// As [`connect`].
+///
+/// # Errors
+///
+/// As [`connect_from_env`], except that nothing set is not one.
 ///
 /// # Examples
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock::Error> {
-/// let locks = fencelock::connect_from_env().await?;
-/// println!("locking with {}", locks.backend());
+/// let locks = fencelock::connect_from_env_or_memory().await?;
+/// println!("locking with {}", locks.backend()); // "mem" when nothing is set
 /// # Ok(()) }
 /// ```
-pub async fn connect_from_env() -> Result<Arc<dyn DistributedLock>, Error> {
-    match std::env::var(URL_VAR) {
-        Ok(url) if !url.trim().is_empty() => return connect(url.trim()).await,
-        Ok(_) | Err(std::env::VarError::NotPresent) => {}
-        Err(std::env::VarError::NotUnicode(_)) => {
+pub async fn connect_from_env_or_memory() -> Result<Arc<dyn DistributedLock>, Error> {
+    connect_to(from_env(&process_env(), Unset::Memory)?).await
+}
+
+/// What [`from_env`] does when neither variable is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unset {
+    /// An [`Error::InvalidConfig`] naming the variables read.
+    Refuse,
+    /// `mem://`.
+    Memory,
+}
+
+/// The backend the environment names.
+#[derive(Debug, PartialEq, Eq)]
+enum EnvBackend {
+    /// A URL (`FENCELOCK_URL`, or `mem://` by default).
+    Url(String),
+    /// The path of a TOML config file (`FENCELOCK_CONFIG`).
+    File(std::ffi::OsString),
+}
+
+/// The variables of an environment: each one's name and value.
+type Env = Vec<(std::ffi::OsString, std::ffi::OsString)>;
+
+fn process_env() -> Env {
+    std::env::vars_os().collect()
+}
+
+/// The backend `env` names, read before connecting (so the connect future holds no
+/// view of the environment).
+fn from_env(env: &Env, unset: Unset) -> Result<EnvBackend, Error> {
+    let set = |wanted: &str| {
+        env.iter()
+            .find(|(name, value)| name == wanted && !value.is_empty())
+            .map(|(_, value)| value.clone())
+    };
+    if let Some(url) = set(URL_VAR) {
+        let Some(url) = url.to_str() else {
             return Err(Error::InvalidUrl {
                 url: format!("${URL_VAR}"),
                 reason: "the value is not valid Unicode".into(),
             });
+        };
+        if !url.trim().is_empty() {
+            return Ok(EnvBackend::Url(url.trim().to_owned()));
         }
     }
-    match std::env::var_os(CONFIG_VAR) {
-        Some(path) if !path.is_empty() => connect_config(&Config::from_file(path)?).await,
-        _ => connect("mem://").await,
+    if let Some(path) = set(CONFIG_VAR) {
+        return Ok(EnvBackend::File(path));
     }
+    match unset {
+        Unset::Memory => Ok(EnvBackend::Url("mem://".into())),
+        Unset::Refuse => Err(no_backend(env.iter().filter_map(|(name, _)| name.to_str()))),
+    }
+}
+
+async fn connect_to(backend: EnvBackend) -> Result<Arc<dyn DistributedLock>, Error> {
+    match backend {
+        EnvBackend::Url(url) => connect(&url).await,
+        EnvBackend::File(path) => connect_config(&Config::from_file(path)?).await,
+    }
+}
+
+/// The error of [`connect_from_env`] with neither variable set: it names both, and the
+/// set variables among `names` that look like a misspelling of one.
+fn no_backend<'a>(names: impl Iterator<Item = &'a str>) -> Error {
+    let mut message = format!(
+        "no lock backend given: {URL_VAR} (a URL) and {CONFIG_VAR} (a TOML file's path) \
+         are both unset or empty; set one (FENCELOCK_URL=mem:// locks inside this one \
+         process only)"
+    );
+    let mut near: Vec<&str> = names.filter(|name| looks_like_ours(name)).collect();
+    near.sort_unstable();
+    near.dedup();
+    if !near.is_empty() {
+        message.push_str("; set but not read: ");
+        message.push_str(&near.join(", "));
+        message.push_str(" (misspelled?)");
+    }
+    Error::InvalidConfig(message)
+}
+
+/// Whether `name` is not one of the variables read but within two edits (ignoring case)
+/// of one: `FENCELOCK_ULR`, `FENCELOCK_CONFG`, `fencelock_url`, `FENCE_LOCK_URL`. The
+/// variables `fencelock run` sets for its command (`FENCELOCK_TOKEN`, `FENCELOCK_KEY`,
+/// ...) are farther off.
+fn looks_like_ours(name: &str) -> bool {
+    // Long names are no misspelling, and the distance below is quadratic in the length.
+    if name == URL_VAR || name == CONFIG_VAR || name.len() > 40 {
+        return false;
+    }
+    let name = name.to_ascii_uppercase();
+    [URL_VAR, CONFIG_VAR]
+        .iter()
+        .any(|ours| edit_distance(&name, ours) <= 2)
+}
+
+/// The Levenshtein distance of two strings, by bytes.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, x) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, y) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(x != y);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
 }
 
 fn memory(url: &str) -> Result<MemoryLock, Error> {
@@ -541,6 +679,108 @@ mod tests {
     async fn unknown_scheme_lists_what_this_build_supports() {
         let err = connect("consul://x").await.unwrap_err();
         assert!(err.to_string().contains("supports: mem"), "{err}");
+    }
+
+    fn env(vars: &[(&str, &str)]) -> Env {
+        vars.iter()
+            .map(|(n, v)| ((*n).into(), (*v).into()))
+            .collect()
+    }
+
+    fn message(result: Result<EnvBackend, Error>) -> String {
+        match result {
+            Err(Error::InvalidConfig(message)) => message,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    /// Nothing set is an error naming what was read, never a silent `mem://`; memory
+    /// only when written out, or asked for by name.
+    #[test]
+    fn from_env_refuses_to_guess() {
+        let refused = message(from_env(&env(&[("HOME", "/root")]), Unset::Refuse));
+        assert!(
+            refused.contains("FENCELOCK_URL") && refused.contains("FENCELOCK_CONFIG"),
+            "{refused}"
+        );
+        assert!(!refused.contains("misspelled"), "{refused}");
+        // Empty counts as unset.
+        let empty = env(&[("FENCELOCK_URL", ""), ("FENCELOCK_CONFIG", "")]);
+        message(from_env(&empty, Unset::Refuse));
+        assert_eq!(
+            from_env(&empty, Unset::Memory).unwrap(),
+            EnvBackend::Url("mem://".into())
+        );
+        let written = env(&[("FENCELOCK_URL", " mem:// ")]);
+        for unset in [Unset::Refuse, Unset::Memory] {
+            assert_eq!(
+                from_env(&written, unset).unwrap(),
+                EnvBackend::Url("mem://".into())
+            );
+        }
+        // The URL first, then the file.
+        let both = env(&[
+            ("FENCELOCK_CONFIG", "f.toml"),
+            ("FENCELOCK_URL", "etcd://h/p"),
+        ]);
+        assert_eq!(
+            from_env(&both, Unset::Refuse).unwrap(),
+            EnvBackend::Url("etcd://h/p".into())
+        );
+        let file = env(&[("FENCELOCK_CONFIG", "f.toml")]);
+        assert_eq!(
+            from_env(&file, Unset::Refuse).unwrap(),
+            EnvBackend::File("f.toml".into())
+        );
+    }
+
+    /// A misspelled variable is named in the error, and the variables `fencelock run`
+    /// sets for its command are not.
+    #[test]
+    fn from_env_names_misspelled_variables() {
+        let vars = env(&[
+            ("FENCELOCK_ULR", "etcd://h/p"),
+            ("fencelock_config", "f.toml"),
+            ("FENCE_LOCK_URL", "x"),
+            ("FENCELOCK_URLS", "x"),
+            ("FENCELOCK_TOKEN", "17"),
+            ("FENCELOCK_KEY", "k"),
+            ("FENCELOCK_NAME", "n"),
+            ("PATH", "/bin"),
+        ]);
+        let refused = message(from_env(&vars, Unset::Refuse));
+        for near in [
+            "FENCELOCK_ULR",
+            "fencelock_config",
+            "FENCE_LOCK_URL",
+            "FENCELOCK_URLS",
+        ] {
+            assert!(refused.contains(near), "{near}: {refused}");
+        }
+        for far in ["FENCELOCK_TOKEN", "FENCELOCK_KEY", "FENCELOCK_NAME", "PATH"] {
+            assert!(!refused.contains(far), "{far}: {refused}");
+        }
+        // The memory default still ignores them: it is the caller's explicit choice.
+        assert_eq!(
+            from_env(&vars, Unset::Memory).unwrap(),
+            EnvBackend::Url("mem://".into())
+        );
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("FENCELOCK_ULR", "FENCELOCK_URL"), 2);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("abc", "abc"), 0);
+        assert!(!looks_like_ours(&"X".repeat(10_000)));
+    }
+
+    #[tokio::test]
+    async fn env_backends_connect() {
+        let memory = connect_to(from_env(&env(&[]), Unset::Memory).unwrap()).await;
+        assert_eq!(kind(memory), "ok:mem");
+        let missing = connect_to(EnvBackend::File("/no/such/fencelock.toml".into())).await;
+        assert_eq!(kind(missing), "invalid-config");
     }
 
     #[tokio::test]

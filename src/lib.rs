@@ -3,6 +3,7 @@
 // resolves and checks them, and they point into this version's own pages.
 //! [`connect`]: connect
 //! [`connect_from_env`]: connect_from_env
+//! [`connect_from_env_or_memory`]: connect_from_env_or_memory
 //! [`connect_config`]: connect_config
 //! [`Config`]: Config
 //! [`Config::from_url`]: Config::from_url
@@ -47,7 +48,9 @@ mod redact;
 mod requirement;
 
 pub use config::Config;
-pub use connect::{SUPPORTED_SCHEMES, connect, connect_config, connect_from_env};
+pub use connect::{
+    SUPPORTED_SCHEMES, connect, connect_config, connect_from_env, connect_from_env_or_memory,
+};
 /// Layers over any lock: retry with backoff, metrics and tracing. See [`Retry`] and
 /// `Metrics` (cargo feature `metrics`).
 pub use fencelock_core::layer;
