@@ -95,7 +95,8 @@ pub(crate) async fn acquire_in(
         armed: true,
     };
     let created_at = Instant::now();
-    let (path, stat) = create_node(&session, &pending.dir, &pending.prefix_name, data).await?;
+    let (path, stat, made_dir) =
+        create_node(&session, &pending.dir, &pending.prefix_name, data).await?;
     pending.path = Some(path.clone());
     let own = &path[pending.dir.len() + 1..];
     let mut first = true;
@@ -114,9 +115,14 @@ pub(crate) async fn acquire_in(
             }
             sent
         };
-        let mut children = match retry(|| session.client.list_children(&pending.dir)).await {
-            Ok(children) => children,
-            Err(zk::Error::NoNode) => Vec::new(),
+        // With the directory's stat: whether the release may remove the directory.
+        let (mut children, alone) = match retry(|| session.client.get_children(&pending.dir)).await
+        {
+            Ok((children, dir)) => {
+                let removable = !session.root().is_empty() || made_dir == Some(dir.czxid);
+                (children, removable && dir.num_children == 1)
+            }
+            Err(zk::Error::NoNode) => (Vec::new(), false),
             Err(err) => return Err(waiting_error(name, err)),
         };
         // Only the recipes' nodes queue: another application's node in the directory
@@ -157,7 +163,8 @@ pub(crate) async fn acquire_in(
                 ));
             }
             pending.armed = false;
-            return Ok(grant(session, name, path, stat, lease, sent));
+            let dir = alone.then(|| pending.dir.clone());
+            return Ok(grant(session, name, path, stat, lease, sent, dir));
         };
         if no_wait {
             pending.delete_now().await;
@@ -211,7 +218,20 @@ pub(crate) fn grant_deadline(session: &ZkSession, lease: Lease, sent: Instant) -
 }
 
 /// Builds the guard for a granted node whose ownership was confirmed by a request sent
-/// at `sent`.
+/// at `sent`. Its release also removes `dir` if it leaves it empty (see
+/// [`Node::with_dir`]): `Some` only for a directory made by a recipe whose one child
+/// was our node when the grant listed it.
+///
+/// Made by a recipe: never an application's node. Under a lock root of its own
+/// (`zk://host/locks`) every directory is a lock's, made by fencelock or Curator as a
+/// container, which the server reaps anyway once empty. Under the root `/` the
+/// directory of lock `admin` is Kafka's `/admin`, and a client cannot tell a container
+/// from a persistent node (the server shows both with `ephemeralOwner` 0), so only the
+/// directory this acquire made itself (its czxid is the listed one) is removed; any other
+/// is left to the server's reaper. Our node alone: with a waiter (or another node) there
+/// the server would refuse the removal, at the cost of a second round trip; a node that
+/// comes after the grant costs that round trip. The directory cannot be replaced
+/// meanwhile: our node keeps it until the release.
 fn grant(
     session: Arc<ZkSession>,
     name: &str,
@@ -219,13 +239,14 @@ fn grant(
     stat: zk::Stat,
     lease: Lease,
     sent: Instant,
+    dir: Option<String>,
 ) -> LockGuard {
     let cap = fixed_cap(lease, sent);
     let liveness = Liveness::new(grant_deadline(&session, lease, sent));
     let token = FencingToken::new(stat.czxid as u64);
     let held = ZkHeld::start(
         name,
-        Node::new(session, path, stat.version),
+        Node::new(session, path, stat.version).with_dir(dir),
         liveness.clone(),
         cap,
     );
@@ -266,13 +287,19 @@ pub(crate) fn waiting_error(name: &str, err: zk::Error) -> Error {
     }
 }
 
-/// Creates the lock (or latch) node with `data`, returning its path and stat.
+/// Creates the lock (or latch) node with `data`, returning its path, its stat and the
+/// czxid of `dir` if this call made the directory.
+///
+/// A `dir` removed by a release (see [`Node::with_dir`]) between our `ensure_dir` and our
+/// create fails the create with `NoNode` (nothing was created: no place in line is lost),
+/// and the directory is made again.
 async fn create_node(
     session: &ZkSession,
     dir: &str,
     prefix_name: &str,
     data: &[u8],
-) -> Result<(String, zk::Stat), Error> {
+) -> Result<(String, zk::Stat, Option<i64>), Error> {
+    let mut made_dir = None;
     let prefix = format!("{dir}/{prefix_name}");
     let acls = session.acls();
     let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
@@ -285,15 +312,15 @@ async fn create_node(
                     let (_, stat) = retry(|| session.client.get_data(&path))
                         .await
                         .map_err(map)?;
-                    return Ok((path, stat));
+                    return Ok((path, stat, made_dir));
                 }
-                return Ok((path, stat));
+                return Ok((path, stat, made_dir));
             }
-            Err(zk::Error::NoNode) => ensure_dir(session, dir).await?,
+            Err(zk::Error::NoNode) => made_dir = ensure_dir(session, dir).await?,
             // The create may have been applied: look for the node by its uuid.
             Err(err) if connection_broke(&err) => {
-                if let Some(found) = find_own(session, dir, prefix_name).await? {
-                    return Ok(found);
+                if let Some((path, stat)) = find_own(session, dir, prefix_name).await? {
+                    return Ok((path, stat, made_dir));
                 }
             }
             Err(err) => return Err(map(err)),
@@ -302,8 +329,9 @@ async fn create_node(
 }
 
 /// Creates the lock directory as a container node (and the root above it, persistent;
-/// the directories between them, such as `{root}/%sem/{name}`, as containers).
-pub(crate) async fn ensure_dir(session: &ZkSession, dir: &str) -> Result<(), Error> {
+/// the directories between them, such as `{root}/%sem/{name}`, as containers). The czxid
+/// of `dir` when this call created it (`None`: it was there, or the answer was lost).
+pub(crate) async fn ensure_dir(session: &ZkSession, dir: &str) -> Result<Option<i64>, Error> {
     ensure_dir_with(session, dir, &[]).await
 }
 
@@ -312,7 +340,7 @@ pub(crate) async fn ensure_dir_with(
     session: &ZkSession,
     dir: &str,
     data: &[u8],
-) -> Result<(), Error> {
+) -> Result<Option<i64>, Error> {
     let acls = session.acls();
     let mut mode = zk::CreateMode::Container;
     loop {
@@ -321,7 +349,9 @@ pub(crate) async fn ensure_dir_with(
             .create(dir, data, &mode.with_acls(acls))
             .await
         {
-            Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+            // An invalid stat (servers older than 3.5) has czxid -1, no node's.
+            Ok((stat, _)) => return Ok(Some(stat.czxid)),
+            Err(zk::Error::NodeExists) => return Ok(None),
             Err(zk::Error::NoNode) if parent_below_root(session.root(), dir).is_some() => {
                 if let Some(parent) = parent_below_root(session.root(), dir) {
                     Box::pin(ensure_dir(session, parent)).await?;

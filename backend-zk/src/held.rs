@@ -38,6 +38,9 @@ pub(crate) struct Node {
     pub(crate) session: Arc<ZkSession>,
     pub(crate) path: String,
     pub(crate) version: i32,
+    /// The directory to remove together with the node when the node is its last child
+    /// (see [`Node::with_dir`]); `None`: only the node is deleted.
+    dir: Option<String>,
     /// What a delete of ours learned for good: [`PRESENT`], [`DELETED`] or
     /// [`GONE_UNCONFIRMED`]. Kept so that a repeated release answers as the first did.
     gone: AtomicU8,
@@ -70,7 +73,50 @@ impl Node {
             session,
             path,
             version,
+            dir: None,
             gone: AtomicU8::new(PRESENT),
+        }
+    }
+
+    /// The node, whose delete also removes its directory `dir` if the node is the last
+    /// child there: one multi-op of both deletes (as many round trips as the node's delete
+    /// alone). When the directory still holds another node (a waiter, an application's
+    /// node) the server refuses the whole multi-op, and the node is deleted alone.
+    ///
+    /// Without this, every lock name leaves an empty container node behind, which the
+    /// server reaps at a bounded rate (10,000 a minute by default): a service that locks
+    /// per entity would grow the server without bound. `dir` must be a container (made by
+    /// a recipe, and reaped anyway once empty), never an application's node: see
+    /// [`crate::acquire`].
+    pub(crate) fn with_dir(mut self, dir: Option<String>) -> Self {
+        self.dir = dir;
+        self
+    }
+
+    /// One delete of the node at `version`, with its directory while `with_dir` is
+    /// `Some`. `Ok(false)`: the directory was not removed with it because the multi-op
+    /// failed at the directory's delete (it still has children, or we may not delete it):
+    /// nothing was deleted, and the caller deletes the node alone.
+    async fn delete_once(
+        &self,
+        version: Option<i32>,
+        with_dir: Option<&str>,
+    ) -> Result<bool, zk::Error> {
+        let client = &self.session.client;
+        let Some(dir) = with_dir else {
+            return client.delete(&self.path, version).await.map(|()| true);
+        };
+        let mut multi = client.new_multi_writer();
+        multi.add_delete(&self.path, version)?;
+        multi.add_delete(dir, None)?;
+        match multi.commit().await {
+            Ok(_) => Ok(true),
+            Err(zk::MultiWriteError::OperationFailed { index: 0, source }) => Err(source),
+            Err(zk::MultiWriteError::OperationFailed { source, .. }) => {
+                tracing::trace!(%dir, %source, "the lock directory stays");
+                Ok(false)
+            }
+            Err(zk::MultiWriteError::RequestFailed { source }) => Err(source),
         }
     }
 
@@ -84,13 +130,14 @@ impl Node {
             GONE_UNCONFIRMED => return Ok(Deleted::Unconfirmed),
             _ => {}
         }
-        let client = &self.session.client;
         let mut retried = false;
         let mut version = Some(self.version);
+        let mut with_dir = self.dir.as_deref();
         let attempt = async {
             loop {
-                match client.delete(&self.path, version).await {
-                    Ok(()) => return Ok(Deleted::Now),
+                match self.delete_once(version, with_dir).await {
+                    Ok(true) => return Ok(Deleted::Now),
+                    Ok(false) => with_dir = None,
                     Err(zk::Error::NoNode) if retried => return Ok(Deleted::Unconfirmed),
                     Err(zk::Error::NoNode) => return Ok(Deleted::AlreadyGone),
                     // An ended session took its ephemeral nodes with it.
