@@ -357,7 +357,10 @@ impl Engine {
                 .max(refused_counter.saturating_add(1));
             let recorded = granted.iter().filter(|t| **t == token).count();
             let checked = async {
-                if recorded < self.quorum {
+                // A Redlock campaign's term lines are provisional (each instance's own
+                // answer, see `scripts::provisional_grant`): it always confirms them
+                // with the guard's token, so observers never report another token.
+                if recorded < self.quorum || (redlock && election) {
                     // The granting majority disagreed, or a refusing instance was ahead
                     // of it: make a majority remember the token before anyone relies on
                     // it.

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::config::{RedisConfig, Topology};
-use crate::election::{self, Holder};
+use crate::election::{self, Holder, Reading, Seen};
 use crate::engine::{Attempt, Engine, Granted, drift};
 use crate::held::RedisHeld;
 use crate::keys::LockKeys;
@@ -354,12 +354,13 @@ impl DistributedLock for RedisLock {
     }
 
     /// One read of the lock key (owner line, token, value and `PTTL` together), on a
-    /// quorum for Redlock.
+    /// quorum for Redlock. On Redlock a term is a leader once confirmed: while its grant
+    /// is being made (a quorum holds only its provisional lines) this is `None`.
     async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
         validate_name(election)?;
         self.check_open()?;
         let keys = self.lock_keys(election)?;
-        Ok(self.holder_of(&keys).await?.map(|h| h.leader()))
+        Ok(self.reading(&keys).await?.leader())
     }
 
     /// Subscribes to the election channel on every node, then reads the leader once and
@@ -371,6 +372,10 @@ impl DistributedLock for RedisLock {
     /// observer of a free name is not told when a plain lock takes it, and a plain
     /// lock's release is reported at the `PTTL` deadline of the observer's last read
     /// (within one lease), not when it happens.
+    ///
+    /// Only confirmed terms are reported, each once, with the leader's own token, in
+    /// the order of the terms (see the crate's `election` module): on Redlock, a term is
+    /// reported once a majority holds its confirmed line.
     async fn observe(&self, election: &str) -> Result<LeaderChanges, Error> {
         validate_name(election)?;
         self.check_open()?;
@@ -384,9 +389,9 @@ impl DistributedLock for RedisLock {
                 .map(|s| s.subscribe(&keys.election, wake.clone())),
         )
         .await;
-        let first = self.holder_of(&keys).await?;
+        let first = self.reading(&keys).await?;
         let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let _ = changes.send(Ok(first.as_ref().map(Holder::leader)));
+        let _ = changes.send(Ok(first.leader()));
         let stop = self.engine.closed.child_token();
         self.engine.runtime.spawn(election::follow(
             self.clone(),
@@ -509,10 +514,17 @@ impl DistributedLock for RedisLock {
 }
 
 impl RedisLock {
-    /// The holder a quorum of nodes agrees on, if any: one read of the lock key and its
-    /// `PTTL` (and the counter, a plain lock's token) per node. A campaign's term is read
-    /// from the lock key itself, value and token with the owner.
+    /// The holder a quorum of nodes agrees on, if any (see [`Self::reading`]); a term
+    /// being granted (not yet confirmed) is a holder here, as it holds the name.
     pub(crate) async fn holder_of(&self, keys: &LockKeys) -> Result<Option<Holder>, Error> {
+        Ok(self.reading(keys).await?.holder())
+    }
+
+    /// One read of the lock key and its `PTTL` (and the counter, a plain lock's token) per
+    /// node, decided by [`election::decide`]: a holder is an owner a quorum agrees on,
+    /// and a campaign's term (read from the lock key itself, value and token with the
+    /// owner) is confirmed only when a quorum holds its confirmed line.
+    pub(crate) async fn reading(&self, keys: &LockKeys) -> Result<Reading, Error> {
         let mut invocation = scripts::INSPECT.prepare_invoke();
         invocation.key(&keys.lock).key(&keys.token);
         let replies = join_all(
@@ -522,7 +534,7 @@ impl RedisLock {
                 .map(|n| n.invoke::<Value>(&invocation)),
         )
         .await;
-        let mut seen: Vec<Holder> = Vec::new();
+        let mut seen: Vec<Seen> = Vec::new();
         let mut answered = 0;
         let mut first_error = None;
         for reply in replies {
@@ -532,12 +544,11 @@ impl RedisLock {
                     if let [stored, Value::Int(pttl), counter] = items.as_slice() {
                         if let Some(stored) = text(stored) {
                             let (owner, term) = election::parse(&stored);
-                            let counter = text(counter).and_then(|c| c.parse().ok()).unwrap_or(0);
-                            seen.push(Holder {
+                            seen.push(Seen {
                                 owner: owner.to_owned(),
-                                token: term.map_or(counter, |(token, _)| token),
+                                term: term.map(|t| (t.token, t.value.to_owned(), t.confirmed)),
+                                counter: text(counter).and_then(|c| c.parse().ok()).unwrap_or(0),
                                 remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
-                                value: term.map(|(_, value)| value.to_owned()),
                             });
                         }
                     }
@@ -551,17 +562,12 @@ impl RedisLock {
                 first_error.unwrap_or_else(|| Error::unavailable(BACKEND, "no quorum answered"))
             );
         }
-        let holder = seen.iter().find_map(|first| {
-            let same: Vec<_> = seen.iter().filter(|h| h.owner == first.owner).collect();
-            (same.len() >= self.engine.quorum).then(|| Holder {
-                owner: first.owner.clone(),
-                token: same.iter().map(|h| h.token).max().unwrap_or(0),
-                // The earliest expiry of the agreeing nodes (`None` only if none expires).
-                remaining: same.iter().filter_map(|h| h.remaining).min(),
-                value: first.value.clone(),
-            })
-        });
-        Ok(holder)
+        Ok(election::decide(
+            &seen,
+            answered,
+            self.engine.nodes.len(),
+            self.engine.quorum,
+        ))
     }
 }
 

@@ -198,6 +198,10 @@ enum Granted {
     Lock,
     /// Stores the term in the lock key and publishes it, then returns it.
     Campaign,
+    /// Redlock: stores the term in the lock key marked provisional (this instance's own
+    /// answer, not yet the guard's token), publishes nothing, and returns it. See
+    /// [`provisional_grant`].
+    Provisional,
 }
 
 impl Granted {
@@ -205,6 +209,7 @@ impl Granted {
         match self {
             Granted::Lock => format!("return {{1, {tok}}}"),
             Granted::Campaign => campaign_grant(tok),
+            Granted::Provisional => provisional_grant(tok),
         }
     }
 }
@@ -218,6 +223,24 @@ fn campaign_grant(tok: &str) -> String {
     format!(
         r"redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. {tok} .. '\n' .. ARGV[7], 'KEEPTTL')
   redis.call('PUBLISH', ARGV[6], '1')
+  return {{1, {tok}}}"
+    )
+}
+
+/// A Redlock campaign's grant on one instance: the lock key becomes
+/// `owner \n ? token \n value` (keeping its expiry), where `token` is this instance's
+/// own answer, marked provisional by the `?`. The guard's token is decided by the client
+/// from every instance's answer (the highest granted, or one more than a refusing
+/// instance's counter), so an instance cannot know it: a majority of instances may agree
+/// on an answer lower than the guard's token. The client then writes the confirmed term
+/// line (`owner \n token \n value`, the guard's token) with [`RAISE_TOKEN`] on every
+/// instance still holding the owner, and publishes it, before the guard is handed out;
+/// observers report a term only when a majority holds the same confirmed line (see the
+/// crate's `election` module). Nothing is published here: an observer woken now could
+/// only find the term unconfirmed.
+fn provisional_grant(tok: &str) -> String {
+    format!(
+        r"redis.call('SET', KEYS[1], ARGV[1] .. '\n?' .. {tok} .. '\n' .. ARGV[7], 'KEEPTTL')
   return {{1, {tok}}}"
     )
 }
@@ -316,9 +339,10 @@ pub(crate) static ACQUIRE_PROPOSED: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(&acquire_proposed(Granted::Lock, RESENT)));
 
 /// [`ACQUIRE_PROPOSED`] for a campaign: KEYS and ARGV as there, then the election
-/// channel and the leader's value (as in [`CAMPAIGN`]).
+/// channel and the leader's value (as in [`CAMPAIGN`]). The term line it writes is
+/// provisional (see [`provisional_grant`]); the client confirms it with [`RAISE_TOKEN`].
 pub(crate) static CAMPAIGN_PROPOSED: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(&acquire_proposed(Granted::Campaign, RESENT_TERM)));
+    LazyLock::new(|| Lua::new(&acquire_proposed(Granted::Provisional, RESENT_TERM)));
 
 /// The text of Redlock's acquire script (see [`ACQUIRE_PROPOSED`]).
 fn acquire_proposed(granted: Granted, resent: &str) -> String {
@@ -343,10 +367,12 @@ end
 /// campaign the owner, the leader's value and the election channel. Raises the counter
 /// to at least `token` (Redlock: makes a majority remember the highest token granted).
 ///
-/// A campaign's term line (see [`campaign_grant`]) was written with this instance's own
-/// answer: where the lock key still holds our owner line, it is rewritten with the
-/// guard's token (keeping its expiry) and published, so observers, who read the term
-/// line, report the token the leader's guard holds.
+/// A Redlock campaign's term line was written provisional, with this instance's own
+/// answer (see [`provisional_grant`]): where the lock key still holds our owner line, it
+/// is rewritten confirmed with the guard's token (keeping its expiry) and published, so
+/// observers, who report only a term a majority holds confirmed, report the token the
+/// leader's guard holds. Every Redlock campaign sends this before its guard is handed
+/// out, also when the instances agreed on the token.
 pub(crate) static RAISE_TOKEN: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"

@@ -3,7 +3,8 @@
 //! the lock key (and goes with it on release, revocation and expiry, and is renewed with
 //! it); a plain lock's layout is unchanged; on Cluster everything of a term is in the
 //! lock key's slot (and a raw name that cannot have it so is refused); observers stop
-//! when dropped and report a closed client.
+//! when dropped and report a closed client; on Redlock, a term is reported only once a
+//! majority holds it confirmed, with the guard's token.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -338,4 +339,146 @@ async fn raw_names_whose_keys_cannot_share_a_slot_are_invalid_on_a_cluster() {
         .await
         .expect("the odd name's semaphore");
     permit.release().await.unwrap();
+}
+
+/// Three Redlock instances, started once for this file's Redlock tests.
+fn redlock() -> &'static [RedisServer] {
+    static SERVERS: OnceLock<Vec<RedisServer>> = OnceLock::new();
+    SERVERS.get_or_init(|| (0..3).map(|_| RedisServer::start()).collect())
+}
+
+fn redlock_url() -> String {
+    let hosts: Vec<String> = redlock().iter().map(RedisServer::addr).collect();
+    format!("redlock://{}", hosts.join(","))
+}
+
+/// Every reported leader until (and with) the one whose value is `value`, skipping
+/// "nobody leads".
+async fn reported_until(changes: &mut LeaderChanges, value: &str) -> Vec<Leader> {
+    let mut reported = Vec::new();
+    loop {
+        if let Some(leader) = next(changes, Duration::from_secs(10)).await {
+            let done = leader.value == value;
+            reported.push(leader);
+            if done {
+                return reported;
+            }
+        }
+    }
+}
+
+/// Issue 35, item 2, made to happen at every term: the third Redlock instance is held by
+/// someone else with its counter far ahead of the clocks, so the two granting instances
+/// answer the candidate's proposal while the guard's token is one more than that
+/// counter, written back after the grant. Before, an observer reading between the grant
+/// and that write reported the term with the proposal (a token the leader never had),
+/// then again with the guard's. Now every term is reported once, with the guard's token,
+/// and `leader()` names that token too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_observers_report_the_guards_token_when_an_instance_is_ahead() {
+    let servers = redlock();
+    let url = redlock_url();
+    let (candidate, observer) = (locks(&url).await, locks(&url).await);
+    let election = unique("redlock-ahead");
+    let key = format!("fencelock:{{{election}}}");
+    let mut third = raw(&servers[2]).await;
+    let () = third.set_ex(&key, "someone else's lock", 60).await.unwrap();
+    let mut changes = observer.observe(&election).await.unwrap();
+    assert_eq!(next(&mut changes, Duration::from_secs(5)).await, None);
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    for n in 0..30u64 {
+        // The third instance's counter is ahead of every proposal, and of the last term.
+        let ahead = now_us + 1_000_000_000 * (n + 1);
+        let () = third
+            .set_ex(format!("{key}:token"), ahead, 600)
+            .await
+            .unwrap();
+        let value = format!("term-{n}");
+        let term = candidate
+            .campaign(&election, &value, AcquireOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(term.token().get(), ahead + 1, "the guard's token");
+        let reported = reported_until(&mut changes, &value).await;
+        assert_eq!(
+            reported,
+            [Leader::new(value.clone(), term.token())],
+            "term {n}: reported otherwise than once with the guard's token"
+        );
+        assert_eq!(
+            observer.leader(&election).await.unwrap(),
+            Some(Leader::new(value, term.token()))
+        );
+        term.release().await.unwrap();
+    }
+}
+
+/// A Redlock grant caught before it is confirmed: a majority of instances hold the
+/// candidate's provisional term lines (each instance's own answer, `?` before the token),
+/// so `leader()` names nobody and an observer reports nothing; once a majority holds the
+/// confirmed line (the guard's token) and it is published, the observer reports it, with
+/// that token, and `leader()` names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_reports_a_term_only_once_a_majority_holds_it_confirmed() {
+    let servers = redlock();
+    let observer = locks(&redlock_url()).await;
+    let election = unique("redlock-provisional");
+    let key = format!("fencelock:{{{election}}}");
+    let channel = format!("{key}:election");
+    let owner = "0123456789abcdef0123456789abcdef:1";
+    let mut conns = Vec::new();
+    for server in servers {
+        conns.push(raw(server).await);
+    }
+    let mut changes = observer.observe(&election).await.unwrap();
+    assert_eq!(next(&mut changes, Duration::from_secs(5)).await, None);
+    for conn in &mut conns[..2] {
+        let () = conn
+            .set_ex(&key, format!("{owner}\n?673\np1"), 60)
+            .await
+            .unwrap();
+        let () = conn.set_ex(format!("{key}:token"), 673, 600).await.unwrap();
+    }
+    let () = conns[2]
+        .set_ex(&key, "the previous leader's key", 60)
+        .await
+        .unwrap();
+    let () = conns[2]
+        .set_ex(format!("{key}:token"), 948, 600)
+        .await
+        .unwrap();
+    for conn in &mut conns {
+        let _: i64 = conn.publish(&channel, "1").await.unwrap();
+    }
+    assert_eq!(observer.leader(&election).await.unwrap(), None);
+    let holder = observer.inspect(&election).await.unwrap().holder;
+    assert_eq!(holder.map(|h| h.owner), Some(owner.to_owned()), "held");
+    // Confirmed on one instance only: still nobody.
+    let () = conns[0]
+        .set_ex(&key, format!("{owner}\n949\np1"), 60)
+        .await
+        .unwrap();
+    let _: i64 = conns[0].publish(&channel, "1").await.unwrap();
+    assert_eq!(observer.leader(&election).await.unwrap(), None);
+    // On a majority.
+    let () = conns[1]
+        .set_ex(&key, format!("{owner}\n949\np1"), 60)
+        .await
+        .unwrap();
+    let _: i64 = conns[1].publish(&channel, "1").await.unwrap();
+    let expected = Leader::new("p1", fencelock_core::FencingToken::new(949));
+    assert_eq!(
+        next(&mut changes, Duration::from_secs(5)).await,
+        Some(expected.clone()),
+        "the first report is the confirmed term"
+    );
+    assert_eq!(observer.leader(&election).await.unwrap(), Some(expected));
+    for conn in &mut conns {
+        let _: i64 = conn.del(&key).await.unwrap();
+        let _: i64 = conn.publish(&channel, "0").await.unwrap();
+    }
+    assert_eq!(next(&mut changes, Duration::from_secs(5)).await, None);
 }
