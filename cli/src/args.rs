@@ -11,7 +11,7 @@ use crate::duration::{self, DurationArg};
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0        success (run: the command's own status is passed through;
+  0        success (run, elect: the command's own status is passed through;
            a command killed by signal N gives 128+N)
   64       bad usage: option, duration, URL, scheme, lock name, lease, or a
            requirement not met
@@ -19,13 +19,18 @@ Exit codes:
   70       internal error (bench: a scale workload's check failed)
   74       standard output could not be written (a closed pipe, a full disk)
   75       not acquired: someone else holds the lock (within --wait, or at once
-           with -n), or the URL's max_waiters= limit is full; run and hold:
-           -E CODE changes it
-  76       run, hold: the lock was lost while held (run: the command was
-           stopped), or found lost at release
-  126/127  run: the command could not be executed / was not found
-  128+N    run, hold: signal N (SIGINT, SIGTERM, SIGHUP) arrived while waiting
-           for the lock";
+           with -n), the semaphore's permits are taken, not elected, or the URL's
+           max_waiters= limit is full; run, elect and hold: -E CODE changes it
+  76       run, elect, hold: the lock (permits, leadership) was lost while held
+           (run, elect: the command was stopped), or found lost at release
+  126/127  run, elect: the command could not be executed / was not found
+  128+N    run, elect, hold: signal N (SIGINT, SIGTERM, SIGHUP) arrived while waiting
+           for the lock
+
+Environment:
+  FENCELOCK_URL, FENCELOCK_CONFIG  the backend when --url and --config are not given
+  RUST_LOG  what is logged on stderr (EnvFilter syntax, e.g. debug); default warn,
+            so a lost lock is always logged (error with -q, nothing with --json)";
 
 /// Distributed locks with fencing tokens over etcd, ZooKeeper, Redis and memory.
 #[derive(Debug, Parser)]
@@ -758,5 +763,60 @@ mod tests {
         }
         let cli = Cli::try_parse_from(["fencelock", "run", "--timeout", "250ms", "j", "-c", "x"]);
         assert!(cli.is_ok(), "--timeout is an alias of --wait");
+        for flag in ["--command", "--shell"] {
+            let cli = Cli::try_parse_from(["fencelock", "run", flag, "echo hi", "job"]).unwrap();
+            let Command::Run(run) = cli.command else {
+                panic!("not run")
+            };
+            assert_eq!(run.shell.as_deref(), Some("echo hi".as_ref()), "{flag}");
+        }
+    }
+
+    #[test]
+    fn permits_are_n_of_limit() {
+        let ok = |text: &str| parse_permits(text).map(|p| (p.count(), p.limit()));
+        assert_eq!(ok("1/3"), Ok((1, 3)));
+        assert_eq!(ok(" 3 / 3 "), Ok((3, 3)));
+        for bad in [
+            "0/3",
+            "4/3",
+            "1/0",
+            "0/0",
+            "3",
+            "",
+            "/",
+            "1/",
+            "a/3",
+            "1/3/5",
+            "-1/3",
+            "1/4294967296",
+        ] {
+            assert!(parse_permits(bad).is_err(), "{bad:?}");
+        }
+        let cli = Cli::try_parse_from(["fencelock", "run", "--permits", "2/5", "j", "--", "true"]);
+        let Command::Run(run) = cli.unwrap().command else {
+            panic!("not run")
+        };
+        assert_eq!(run.permits, Some(Permits::new(2, 5).unwrap()));
+    }
+
+    #[test]
+    fn elect_takes_an_optional_value_before_the_command() {
+        let cli = Cli::try_parse_from(["fencelock", "elect", "e", "v", "--", "ls"]).unwrap();
+        let Command::Elect(elect) = cli.command else {
+            panic!("not elect")
+        };
+        assert_eq!(
+            (elect.election.as_str(), elect.value()),
+            ("e", "v".to_owned())
+        );
+        let cli = Cli::try_parse_from(["fencelock", "elect", "-c", "true", "e"]).unwrap();
+        let Command::Elect(elect) = cli.command else {
+            panic!("not elect")
+        };
+        assert!(elect.value().ends_with(&format!(":{}", std::process::id())));
+        let run = elect.into_run();
+        assert_eq!((run.name.as_str(), run.permits), ("e", None));
+        assert!(Cli::try_parse_from(["fencelock", "elect", "e", "v"]).is_err());
     }
 }
