@@ -2,12 +2,14 @@
 //! campaigning, the same protocol with Curator's `LeaderLatch` node name.
 //!
 //! 1. Create `{dir}/_c_<uuid>-lock-` (`-latch-` for a campaign, with the candidate's
-//!    value as data) EPHEMERAL_SEQUENTIAL (creating the container `dir`
-//!    and the persistent root on `NoNode`). On connection loss, look for a child with our
-//!    uuid (ZOOKEEPER-1262) and adopt it, or create again.
+//!    value as data) EPHEMERAL_SEQUENTIAL, together with the container `dir` in one
+//!    multi-op (the last release removed it: see [`Node::with_dir`]); in an existing `dir`
+//!    alone (creating the persistent root on `NoNode`). On connection loss, look for a
+//!    child with our uuid (ZOOKEEPER-1262) and adopt it, or create again.
 //! 2. List the children, sort them by sequence. First → granted, with the node's czxid
 //!    as the token. Otherwise watch only the immediate predecessor (`getData` watch) and
-//!    list again when it changes. Uncontended: two round trips. A node of the other
+//!    list again when it changes. Uncontended: two round trips (and one for the
+//!    release, which also removes `dir` when it leaves it empty). A node of the other
 //!    recipe before ours (a lock in an election's directory or the reverse) makes us
 //!    give up with an error: see [`mixed_recipes`].
 //!
@@ -119,7 +121,9 @@ pub(crate) async fn acquire_in(
         let (mut children, alone) = match retry(|| session.client.get_children(&pending.dir)).await
         {
             Ok((children, dir)) => {
-                let removable = !session.root().is_empty() || made_dir == Some(dir.czxid);
+                let removable = !session.root().is_empty()
+                    || dir.czxid == stat.czxid
+                    || made_dir == Some(dir.czxid);
                 (children, removable && dir.num_children == 1)
             }
             Err(zk::Error::NoNode) => (Vec::new(), false),
@@ -303,10 +307,19 @@ async fn create_node(
     let prefix = format!("{dir}/{prefix_name}");
     let acls = session.acls();
     let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
+    let mut with_dir = true;
     loop {
-        match session.client.create(&prefix, data, &options).await {
-            Ok((stat, sequence)) => {
-                let path = format!("{prefix}{sequence}");
+        let created = if std::mem::take(&mut with_dir) {
+            create_with_dir(session, dir, &prefix, data, &options).await
+        } else {
+            session
+                .client
+                .create(&prefix, data, &options)
+                .await
+                .map(|(stat, sequence)| (format!("{prefix}{sequence}"), stat))
+        };
+        match created {
+            Ok((path, stat)) => {
                 if stat.is_invalid() {
                     // Servers older than 3.5 return no stat from create.
                     let (_, stat) = retry(|| session.client.get_data(&path))
@@ -316,6 +329,8 @@ async fn create_node(
                 }
                 return Ok((path, stat, made_dir));
             }
+            // From `create_with_dir`: the directory is there, create in it.
+            Err(zk::Error::NodeExists) => {}
             Err(zk::Error::NoNode) => made_dir = ensure_dir(session, dir).await?,
             // The create may have been applied: look for the node by its uuid.
             Err(err) if connection_broke(&err) => {
@@ -325,6 +340,39 @@ async fn create_node(
             }
             Err(err) => return Err(map(err)),
         }
+    }
+}
+
+/// Creates `dir` (a container) and our node in it in one multi-op: the usual case once
+/// the last release removed the directory, in the round trip a create alone takes. The
+/// node's czxid is then the directory's (one transaction), which is how the grant knows
+/// the directory is this acquire's. `NodeExists` when the directory is there (nothing
+/// was created), `NoNode` when its parent is missing (or the server has no containers).
+async fn create_with_dir(
+    session: &ZkSession,
+    dir: &str,
+    prefix: &str,
+    data: &[u8],
+    options: &zk::CreateOptions<'_>,
+) -> Result<(String, zk::Stat), zk::Error> {
+    let mut multi = session.client.new_multi_writer();
+    multi.add_create(
+        dir,
+        &[],
+        &zk::CreateMode::Container.with_acls(session.acls()),
+    )?;
+    multi.add_create(prefix, data, options)?;
+    let results = match multi.commit().await.map_err(zk::Error::from) {
+        Ok(results) => results,
+        // A server without containers: `ensure_dir` makes a persistent directory.
+        Err(zk::Error::Unimplemented) => return Err(zk::Error::NoNode),
+        Err(err) => return Err(err),
+    };
+    match results.into_iter().nth(1) {
+        Some(zk::MultiWriteResult::Create { path, stat }) => Ok((path, stat)),
+        _ => Err(zk::Error::UnexpectedError(
+            "a multi-op of two creates answered without the second".into(),
+        )),
     }
 }
 

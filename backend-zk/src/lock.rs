@@ -38,7 +38,9 @@ use crate::transport::Transport;
 ///   when the session could not be confirmed for `session_timeout` (local monotonic
 ///   deadline), or when its node is deleted by someone else.
 /// - **Release** deletes the node: `Ok` when our delete removed it, [`Error::Lost`] when
-///   it was gone already. A delete whose connection broke before its answer came is sent
+///   it was gone already. The directory goes in the same multi-op when the node was its
+///   last child (under the root `/`, only a directory the acquire made itself), so many
+///   distinct names do not pile up empty containers on the server. A delete whose connection broke before its answer came is sent
 ///   again on the next connection; if that one finds the node gone, our first delete may
 ///   have removed it or someone else may have (ZooKeeper does not say who), and the
 ///   release answers [`Error::Unavailable`]: the lock is free, but whether it was held
