@@ -191,6 +191,7 @@ mod guardian {
     use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
     use std::process::{ExitCode, ExitStatus};
 
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
     use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, kill, sigprocmask};
     use nix::unistd::{Pid, getppid};
 
@@ -210,6 +211,8 @@ mod guardian {
         // ignored disposition would be inherited across exec, while the mask is emptied
         // for the command before it executes (below).
         let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), None);
+        // `fencelock` in `ps` and `top`, not `exe` (it was started as /proc/self/exe).
+        let _ = nix::sys::prctl::set_name(c"fencelock");
         let Some((parent, status, argv)) = parse(args) else {
             eprintln!("fencelock: {} is fencelock's own", super::GUARDIAN_ARG);
             return ExitCode::from(code::USAGE);
@@ -217,6 +220,11 @@ mod guardian {
         // SAFETY: fencelock passed this descriptor, the pipe's write end, for this
         // process alone; nothing else here owns it.
         let status = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(status) });
+        // Not the command's: fencelock reads the pipe until every write end is closed,
+        // which must be when the guardian closes its own after starting the command.
+        if fcntl(&status, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).is_err() {
+            return ExitCode::from(code::INTERNAL);
+        }
         // fencelock died before the guardian started: its parent-death signal may have
         // come before the guardian could block it. Start nothing.
         if getppid() != parent {

@@ -218,3 +218,16 @@ fn the_guardian_argument_alone_is_a_usage_error() {
     let out = output(fencelock().args(["__fencelock-guardian", "x"]));
     assert_code(&out, USAGE);
 }
+
+/// fencelock goes on as soon as the command started, not when it ends: the pipe on
+/// which the guardian reports a failure to start is not the command's (a command that
+/// kept it open would keep fencelock from handling signals or a loss while it runs).
+#[test]
+fn fencelock_goes_on_while_the_command_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (running, pid) = run_sleeper("started", dir.path());
+    signal(running.pid(), Signal::SIGTERM);
+    let out = running.wait(Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert!(gone_within(pid, Duration::from_secs(5)));
+}
