@@ -212,12 +212,27 @@ pub async fn acquire(
     // Counted before connecting: the connection's own tasks end when it is dropped, and
     // what is then left is the clean-up of a failed acquire.
     let tasks_before = alive_tasks();
+    // `--wait` bounds the whole command, connecting included (the connect timeout still
+    // applies when it is shorter); what connecting used is taken off the acquire's wait.
+    // `-n` / `--wait 0` do not wait for the lock, but connecting gets its connect timeout.
+    let started = tokio::time::Instant::now();
+    let limit = wait_limit(wait);
     let locks = tokio::select! {
-        locks = crate::backend::connect(url, false) => locks?,
+        locks = crate::backend::connect_within(url, false, limit) => locks?,
         signal = signals.recv() => return Ok(Acquired::Interrupted(signals::exit_code(signal))),
     };
+    let options = match limit {
+        // At least a millisecond: a wait used up by connecting still makes one try (its
+        // round trips are bounded by the backend's grace), reported as a timeout.
+        Some((limit, _)) => options(wait).wait(Wait::Timeout(
+            limit
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1)),
+        )),
+        None => options(wait),
+    };
     let acquired = tokio::select! {
-        guard = grant.take(&*locks, name, options(wait)) => guard.map_err(|e| not_acquired(e, &grant.describe(name), wait)),
+        guard = grant.take(&*locks, name, options) => guard.map_err(|e| not_acquired(e, &grant.describe(name), wait)),
         signal = signals.recv() => Err(Failure::new(signals::exit_code(signal), format!("interrupted by {signal} while waiting for the lock"))),
     };
     match acquired {
@@ -261,6 +276,18 @@ pub async fn settle(before: usize) {
     let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
     while alive_tasks() > before && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The user's `--wait`, when it is a limit (not `-n`, `--wait 0` or no `--wait`), with
+/// its text as written.
+fn wait_limit(args: &WaitArgs) -> Option<(Duration, &(dyn std::fmt::Display + Sync))> {
+    match &args.wait {
+        _ if args.nonblock => None,
+        Some(wait) if !wait.value.is_zero() => {
+            Some((wait.value, wait as &(dyn std::fmt::Display + Sync)))
+        }
+        _ => None,
     }
 }
 
