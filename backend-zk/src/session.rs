@@ -3,19 +3,17 @@
 //! A session's heartbeats are the renewal of every lock created in it. Each session has
 //! one monitor task that
 //!
-//! - sends a `sync` and a tiny read (`exists /`) every eighth of the session timeout
+//! - sends a `sync` and a tiny read (`exists /`) every quarter of the session timeout
 //!   and, when both are answered, moves the deadline of every lock of the session to
-//!   *anchor + session timeout − drift margin*, where the anchor is the send time of the
-//!   latest probe whose answer came at least [`report_delay`] (a leader ping period
-//!   plus scheduling slack) before this probe was sent: the leader has surely heard of
-//!   that probe (a follower reports touches to the leader only at the leader's next
-//!   ping, so the latest probe may not have reached it when a partition starts), so it
-//!   cannot expire the session (and delete the nodes) before that deadline; a plain read
-//!   alone could be answered by a follower cut off from the leader, hence the `sync`
-//!   (see [`ZkSession::anchor`] for the argument and its arithmetic);
-//! - marks every lock *at risk* while the client is disconnected or a probe is
-//!   overdue (unanswered a quarter of the timeout after it was sent), and clears the
-//!   mark at the next answered probe;
+//!   *send time of the previous answered probe + session timeout − margin* (2 % of the
+//!   timeout plus 50 ms for late leader pings: [`deadline_margin`]): the leader
+//!   has surely heard from the session by then (a follower reports touches to the leader
+//!   only at the leader's next ping, so the latest probe may not have reached it when a
+//!   partition starts), so it cannot expire the session (and delete the nodes) before
+//!   that deadline; a plain read alone could be answered by a follower cut off from the
+//!   leader, hence the `sync`;
+//! - marks every lock *at risk* while the client is disconnected, and clears the mark on
+//!   reconnection;
 //! - marks every lock *lost* when the session expires, is closed or fails to
 //!   authenticate.
 //!
@@ -41,6 +39,30 @@ use crate::error::{BACKEND, map, session_ended};
 use crate::transport::Transport;
 use crate::watcher::{Tracked, Watcher};
 
+/// What the leader's ping loop and scheduling may add to its ping period (half a tick):
+/// see [`deadline_margin`].
+pub(crate) const PING_SLACK: Duration = Duration::from_millis(50);
+
+/// How much earlier than `anchor + timeout` a session's deadline is: 2 % of the timeout
+/// for clock-rate differences between client and server, plus [`PING_SLACK`] for the
+/// leader's pings coming later than every half tick.
+///
+/// The anchor is the older of the last two answered probes, sent at least a quarter of
+/// the timeout before the later one (see [`ZkSession::anchor`]). The leader hears of a
+/// probe at the first ping after it reached the follower; the later probe's `sync` went
+/// through the leader after the last ping the follower handled before it, so the leader
+/// has heard of the older probe, or else of the one before it no earlier than
+/// (later probe − ping interval). With pings every half tick, at most a quarter of the
+/// timeout (the timeout is at least two ticks), that is no earlier than the older
+/// probe; pings that come late by the leader loop's own time, a pause or scheduling
+/// delays move it earlier by that much, which the slack covers. At the minimum session
+/// timeout (two ticks: 1 s with a `tickTime` of 500 ms) the probes are exactly one ping
+/// period (250 ms) apart: the margin is 20 + 50 = 70 ms (it was the 20 ms drift margin
+/// alone); at 2 s, 40 + 50 = 90 ms.
+pub(crate) fn deadline_margin(timeout: Duration) -> Duration {
+    timeout / 50 + PING_SLACK
+}
+
 /// One ZooKeeper session and the locks held in it.
 pub(crate) struct ZkSession {
     pub(crate) client: zk::Client,
@@ -57,87 +79,14 @@ pub(crate) struct ZkSession {
     /// there or refused here.
     given_up: AtomicBool,
     next_id: AtomicU64,
-    /// The anchor and the answered probes that may become it: see
+    /// Send times of the last two answered probes (older, latest): see
     /// [`anchor`](Self::anchor).
-    confirmed: Mutex<Confirmed>,
+    confirmed: Mutex<(Instant, Instant)>,
     /// The waiting lines of this session's tasks, by directory: one node per waiting
     /// (session, name), the other tasks wait locally (see [`fencelock_core::line`]).
     pub(crate) lines: Arc<fencelock_core::line::Lines>,
     /// Watches the nodes of the locks held on this session.
     watcher: Arc<Watcher>,
-}
-
-/// The most answered probes kept waiting to become the anchor (normally three are: the
-/// anchor is the probe three before the latest); when more are, the oldest is dropped,
-/// which only keeps the anchor older than it could be.
-const PENDING_PROBES: usize = 8;
-
-/// The probes a session's deadline runs from.
-struct Confirmed {
-    /// The send time of the latest probe the leader has surely heard of (or the
-    /// session's creation).
-    anchor: Instant,
-    /// Answered probes sent after `anchor`, oldest first: (sent, answered).
-    pending: std::collections::VecDeque<(Instant, Instant)>,
-}
-
-impl Confirmed {
-    fn new(created: Instant) -> Self {
-        Confirmed {
-            anchor: created,
-            pending: std::collections::VecDeque::with_capacity(PENDING_PROBES),
-        }
-    }
-
-    /// Records a probe sent at `sent` and answered at `answered`; every earlier probe
-    /// answered at least `report_delay` before `sent` has reached the leader, and the
-    /// latest of them becomes the anchor. Returns the anchor.
-    fn answered(&mut self, sent: Instant, answered: Instant, report_delay: Duration) -> Instant {
-        while let Some(&(earlier_sent, earlier_answered)) = self.pending.front() {
-            if earlier_answered + report_delay > sent {
-                break;
-            }
-            self.anchor = self.anchor.max(earlier_sent);
-            self.pending.pop_front();
-        }
-        if self.pending.len() == PENDING_PROBES {
-            self.pending.pop_front();
-        }
-        self.pending.push_back((sent, answered));
-        self.anchor
-    }
-}
-
-/// How often a session is probed: every eighth of its timeout. With [`report_delay`] at
-/// 0.3 × the timeout, the probe three before the latest (sent 0.375 × the timeout
-/// earlier) is the anchor whenever it was answered within 0.075 × the timeout; the
-/// deadline is then 0.605 × the timeout after the latest probe was sent, so a server
-/// stall or a cut that begins just before a probe costs no loss up to 0.48 × the timeout
-/// (0.4 × is F5's and F21's; the same as with the earlier quarter-timeout probes). A
-/// fifth would leave 0.38 ×: the anchor would be two probes (0.4 ×) back, and the
-/// deadline 0.58 × after the latest.
-pub(crate) fn probe_interval(timeout: Duration) -> Duration {
-    timeout / 8
-}
-
-/// When a probe still unanswered counts as overdue and marks the locks at risk: a
-/// quarter of the timeout after it was sent, two probe intervals (the deadline is then
-/// at most 0.355 × the timeout away in the schedule above).
-fn overdue_after(timeout: Duration) -> Duration {
-    timeout / 4
-}
-
-/// How long after a probe's answer the leader has surely been told of it, whatever
-/// follower answered: a quarter of the timeout (one leader ping period, half a tick,
-/// when the timeout is the server's minimum of two ticks; less when it is longer) plus
-/// a twentieth (slack for the leader's ping loop, the follower's handling of the ping
-/// and scheduling delays on both). At the minimum session timeout of the tests'
-/// servers (1 s, `tickTime` 500 ms): 250 + 50 = 300 ms. See [`ZkSession::anchor`].
-/// (With each probe's answer time, the guaranteed slack is this twentieth; in the usual
-/// schedule the anchor's probe was sent 375 ms before the latest, leaving up to 75 ms
-/// more, less its answer time.)
-pub(crate) fn report_delay(timeout: Duration) -> Duration {
-    timeout / 4 + timeout / 20
 }
 
 /// A held lock as the monitor sees it.
@@ -229,7 +178,7 @@ impl ZkSession {
             lines: Arc::default(),
             watcher: Arc::new(Watcher::new(Handle::current())),
             // Creating a session is a write the leader commits: it heard from us then.
-            confirmed: Mutex::new(Confirmed::new(connecting)),
+            confirmed: Mutex::new((connecting, connecting)),
         });
         spawn_monitor(&session);
         Ok(session)
@@ -265,47 +214,28 @@ impl ZkSession {
     }
 
     /// The latest instant this session can be assumed alive by the server if the leader
-    /// last heard from it at `anchor`: `anchor + timeout − margin`. The margin (2 % of the
-    /// timeout) covers clock-rate differences between client and server.
+    /// last heard from it at `anchor`: `anchor + timeout − margin`, with the margin of
+    /// [`deadline_margin`].
     pub(crate) fn deadline(&self, anchor: Instant) -> Instant {
-        anchor + self.timeout - self.timeout / 50
+        anchor + self.timeout - deadline_margin(self.timeout)
     }
 
     /// The instant the leader has surely heard from this session since: the send time of
-    /// the latest probe answered at least [`report_delay`] before a later answered probe
-    /// was sent (or the session's creation, a write the leader made itself).
+    /// the *older* of the last two answered probes (or the session's creation).
     ///
     /// Not the latest request: a follower touches our session when a request arrives but
-    /// reports touches to the leader only in its answer to the leader's next ping, so a
-    /// follower cut off right after answering may leave the leader's expiry clock at an
-    /// earlier touch. The argument, with P the longest time between two leader pings as
-    /// the follower handles them (a ping period, half a tick, plus the leader loop's own
-    /// time and scheduling delays): the later probe's `sync` was forwarded to the leader
-    /// at some time a₂ after it was sent, on the connection that carries the follower's
-    /// ping answers, so the leader read the answer to the last ping the follower handled
-    /// before a₂, handled after a₂ − P, before the `sync`. An earlier probe that reached
-    /// the follower before a₂ − P was reported in that answer or an earlier one, and the
-    /// leader then moved the session's expiry to at least its report time + timeout,
-    /// later than the earlier probe's send time + timeout. The earlier probe reached the
-    /// follower before its answer came back, so "answered at least P before the later
-    /// probe was sent" suffices. The client does not know the tick; assuming the
-    /// session timeout is at least the server's default minimum of two ticks, the ping
-    /// period is at most a quarter of the timeout, and [`report_delay`] takes P as a
-    /// quarter plus a twentieth.
-    ///
-    /// At the minimum session timeout (two ticks, 1 s with the tests' `tickTime` of
-    /// 500 ms) this leaves at least 50 ms for the leader's loop and scheduling beyond the
-    /// 250 ms ping period (the anchor's answer came at least 300 ms before the latest
-    /// probe was sent; in the usual schedule it is the probe three back, sent 375 ms
-    /// before the latest); the 2 % drift margin of [`deadline`](Self::deadline) (20 ms)
-    /// is left to clock rates. (Before, the anchor was the older of the last two probes,
-    /// a quarter of the timeout apart: exactly one ping period, so the ping loop's own
-    /// time and every delay had only the 20 ms drift margin.)
+    /// reports touches to the leader only at the leader's next ping (every half tick), so
+    /// a follower cut off right after answering may leave the leader's expiry clock at
+    /// our previous request. Probes are a quarter of the timeout apart, at least half a
+    /// tick (the timeout is at least two ticks), and the later probe's `sync` went
+    /// through the leader after the earlier touch was reported, so the older probe's
+    /// touch has reached the leader, within the ping loop's delays that
+    /// [`deadline_margin`] covers.
     pub(crate) fn anchor(&self) -> Instant {
         self.confirmed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .anchor
+            .0
     }
 
     /// Completes when the session has expired or was closed.
@@ -447,21 +377,10 @@ impl ZkSession {
     async fn probe(&self) {
         let sent = Instant::now();
         let answer = tokio::time::timeout(self.timeout / 3, async {
-            let probe = async {
-                self.client.sync("/").await?;
-                self.client.check_stat("/").await
-            };
-            tokio::pin!(probe);
-            tokio::select! {
-                answer = &mut probe => answer,
-                () = tokio::time::sleep(overdue_after(self.timeout)) => {
-                    self.set_at_risk(true);
-                    probe.await
-                }
-            }
+            self.client.sync("/").await?;
+            self.client.check_stat("/").await
         })
         .await;
-        let answered = Instant::now();
         let outcome = match &answer {
             Ok(Ok(_)) => RenewalOutcome::Renewed,
             Ok(Err(err)) if session_ended(err) => RenewalOutcome::Gone,
@@ -470,11 +389,14 @@ impl ZkSession {
         record_renewal(BACKEND, outcome, sent.elapsed(), self.held().len());
         match answer {
             Ok(Ok(_)) => {
-                let anchor = self
-                    .confirmed
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .answered(sent, answered, report_delay(self.timeout));
+                let anchor = {
+                    let mut confirmed = self
+                        .confirmed
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    *confirmed = (confirmed.1, sent);
+                    confirmed.0
+                };
                 let deadline = self.deadline(anchor);
                 for entry in self.held().values() {
                     entry
@@ -501,8 +423,10 @@ impl std::fmt::Debug for ZkSession {
 fn spawn_monitor(session: &Arc<ZkSession>) {
     let weak: Weak<ZkSession> = Arc::downgrade(session);
     let mut states = session.client.state_watcher();
-    // An eighth of the timeout: see `probe_interval` and `ZkSession::anchor`.
-    let interval = probe_interval(session.timeout);
+    // A quarter of the timeout: at least half a tick (the timeout is at least two ticks),
+    // so the older of two probes has reached the leader (see `ZkSession::anchor`), and a
+    // server stall of up to 0.4 × the timeout just before a probe costs no loss.
+    let interval = session.timeout / 4;
     session.runtime.spawn(async move {
         let mut next_probe = Instant::now() + interval;
         loop {
@@ -764,39 +688,21 @@ mod tests {
     use super::*;
     use crate::held::{Node, ZkHeld};
 
-    /// The anchor is the latest probe answered at least `report_delay` (0.3 × the
-    /// timeout) before a later probe was sent: on the usual schedule (a probe every
-    /// eighth of the timeout, answered quickly) the probe three back; a slow answer
-    /// keeps an older one; never the previous probe when it was only a ping period
-    /// (a quarter of the timeout) back, as the older of the last two used to be.
+    /// The deadline's margin covers clock rates (2 %) and late leader pings (50 ms): at
+    /// the minimum session timeout (two ticks, 1 s here) 70 ms, where it was 20 ms.
     #[test]
-    fn the_anchor_is_a_probe_answered_a_ping_period_and_slack_before() {
-        let timeout = Duration::from_secs(1);
-        let report = report_delay(timeout);
-        assert_eq!(report, Duration::from_millis(300));
-        assert_eq!(probe_interval(timeout), Duration::from_millis(125));
-        let start = Instant::now();
-        let at = |ms: u64| start + Duration::from_millis(ms);
-        let mut confirmed = Confirmed::new(start);
-        // Probes every 125 ms, each answered in 5 ms.
-        for (i, expected) in [0, 0, 0, 125, 250, 375].into_iter().enumerate() {
-            let sent = 125 * (i as u64 + 1);
-            let anchor = confirmed.answered(at(sent), at(sent + 5), report);
-            assert_eq!(anchor, at(expected), "after the probe sent at {sent} ms");
-        }
-        // The probe sent at 875 ms is answered after 80 ms: no probe sent before
-        // 955 + 300 ms anchors to it (the one sent at 1250 ms keeps 750 ms).
-        assert_eq!(confirmed.answered(at(875), at(955), report), at(500));
-        assert_eq!(confirmed.answered(at(1000), at(1005), report), at(625));
-        assert_eq!(confirmed.answered(at(1125), at(1130), report), at(750));
-        assert_eq!(confirmed.answered(at(1250), at(1255), report), at(750));
-        assert_eq!(confirmed.answered(at(1375), at(1380), report), at(1000));
-        // Two probes a quarter of the timeout (one ping period at 2 ticks) apart: the
-        // earlier is not enough.
-        let mut confirmed = Confirmed::new(start);
-        assert_eq!(confirmed.answered(at(100), at(105), report), start);
-        assert_eq!(confirmed.answered(at(350), at(355), report), start);
-        assert_eq!(confirmed.answered(at(600), at(605), report), at(100));
+    fn the_deadline_margin_covers_late_pings_at_the_minimum_session_timeout() {
+        assert_eq!(
+            deadline_margin(Duration::from_secs(1)),
+            Duration::from_millis(70)
+        );
+        assert_eq!(
+            deadline_margin(Duration::from_secs(2)),
+            Duration::from_millis(90)
+        );
+        assert!(
+            deadline_margin(Duration::from_secs(1)) > Duration::from_secs(1) / 50 + PING_SLACK / 2
+        );
     }
 
     /// A grant that registers after `close` gave up its session (it passed the
