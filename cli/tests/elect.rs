@@ -118,6 +118,16 @@ fn a_frozen_leader_stops_its_command_when_it_wakes(url: &str) {
         let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
         doc["token"].as_u64()
     };
+    // While it leads, another candidate that does not wait is refused: 75.
+    let refused = output(fencelock().args(["elect", "--url", url, "-n", &election, "--", "true"]));
+    assert_code(&refused, NOT_ACQUIRED);
+    assert!(
+        stderr(&refused).contains(&format!(
+            "leadership of {election:?} is held by another owner"
+        )),
+        "{}",
+        stderr(&refused)
+    );
     signal(leader.pid(), Signal::SIGSTOP);
     let next = output(
         fencelock()
