@@ -108,7 +108,20 @@ impl Contender {
             Kind::Raw2 | Kind::Raw3 => {
                 let prefix = format!("{dir}/_c_raw-lock-");
                 let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-                let (_, seq) = self.client.create(&prefix, &[], &options).await.unwrap();
+                let (_, seq) = match self.client.create(&prefix, &[], &options).await {
+                    // fencelock's release removed the directory it left empty: make it
+                    // again (once per round of another kind's ops), as a raw client would.
+                    Err(zk::Error::NoNode) => {
+                        let dir_options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                        match self.client.mkdir(&dir, &dir_options).await {
+                            Ok(()) | Err(zk::Error::NodeExists) => {}
+                            Err(err) => panic!("{err}"),
+                        }
+                        self.client.create(&prefix, &[], &options).await
+                    }
+                    created => created,
+                }
+                .unwrap();
                 if kind == Kind::Raw3 {
                     self.client.list_children(&dir).await.unwrap();
                 }

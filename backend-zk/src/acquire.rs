@@ -346,8 +346,9 @@ async fn create_node(
 /// Creates `dir` (a container) and our node in it in one multi-op: the usual case once
 /// the last release removed the directory, in the round trip a create alone takes. The
 /// node's czxid is then the directory's (one transaction), which is how the grant knows
-/// the directory is this acquire's. `NodeExists` when the directory is there (nothing
-/// was created), `NoNode` when its parent is missing (or the server has no containers).
+/// the directory is this acquire's. `NodeExists` when the directory is there or may not
+/// be made by us (nothing was created), `NoNode` when its parent is missing (or the
+/// server has no containers).
 async fn create_with_dir(
     session: &ZkSession,
     dir: &str,
@@ -362,11 +363,23 @@ async fn create_with_dir(
         &zk::CreateMode::Container.with_acls(session.acls()),
     )?;
     multi.add_create(prefix, data, options)?;
-    let results = match multi.commit().await.map_err(zk::Error::from) {
+    let results = match multi.commit().await {
         Ok(results) => results,
         // A server without containers: `ensure_dir` makes a persistent directory.
-        Err(zk::Error::Unimplemented) => return Err(zk::Error::NoNode),
-        Err(err) => return Err(err),
+        Err(zk::MultiWriteError::OperationFailed {
+            index: 0,
+            source: zk::Error::Unimplemented,
+        }) => return Err(zk::Error::NoNode),
+        Err(zk::MultiWriteError::OperationFailed {
+            index: 0,
+            source: zk::Error::NoNode,
+        }) => return Err(zk::Error::NoNode),
+        // The directory is there, or may not be made by us (no CREATE right on the
+        // root, where an operator made the directories): the plain create decides.
+        Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => {
+            return Err(zk::Error::NodeExists);
+        }
+        Err(err) => return Err(err.into()),
     };
     match results.into_iter().nth(1) {
         Some(zk::MultiWriteResult::Create { path, stat }) => Ok((path, stat)),

@@ -312,3 +312,48 @@ async fn a_semaphores_mutex_directory_is_removed() {
     guard.release().await.unwrap();
     locks.close().await.unwrap();
 }
+
+/// An operator made the root read-only and the lock's directory writable: the acquire
+/// may not make or remove directories there, so it creates its node in the directory
+/// that is there (no error), and the release deletes its node alone (the directory
+/// stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_root_with_the_directory_made_by_an_operator() {
+    let server = ZkServer::shared();
+    let root = root();
+    let admin = zk::Client::connect(&server.connect_string()).await.unwrap();
+    admin
+        .create(
+            &root,
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    admin
+        .create(
+            &format!("{root}/job"),
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    admin
+        .set_acl(&root, &zk::Acls::anyone_read(), None)
+        .await
+        .unwrap();
+    let locks = client_of(server, &root).await;
+    for _ in 0..3 {
+        let guard = locks
+            .acquire("job", AcquireOptions::new())
+            .await
+            .expect("the node goes into the operator's directory");
+        guard.release().await.unwrap();
+    }
+    assert!(exists(&locks, &format!("{root}/job")).await);
+    assert_eq!(
+        children(&locks, &format!("{root}/job")).await,
+        Vec::<String>::new()
+    );
+    locks.close().await.unwrap();
+}
