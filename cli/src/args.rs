@@ -125,9 +125,9 @@ is a terminal). If the lock is lost, the group gets SIGTERM, then SIGKILL after
 --kill-grace, and fencelock exits with 76. SIGINT, SIGTERM and SIGHUP are
 forwarded to the group once; Ctrl-Z stops the group, then fencelock. The lock is
 released when the command exits. If fencelock itself dies (even by SIGKILL), its
-guardian process kills the command's whole group with SIGKILL (Linux only: it
-needs PR_SET_PDEATHSIG); processes that leave the group (setsid, daemons) are
-out of reach.
+guardian process kills the command's whole group with SIGKILL, also what the
+command left in it after it exited (Linux only: it needs PR_SET_PDEATHSIG);
+processes that leave the group (setsid, daemons) are out of reach.
 
 Examples:
   fencelock run --url etcd://127.0.0.1:2379/locks -w 10s nightly-report -- ./report.sh

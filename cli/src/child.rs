@@ -14,11 +14,18 @@
 //! fencelock sends to the group reach the command directly, and when the command exits
 //! the guardian exits with the same status (a signal's death is raised again), so
 //! fencelock sees what it would have seen of the command itself.
+//!
+//! A command whose own process exits leaving other processes in its group (`worker &
+//! exit 0`) keeps its lock until they are gone (see `run`). So that they too die with
+//! fencelock, the guardian then forks a **rear guard** before it exits (see
+//! `guardian::rear_guard`): it stays in the group, watches fencelock as the guardian
+//! did, and ends by itself once it is the group's last member.
 
 // `pre_exec` is unsafe: the closure runs between fork and exec, where only
 // async-signal-safe calls are allowed. The closures here make only system calls
 // (`prctl`, `getppid`, `fcntl`), and allocate nothing. Setting a signal's action to its
 // default (`signal`) is unsafe in nix for handlers; no handler is installed here.
+// `fork`, `sigtimedwait`, `dup2` and `_exit` are the rear guard's (see `rear_guard`).
 #![allow(unsafe_code)]
 
 use std::ffi::OsStr;
@@ -278,12 +285,114 @@ mod guardian {
             }
             if signal == Some(Signal::SIGCHLD) {
                 match child.try_wait() {
-                    Ok(Some(exited)) => return exit_like(exited),
+                    Ok(Some(exited)) => {
+                        rear_guard(parent);
+                        return exit_like(exited);
+                    }
                     Ok(None) => {}
                     Err(_) => return ExitCode::from(code::INTERNAL),
                 }
             }
         }
+    }
+
+    /// How often the rear guard looks whether it is the last of its group (it wakes at
+    /// once on a signal, such as its parent-death signal).
+    const REAR_GUARD_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+    /// Called by the guardian once the command's own process exited (and was reaped):
+    /// when other processes are left in the group (`worker & exit 0`; fencelock keeps
+    /// the lock while they live), forks a rear guard that watches `fencelock` for them,
+    /// since the guardian exits now with the command's status. Nothing left: no fork
+    /// (one scan of /proc). /proc unreadable: no rear guard, as without one.
+    pub(super) fn rear_guard(fencelock: Pid) {
+        let guardian = Pid::this();
+        if !others_in_group(guardian, guardian) {
+            return;
+        }
+        // SAFETY: the guardian has a single thread (it starts none, nor does
+        // `std::process::Command`), so the child may run any code, as after exec.
+        // A failed fork leaves the group as without a rear guard.
+        if let Ok(nix::unistd::ForkResult::Child) = unsafe { nix::unistd::fork() } {
+            watch(fencelock, guardian);
+        }
+    }
+
+    /// The rear guard: in the group (led by the guardian, whose pid cannot be reused
+    /// while the group lives), every signal still blocked (the guardian's mask). Its
+    /// parent is the guardian, then fencelock, a child subreaper (`become_subreaper`),
+    /// once the guardian exited; any other parent means fencelock is gone, and the group
+    /// gets SIGKILL as the guardian would have sent. Its parent-death signal wakes it at
+    /// once (when the guardian exits too: it then only looks); it also looks every
+    /// [`REAR_GUARD_POLL`], which covers a parent that died before the signal was set,
+    /// and exits once no other live process is left in the group (so `run` sees the
+    /// group end). Its exit status is no one's: fencelock reaps it as a group member.
+    fn watch(fencelock: Pid, group: Pid) -> ! {
+        use std::os::fd::AsRawFd as _;
+        let _ = nix::sys::prctl::set_pdeathsig(PARENT_DEATH);
+        let _ = nix::sys::prctl::set_name(c"fencelock");
+        // The command's streams are not kept open by the rear guard: whoever reads
+        // them to their end waits for the command's processes only.
+        if let Ok(null) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+        {
+            for fd in 0..3 {
+                // SAFETY: plain descriptor numbers; `null` stays open across the call.
+                unsafe { nix::libc::dup2(null.as_raw_fd(), fd) };
+            }
+        }
+        let me = Pid::this();
+        let waited = SigSet::all();
+        // SAFETY: all-zero is a valid `timespec` (whatever padding it has).
+        let mut timeout: nix::libc::timespec = unsafe { std::mem::zeroed() };
+        timeout.tv_nsec = REAR_GUARD_POLL.subsec_nanos().into();
+        loop {
+            // SAFETY: valid pointers to a set and a timeout; no `siginfo` wanted.
+            unsafe { nix::libc::sigtimedwait(waited.as_ref(), std::ptr::null_mut(), &timeout) };
+            let parent = getppid();
+            if parent != fencelock && parent != group {
+                let _ = kill(Pid::from_raw(0), Signal::SIGKILL);
+            }
+            if !others_in_group(group, me) {
+                // SAFETY: ends this process at once, without the guardian's exit work
+                // (nothing of it is this process's to flush or run).
+                unsafe { nix::libc::_exit(0) };
+            }
+        }
+    }
+
+    /// Whether a live process (not a zombie) other than `me` is in process group
+    /// `group`, from /proc (false when it cannot be read).
+    fn others_in_group(group: Pid, me: Pid) -> bool {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return false;
+        };
+        entries.flatten().any(|entry| {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                return false;
+            };
+            pid != me.as_raw()
+                && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|stat| live_member(&stat, group.as_raw()))
+        })
+    }
+
+    /// Whether a `/proc/PID/stat` line is of a live process (not a zombie) in `group`:
+    /// `PID (COMM) STATE PPID PGRP ...`, COMM being any bytes up to the last `)`.
+    fn live_member(stat: &str, group: i32) -> bool {
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let mut fields = rest.split_ascii_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|f| f.parse::<i32>().ok());
+        !matches!(state, Some("Z" | "X" | "x")) && pgrp == Some(group)
     }
 
     /// `PARENT_PID STATUS_FD -- PROGRAM ARGS...`.

@@ -59,14 +59,16 @@ impl Drop for Reap {
 /// `fencelock run` of `shape` (a `sh -c` script whose `$0` is the worker's script) holds
 /// the lock while the worker writes; fencelock is SIGKILLed; a second `run` of the same
 /// name is granted once the lease ran out. No line of the worker may follow the second
-/// holder's grant, and the worker must be gone.
-fn killed_fencelock_leaves_no_writer(label: &str, shape: &str) {
+/// holder's grant, and the worker must be gone. With `after` set, fencelock is killed
+/// only once its stderr has a line containing `after` (an event of the run).
+fn killed_fencelock_leaves_no_writer(label: &str, shape: &str, after: Option<&str>) {
     let dir = tempfile::tempdir().unwrap();
     let url = RedisServer::shared().url();
     let name = unique(label);
     let log = dir.path().join("log");
     let pidfile = dir.path().join("worker.pid");
     let worker = dir.path().join("worker.sh");
+    let errors = dir.path().join("stderr");
     std::fs::write(&worker, WORKER).unwrap();
     let env = |command: &mut std::process::Command| {
         command.env("LOG", &log).env("PIDFILE", &pidfile);
@@ -80,12 +82,15 @@ fn killed_fencelock_leaves_no_writer(label: &str, shape: &str) {
         .args(["sh", "-c", shape])
         .arg(&worker)
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(std::fs::File::create(&errors).unwrap());
     env(&mut first);
     let mut first = first.spawn().expect("spawn fencelock");
     wait_for_file(&pidfile, Duration::from_secs(20));
     let reap = Reap(Some(read_pid(&pidfile)));
     wait_for_line(&log, "first ", Duration::from_secs(20));
+    if let Some(event) = after {
+        wait_for_text(&errors, event, Duration::from_secs(20));
+    }
 
     signal(first.id(), Signal::SIGKILL);
     let status = first.wait().expect("wait for fencelock");
@@ -145,22 +150,50 @@ fn wait_for_line(path: &Path, prefix: &str, timeout: Duration) {
     }
 }
 
+/// Waits until `path` contains `text` (at most `timeout`).
+fn wait_for_text(path: &Path, text: &str, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .contains(text)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {text:?} in {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// (a) The worker is a foreground grandchild: `sh` waits for it, then runs `true`.
 #[test]
 fn a_foreground_grandchild_dies_with_fencelock() {
-    killed_fencelock_leaves_no_writer("grandchild", r#"sh "$0"; true"#);
+    killed_fencelock_leaves_no_writer("grandchild", r#"sh "$0"; true"#, None);
 }
 
 /// (b) The worker is the first member of a pipeline.
 #[test]
 fn a_pipeline_dies_with_fencelock() {
-    killed_fencelock_leaves_no_writer("pipeline", r#"sh "$0" | cat"#);
+    killed_fencelock_leaves_no_writer("pipeline", r#"sh "$0" | cat"#, None);
 }
 
 /// (c) `sh -c 'a; b'` where `b` is the writer.
 #[test]
 fn the_second_step_of_a_script_dies_with_fencelock() {
-    killed_fencelock_leaves_no_writer("steps", r#"echo report > /dev/null; sh "$0""#);
+    killed_fencelock_leaves_no_writer("steps", r#"echo report > /dev/null; sh "$0""#, None);
+}
+
+/// (d) The command's own process exited, leaving the worker in its group (`worker &
+/// exit 0`): fencelock keeps the lock while the worker runs (it says so), and its death
+/// must still stop the worker, although the guardian exited with the command.
+#[test]
+fn a_worker_left_in_the_group_dies_with_fencelock() {
+    killed_fencelock_leaves_no_writer(
+        "left",
+        r#"sh "$0" & exit 0"#,
+        Some("the lock is kept until the processes it left"),
+    );
 }
 
 /// The command starts as it would without the guardian between it and fencelock: no
