@@ -37,7 +37,6 @@
 //! [revoke]: MemoryLock::revoke
 //! [`DistributedLock`]: DistributedLock
 #![doc = include_str!("../README.md")]
-
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;

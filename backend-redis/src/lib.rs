@@ -57,7 +57,6 @@
 //!   seen, checked and written by one script. It takes the tokens of any backend.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-
 // The futures of `acquire` and `campaign` nest deeper than the default limit lets rustc
 // compute their layout.
 #![recursion_limit = "256"]

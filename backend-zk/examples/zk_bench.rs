@@ -112,7 +112,8 @@ impl Contender {
                     // fencelock's release removed the directory it left empty: make it
                     // again (once per round of another kind's ops), as a raw client would.
                     Err(zk::Error::NoNode) => {
-                        let dir_options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                        let dir_options =
+                            zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
                         match self.client.mkdir(&dir, &dir_options).await {
                             Ok(()) | Err(zk::Error::NodeExists) => {}
                             Err(err) => panic!("{err}"),
