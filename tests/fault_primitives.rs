@@ -59,6 +59,9 @@ use common::{Proxied, Rng, Servers};
 const LEASE: Duration = Duration::from_secs(2);
 /// How long a holder is paused (F3) or cut off (F4): 3 × lease.
 const FAULT: Duration = Duration::from_secs(6);
+/// How long, after SIGCONT, the F3 holder's first late write may take to be recorded
+/// (it writes every 50 ms; generous against a loaded machine).
+const ZOMBIE_WRITE_WITHIN: Duration = Duration::from_secs(5);
 /// A semaphore's permits.
 const LIMIT: u32 = 3;
 /// Cancelled requests per primitive (F8).
@@ -509,19 +512,30 @@ async fn paused(p: Primitive, url: String, other: Lock, name: String) {
         lost_after < Duration::from_secs(1),
         "the paused holder reported loss {lost_after:?} after SIGCONT"
     );
-    // Its late writes (every 50 ms while it believed it held) are refused.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let late: Vec<bool> = checker
-        .history()
-        .into_iter()
-        .filter(|r| r.at >= resumed_at.into_std())
-        .filter_map(|r| match r.event {
-            fencelock_testkit::checker::Event::Write {
-                holder, accepted, ..
-            } if holder == "zombie" => Some(accepted),
-            _ => None,
-        })
-        .collect();
+    // Its late writes (every 50 ms while it believed it held) are refused. Waits for the
+    // first of them to be recorded (not a fixed time, which under load can end before
+    // the resumed child's output is read), for at most ZOMBIE_WRITE_WITHIN.
+    let late_writes = || -> Vec<bool> {
+        checker
+            .history()
+            .into_iter()
+            .filter(|r| r.at >= resumed_at.into_std())
+            .filter_map(|r| match r.event {
+                fencelock_testkit::checker::Event::Write {
+                    holder, accepted, ..
+                } if holder == "zombie" => Some(accepted),
+                _ => None,
+            })
+            .collect()
+    };
+    let write_deadline = Instant::now() + ZOMBIE_WRITE_WITHIN;
+    let late = loop {
+        let late = late_writes();
+        if !late.is_empty() || Instant::now() >= write_deadline {
+            break late;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert!(
         !late.is_empty(),
         "the paused holder wrote nothing after SIGCONT"
