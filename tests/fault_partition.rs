@@ -66,19 +66,21 @@ async fn partition_of_a_running_holder(
         proxy.set(Fault::Blackhole);
     }
     let partitioned_at = Instant::now();
-    // Nothing passes the cut, so once a reply already past the proxy has been handled,
-    // no renewal can move the deadline past this one: an independent bound for the
-    // loss report (C6 against the guard's own deadline only would measure the guard
-    // against itself).
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let valid_at_cut = guard.valid_until();
+    // Nothing passes the cut, but a renewal's reply already past the proxy may still be
+    // handled after it (under load, well after it), moving the deadline once more. So
+    // the deadline the guard had at the cut is the one it holds once it reports loss
+    // (no reply handled later matters), checked independently of the guard: it lies
+    // between the deadline sampled at the cut and one a renewal sent before the cut
+    // can give (`valid_until` is a renewal's send instant + the lease - a margin).
+    let sampled_at_cut = guard.valid_until();
 
     let loss = async {
         guard.lost().await;
         let lost_at = Instant::now();
         // The deadline the guard held when it reported loss.
-        checker.lost("holder", token, guard.valid_until().into_std());
-        lost_at
+        let valid_at_loss = guard.valid_until();
+        checker.lost("holder", token, valid_at_loss.into_std());
+        (lost_at, valid_at_loss)
     };
     let next = async {
         let next = other
@@ -95,7 +97,16 @@ async fn partition_of_a_running_holder(
         assert!(checker.write("other", next.token().get()));
         (next, granted_at)
     };
-    let (lost_at, (next, granted_at)) = tokio::join!(loss, next);
+    let ((lost_at, valid_at_cut), (next, granted_at)) = tokio::join!(loss, next);
+    assert!(
+        valid_at_cut >= sampled_at_cut,
+        "the guard's deadline went back after the cut"
+    );
+    assert!(
+        valid_at_cut <= partitioned_at + LEASE,
+        "the guard's deadline moved {:?} past what a renewal sent before the cut can give",
+        valid_at_cut - (partitioned_at + LEASE)
+    );
 
     let lost_after = lost_at - partitioned_at;
     assert!(
