@@ -668,15 +668,17 @@ async fn partitioned(
         proxy.set(Fault::Blackhole);
     }
     let partitioned_at = Instant::now();
-    // Nothing passes the cut: once a reply already past the proxy has been handled, no
-    // renewal moves the deadline past this one (an independent bound for the loss
-    // report).
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let valid_at_cut = guard.valid_until();
+    // Nothing passes the cut, but a renewal's reply already past the proxy may still be
+    // handled after it (under load, well after it), moving the deadline once more. So
+    // the deadline at the cut is the one the guard holds once it reports loss (no reply
+    // handled later matters), checked independently of the guard: between the deadline
+    // sampled at the cut and one a renewal sent before the cut can give.
+    let sampled_at_cut = guard.valid_until();
     let loss = async {
         guard.lost().await;
-        checker.lost("cut", token, guard.valid_until().into_std());
-        Instant::now()
+        let valid_at_loss = guard.valid_until();
+        checker.lost("cut", token, valid_at_loss.into_std());
+        (Instant::now(), valid_at_loss)
     };
     let next = async {
         let next = first_of(&mut pending)
@@ -687,7 +689,16 @@ async fn partitioned(
         assert!(checker.write("next", next.token().get()));
         (next, granted_at)
     };
-    let (lost_at, (next, granted_at)) = tokio::join!(loss, next);
+    let ((lost_at, valid_at_cut), (next, granted_at)) = tokio::join!(loss, next);
+    assert!(
+        valid_at_cut >= sampled_at_cut,
+        "the guard's deadline went back after the cut"
+    );
+    assert!(
+        valid_at_cut <= partitioned_at + LEASE,
+        "the guard's deadline moved {:?} past what a renewal sent before the cut can give",
+        valid_at_cut - (partitioned_at + LEASE)
+    );
     let lost_after = lost_at - partitioned_at;
     assert!(
         lost_after < FAULT,
