@@ -97,7 +97,7 @@ pub(crate) async fn acquire_in(
         armed: true,
     };
     let created_at = Instant::now();
-    let (path, stat, made_dir) =
+    let (path, mut stat, made_dir) =
         create_node(&session, &pending.dir, &pending.prefix_name, data).await?;
     pending.path = Some(path.clone());
     let own = &path[pending.dir.len() + 1..];
@@ -121,6 +121,14 @@ pub(crate) async fn acquire_in(
         let (mut children, alone) = match retry(|| session.client.get_children(&pending.dir)).await
         {
             Ok((children, dir)) => {
+                if stat.is_invalid() && children.iter().any(|child| child == own) {
+                    // Made with `dir` in one multi-op by a server that answers a multi's
+                    // create without its stat (see `create_node`): one transaction, so
+                    // one czxid, and this is that `dir` (our node has kept it since: a
+                    // directory with a child cannot be deleted). A new node's version is 0.
+                    stat.czxid = dir.czxid;
+                    stat.version = 0;
+                }
                 let removable = !session.root().is_empty()
                     || dir.czxid == stat.czxid
                     || made_dir == Some(dir.czxid);
@@ -292,7 +300,9 @@ pub(crate) fn waiting_error(name: &str, err: zk::Error) -> Error {
 }
 
 /// Creates the lock (or latch) node with `data`, returning its path, its stat and the
-/// czxid of `dir` if this call made the directory.
+/// czxid of `dir` if this call made the directory. The stat is invalid
+/// ([`zk::Stat::is_invalid`]) when the node was made with `dir` in one multi-op by a
+/// server that answers it without one: the caller's listing of `dir` gives it.
 ///
 /// A `dir` removed by a release (see [`Node::with_dir`]) between our `ensure_dir` and our
 /// create fails the create with `NoNode` (nothing was created: no place in line is lost),
@@ -309,7 +319,8 @@ async fn create_node(
     let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
     let mut with_dir = true;
     loop {
-        let created = if std::mem::take(&mut with_dir) {
+        let from_multi = std::mem::take(&mut with_dir);
+        let created = if from_multi {
             create_with_dir(session, dir, &prefix, data, &options).await
         } else {
             session
@@ -319,6 +330,10 @@ async fn create_node(
                 .map(|(stat, sequence)| (format!("{prefix}{sequence}"), stat))
         };
         match created {
+            // Servers before 3.7.2 and 3.8.2 answer a create inside a multi-op without its
+            // stat (ZOOKEEPER-4026): the listing that follows gives it (`acquire_in`), so
+            // the uncontended acquire stays two round trips.
+            Ok((path, stat)) if from_multi => return Ok((path, stat, made_dir)),
             Ok((path, stat)) => {
                 if stat.is_invalid() {
                     // Servers older than 3.5 return no stat from create.
