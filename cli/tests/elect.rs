@@ -8,36 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use fencelock_testkit::{EtcdServer, RedisServer, ZkServer};
 use nix::sys::signal::Signal;
-
-/// A name no other test run uses.
-fn unique(label: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("cli-{label}-{}-{nanos}", std::process::id())
-}
-
-/// A URL for each backend whose sessions / leases can be as short as 2 s.
-fn etcd_url() -> String {
-    format!(
-        "etcd://{}/fencelock-cli?lease=2s",
-        EtcdServer::shared().endpoint()
-    )
-}
-
-fn zk_url() -> String {
-    format!(
-        "zk://{}/fencelock-cli?session_timeout=2s&min_lease=1s",
-        ZkServer::shared().connect_string()
-    )
-}
-
-fn redis_url() -> String {
-    RedisServer::shared().url()
-}
 
 /// The leader's work: it fails loudly if it finds another leader inside, and appends
 /// its token and value to the log on the way out.

@@ -9,6 +9,34 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+/// A name no other test run uses.
+pub fn unique(label: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("cli-{label}-{}-{nanos}", std::process::id())
+}
+
+/// A URL for each backend whose sessions / leases can be as short as 2 s.
+pub fn etcd_url() -> String {
+    format!(
+        "etcd://{}/fencelock-cli?lease=2s",
+        fencelock_testkit::EtcdServer::shared().endpoint()
+    )
+}
+
+pub fn zk_url() -> String {
+    format!(
+        "zk://{}/fencelock-cli?session_timeout=2s&min_lease=1s",
+        fencelock_testkit::ZkServer::shared().connect_string()
+    )
+}
+
+pub fn redis_url() -> String {
+    fencelock_testkit::RedisServer::shared().url()
+}
+
 /// The documented exit codes.
 pub const USAGE: i32 = 64;
 pub const NOT_ACQUIRED: i32 = 75;
