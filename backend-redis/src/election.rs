@@ -53,9 +53,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::BACKEND;
 use crate::keys::LockKeys;
 use crate::lock::RedisLock;
-use crate::node::BACKEND;
 use crate::subscriber::Subscription;
 
 /// A campaign's term, as one instance's lock key holds it.

@@ -15,8 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RedisConfig;
+use crate::error::BACKEND;
 use crate::keys::LockKeys;
-use crate::node::{BACKEND, Node};
+use crate::node::Node;
 use crate::renewal::Renewals;
 use crate::scripts::{self, Call};
 use crate::subscriber::Subscriber;

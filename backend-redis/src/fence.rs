@@ -8,7 +8,7 @@ use fencelock_core::{Error, FencingToken, StaleToken};
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 
-use crate::node::{BACKEND, map_err};
+use crate::error::{BACKEND, map_err};
 
 /// One script for the three fenced operations (ARGV\[2\]: `w` write, `r` read, `c`
 /// clear). Tokens travel as decimal strings and are compared as such (length, then

@@ -52,7 +52,7 @@ impl HeldLock for RedisHeld {
             // The key is gone, maybe by our own earlier release (the raw layout keeps no
             // counter to tell, and a later grant moves the counter): not a known loss.
             false if repeated => Err(Error::unavailable(
-                crate::node::BACKEND,
+                crate::error::BACKEND,
                 "the release could not be confirmed: an earlier release of this grant was                  sent but not answered, and the key is gone now (deleted by that release,                  or expired before it); the lock is free of this grant",
             )),
             false => Err(Error::lost(

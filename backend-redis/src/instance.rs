@@ -26,7 +26,7 @@ use redis::RedisError;
 use redis::aio::ConnectionManager;
 
 use crate::config::Endpoint;
-use crate::node::{BACKEND, map_err};
+use crate::error::{BACKEND, map_err};
 
 /// What is known of every instance of one client.
 struct Instances {

@@ -64,6 +64,7 @@
 mod config;
 mod election;
 mod engine;
+mod error;
 mod fence;
 mod held;
 mod instance;

@@ -19,9 +19,10 @@ use tracing::Instrument;
 use crate::config::{RedisConfig, Topology};
 use crate::election::{self, Holder, Reading, Seen};
 use crate::engine::{Attempt, Engine, Granted, drift};
+use crate::error::BACKEND;
 use crate::held::RedisHeld;
 use crate::keys::LockKeys;
-use crate::node::{self, BACKEND};
+use crate::node;
 use crate::scripts;
 
 /// The shortest lease accepted.

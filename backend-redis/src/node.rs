@@ -15,11 +15,10 @@ use redis::{
 };
 
 use crate::config::{Endpoint, RedisConfig, RedisTls, Topology};
+use crate::error::{BACKEND, map_err};
 use crate::instance::Instance;
 use crate::scripts::Call;
 use crate::sentinel::SentinelNode;
-
-pub(crate) const BACKEND: &str = "redis";
 
 /// Commands to one deployment. Cheap to clone.
 #[derive(Clone)]
@@ -499,16 +498,6 @@ fn client_with(
     Client::open(conn_info).map_err(map_err)
 }
 
-impl SentinelNode {
-    /// Drops the connection a request went on (`epoch`) after `err`, if the error
-    /// calls for a reconnection and the connection is still the one in use.
-    fn forget_on(&self, err: &RedisError, epoch: u64) {
-        if needs_reconnect(err) {
-            self.forget(epoch);
-        }
-    }
-}
-
 /// The error for a reply that came over a Sentinel's connection after it was dropped or
 /// replaced (see [`SentinelNode::unchanged`]): whether the request was applied, and by
 /// a master, is unknown, so it counts as failed. Retryable: the next request goes to the
@@ -528,17 +517,6 @@ fn checked(value: Value) -> Result<Value, Error> {
         Value::ServerError(e) => Err(map_err(e.into())),
         value => Ok(value),
     }
-}
-
-fn needs_reconnect(err: &RedisError) -> bool {
-    err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_timeout()
-        || matches!(
-            err.kind(),
-            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-        )
 }
 
 impl Node {
@@ -911,76 +889,6 @@ async fn shards(conn: &ClusterConnection, tls: Option<&Tls>, config: &RedisConfi
         out.push(Shard { slots, client });
     }
     out
-}
-
-/// Whether `err` is a server certificate this client rejected (unknown issuer, wrong
-/// name, expired, ...): like a wrong password, a configuration problem that retrying
-/// does not fix.
-#[cfg(feature = "tls")]
-fn is_certificate_rejection(err: &RedisError) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = source {
-        if matches!(as_rustls(e), Some(rustls::Error::InvalidCertificate(_))) {
-            return true;
-        }
-        source = e.source();
-    }
-    // redis-rs' cluster client keeps only the text of its first connections' failures
-    // ("Failed to create initial connections - Io: invalid peer certificate: ..."):
-    // rustls' wording of `InvalidCertificate`.
-    err.to_string().contains("invalid peer certificate")
-}
-
-/// `e` as a rustls error, also when wrapped in an `io::Error` (whose `source` skips the
-/// error it wraps) or in the `Arc` the `redis` crate keeps it in.
-#[cfg(feature = "tls")]
-fn as_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    type Shared = Arc<dyn std::error::Error + Send + Sync>;
-    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-        Some(tls)
-    } else if let Some(io) = e.downcast_ref::<std::io::Error>() {
-        io.get_ref().and_then(|inner| as_rustls(inner))
-    } else if let Some(shared) = e.downcast_ref::<Shared>() {
-        as_rustls(&**shared)
-    } else {
-        None
-    }
-}
-
-/// Without TLS there are no certificates to reject.
-#[cfg(not(feature = "tls"))]
-fn is_certificate_rejection(_err: &RedisError) -> bool {
-    false
-}
-
-/// The one place Redis client errors become fencelock errors.
-pub(crate) fn map_err(err: RedisError) -> Error {
-    let retryable = matches!(
-        err.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::BusyLoading
-                | ServerErrorKind::ReadOnly
-                | ServerErrorKind::Moved
-                | ServerErrorKind::Ask
-        ) | ErrorKind::ClusterConnectionNotFound
-            | ErrorKind::MasterNameNotFoundBySentinel
-    );
-    // redis-rs' cluster client wraps a failed AUTH of its first connections in an I/O
-    // error ("Failed to create initial connections - Io: Password authentication
-    // failed"): a wrong password is never an outage to retry.
-    let auth = matches!(err.kind(), ErrorKind::AuthenticationFailed)
-        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
-        || err.to_string().contains("authentication failed");
-    if auth || is_certificate_rejection(&err) {
-        Error::backend(BACKEND, false, err)
-    } else if needs_reconnect(&err) || retryable {
-        Error::unavailable(BACKEND, err)
-    } else {
-        Error::backend(BACKEND, false, err)
-    }
 }
 
 /// Without the `tls` feature (with it, `tests/tls_topologies.rs` connects for real).

@@ -27,9 +27,9 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::engine::{Engine, InFlight};
+use crate::error::BACKEND;
 use crate::keys::PrimitiveKeys;
 use crate::lock::{MIN_LEASE, RedisLock, invalid_name};
-use crate::node::BACKEND;
 use crate::scripts;
 
 /// What is asked for.

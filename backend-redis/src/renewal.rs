@@ -419,7 +419,7 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) -> Duration {
                     Some(renewed) if renewed.iter().all(|r| *r == 1) => RenewalOutcome::Renewed,
                     Some(_) => RenewalOutcome::Gone,
                 };
-                record_renewal(crate::node::BACKEND, outcome, sent.elapsed(), locks);
+                record_renewal(crate::error::BACKEND, outcome, sent.elapsed(), locks);
                 reply
             },
             |replies| {

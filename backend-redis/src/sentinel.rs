@@ -26,9 +26,9 @@ use fencelock_core::Error;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::SentinelClient;
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr};
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError};
 
-use crate::node::{BACKEND, map_err};
+use crate::error::{BACKEND, map_err, needs_reconnect};
 
 /// The event channel Sentinels publish a completed failover on: `NAME OLD_IP OLD_PORT
 /// NEW_IP NEW_PORT`.
@@ -247,6 +247,14 @@ impl SentinelNode {
         let mut master = self.current.lock();
         if self.current.epoch.load(Ordering::SeqCst) == epoch && master.take().is_some() {
             self.current.epoch.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Drops the connection a request went on (`epoch`) after `err`, if the error
+    /// calls for a reconnection and the connection is still the one in use.
+    pub(crate) fn forget_on(&self, err: &RedisError, epoch: u64) {
+        if needs_reconnect(err) {
+            self.forget(epoch);
         }
     }
 }
