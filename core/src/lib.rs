@@ -31,6 +31,7 @@ mod ext;
 mod fence;
 mod guard;
 mod kept;
+pub mod kit;
 pub mod layer;
 pub mod line;
 mod liveness;

@@ -2,6 +2,7 @@
 //! applications' own tests.
 
 mod held;
+mod kind;
 mod renewal;
 mod semaphore;
 mod table;
@@ -15,7 +16,8 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use self::held::{Kind, MemoryHeld};
+use self::held::MemoryGrant;
+use self::kind::Kind;
 use self::semaphore::Semaphores;
 use self::table::{Attempt, Table};
 use crate::{
@@ -172,15 +174,15 @@ impl MemoryLock {
         lease: crate::Lease,
         (token, liveness): (crate::FencingToken, crate::Liveness),
     ) -> LockGuard {
-        let held = MemoryHeld::start(
+        let grant = MemoryGrant::start(
             self.shared.clone(),
             kind,
             self.client.clone(),
-            name.clone(),
-            id,
+            (name.clone(), id),
             lease,
             liveness.clone(),
         );
+        let held = crate::kit::Held::new(grant, liveness.clone());
         LockGuard::new(name.as_ref(), token, BACKEND, liveness, Arc::new(held))
     }
 

@@ -19,7 +19,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::held::Kind;
+use super::kind::Kind;
 use super::table::Renewal;
 use super::{Client, Shared};
 use crate::{Liveness, LossCause, RenewalOutcome};

@@ -1,0 +1,15 @@
+//! The held-lock kit: what every backend shares, so that a backend is only its protocol,
+//! its wire layout and its config.
+//!
+//! - [`held`]: the one [`HeldLock`](crate::HeldLock) implementation ([`Held`]) around a
+//!   backend's [`Grant`] (delete exactly one incarnation, stop renewal and watches,
+//!   extend), with the release state machine every backend used to write itself.
+//! - [`drift`]: the one rule for the margin a local deadline keeps.
+//!
+//! For backend implementations; applications never need it.
+
+pub mod drift;
+pub mod held;
+
+pub use drift::{CLOCK_DRIFT, DriftMargin};
+pub use held::{Deleted, Extension, Grant, Held};
