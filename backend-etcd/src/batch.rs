@@ -16,7 +16,7 @@
 //! outcome is unknown instead: requests sent again could be answered, and their keys
 //! released, before etcd applies the combined one, which would then make keys again.
 //! The callers' clean-ups delete their keys, and look for late ones for
-//! [`LATE_CREATE_WINDOW`](crate::held::LATE_CREATE_WINDOW). Creates are grouped by lease,
+//! [`LATE_CREATE_WINDOW`](crate::cleanup::LATE_CREATE_WINDOW). Creates are grouped by lease,
 //! so that one lease etcd no longer knows cannot fail the creates on another.
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -245,7 +245,7 @@ impl Batcher {
                 batcher: self,
                 which: Which::Deletes,
             };
-            return crate::held::delete_incarnation(&self.client, key, revision).await;
+            return crate::txn::delete_incarnation(&self.client, key, revision).await;
         }
         let (reply, answer) = oneshot::channel();
         let request = Delete {
@@ -349,8 +349,8 @@ impl Batcher {
     ) -> Result<Created, etcd_client::Error> {
         let otherwise = if queue {
             vec![
-                crate::lock::put_if_absent(key, put(key, lease, value)),
-                TxnOp::get(names, Some(crate::lock::first_created())),
+                crate::txn::put_if_absent(key, put(key, lease, value)),
+                TxnOp::get(names, Some(crate::txn::first_created())),
             ]
         } else {
             vec![TxnOp::get(key, None)]
@@ -367,13 +367,13 @@ impl Batcher {
         if queue {
             let ops = response.op_responses();
             let stale = match ops.first() {
-                Some(TxnOpResponse::Txn(created)) => crate::lock::stale_of(created),
+                Some(TxnOpResponse::Txn(created)) => crate::txn::stale_of(created),
                 _ => None,
             };
             return Ok(Created::Queued {
                 revision: stale.unwrap_or(now),
                 stale: stale.is_some(),
-                first: crate::lock::get_first(&ops, 1),
+                first: crate::txn::get_first(&ops, 1),
             });
         }
         let ours = match response.op_responses().first() {
@@ -444,7 +444,7 @@ impl Batcher {
             }
             join_all(batch.into_iter().map(|delete| async move {
                 let answer =
-                    crate::held::delete_incarnation(&self.client, &delete.key, delete.revision)
+                    crate::txn::delete_incarnation(&self.client, &delete.key, delete.revision)
                         .await;
                 let _ = delete.reply.send(answer);
             }))

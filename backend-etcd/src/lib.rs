@@ -7,19 +7,26 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
 mod batch;
+mod cleanup;
+mod client;
 mod config;
+mod create;
+mod deadline;
 mod delayed;
 mod election;
 mod error;
 mod fence;
 mod gate;
+mod grant;
 mod held;
 mod keys;
 mod lock;
 mod queue;
 mod session;
 mod tls;
+mod txn;
 mod wait;
 mod watches;
 

@@ -24,10 +24,11 @@ use etcd_client::{
 use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait};
 use tokio::time::Instant;
 
+use crate::cleanup::{Armed, Cleanup, KeyState};
+use crate::deadline::{step_deadline, within};
 use crate::error::map;
-use crate::held::{Armed, Cleanup, KeyState};
 use crate::keys::encode;
-use crate::lock::{EtcdLock, step_deadline, within};
+use crate::lock::EtcdLock;
 use crate::session::Session;
 
 /// What a request asks for.
@@ -290,6 +291,25 @@ impl EtcdLock {
         tokio::select! {
             result = waiting => result,
             () = session.lost() => Err(Error::lost(name, "the etcd session was lost while waiting")),
+        }
+    }
+
+    /// After waiting: our key must still be the one we queued with. If the session expired
+    /// while we waited, the key is gone and the lock must not be taken (etcd #11456).
+    async fn check_still_queued(&self, key: &str, mine: i64, name: &str) -> Result<(), Error> {
+        let response = self
+            .inner()
+            .client
+            .kv_client()
+            .get(key, None)
+            .await
+            .map_err(map)?;
+        match response.kvs().first() {
+            Some(kv) if kv.create_revision() == mine => Ok(()),
+            _ => Err(Error::lost(
+                name,
+                "our key disappeared while waiting (session expired or key deleted)",
+            )),
         }
     }
 }
