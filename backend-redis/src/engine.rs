@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use fencelock_core::{Error, FencingToken, LossCause};
-use futures_util::StreamExt;
 use futures_util::future::join_all;
-use futures_util::stream::FuturesUnordered;
 use redis::{FromRedisValue, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -18,15 +16,10 @@ use crate::config::RedisConfig;
 use crate::error::BACKEND;
 use crate::keys::LockKeys;
 use crate::node::Node;
-use crate::renewal::Renewals;
+use crate::quorum::{drift, on_every_node, pending, until_settled};
+use crate::schedule::Renewals;
 use crate::scripts::{self, Call};
 use crate::subscriber::Subscriber;
-
-/// The margin for clock drift subtracted from every local deadline: 1 % of the lease
-/// plus 2 ms (as in the Redlock description).
-pub(crate) fn drift(lease: Duration) -> Duration {
-    lease / 100 + Duration::from_millis(2)
-}
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -831,57 +824,6 @@ fn retry_after(held: &[i64], granted: usize, quorum: usize) -> Duration {
         // A key without expiry: re-check every second.
         _ => Duration::from_secs(1),
     }
-}
-
-/// Runs `each` on every node at once and returns their results in node order. With one
-/// server (every topology but Redlock) the one future is awaited in place: `join_all`'s
-/// allocations and moves of the future showed in the client's CPU per lock. Dropping the
-/// returned future drops every node's future, as `join_all` does.
-pub(crate) async fn on_every_node<'a, F, Fut, T>(nodes: &'a [Node], each: F) -> Vec<T>
-where
-    F: Fn(&'a Node) -> Fut,
-    Fut: std::future::Future<Output = T>,
-{
-    if let [node] = nodes {
-        vec![each(node).await]
-    } else {
-        join_all(nodes.iter().map(each)).await
-    }
-}
-
-/// How many of `answers` are not in yet.
-pub(crate) fn pending<T>(answers: &[Option<T>]) -> usize {
-    answers.iter().filter(|a| a.is_none()).count()
-}
-
-/// Runs `calls` at once and collects their outputs by position as they come, until
-/// `settled` is true of the outputs in so far (`None`: not in yet) or all are in. The
-/// calls still running then go on in a task on `runtime` until they end; their outputs
-/// are dropped. Dropping the returned future drops every call.
-async fn until_settled<T, F>(
-    runtime: &tokio::runtime::Handle,
-    calls: impl ExactSizeIterator<Item = F>,
-    mut settled: impl FnMut(&[Option<T>]) -> bool,
-) -> Vec<Option<T>>
-where
-    F: std::future::Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    let mut answers: Vec<Option<T>> = std::iter::repeat_with(|| None).take(calls.len()).collect();
-    let mut running: FuturesUnordered<_> = calls
-        .enumerate()
-        .map(|(i, call)| async move { (i, call.await) })
-        .collect();
-    while let Some((i, answer)) = running.next().await {
-        answers[i] = Some(answer);
-        if settled(&answers) {
-            break;
-        }
-    }
-    if !running.is_empty() {
-        runtime.spawn(async move { while running.next().await.is_some() {} });
-    }
-    answers
 }
 
 #[cfg(test)]

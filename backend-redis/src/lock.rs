@@ -18,11 +18,13 @@ use tracing::Instrument;
 
 use crate::config::{RedisConfig, Topology};
 use crate::election::{self, Holder, Reading, Seen};
-use crate::engine::{Attempt, Engine, Granted, drift};
+use crate::engine::{Attempt, Engine, Granted};
 use crate::error::BACKEND;
 use crate::held::RedisHeld;
 use crate::keys::LockKeys;
 use crate::node;
+use crate::quorum::drift;
+use crate::renewal;
 use crate::scripts;
 
 /// The shortest lease accepted.
@@ -239,7 +241,7 @@ impl RedisLock {
             );
         }
         if lease.is_renewing() {
-            self.engine.renewals.insert(
+            renewal::start(
                 &self.engine,
                 id,
                 keys.clone(),

@@ -329,7 +329,7 @@ async fn try_member(
             let token = number(token)
                 .and_then(|t| u64::try_from(t).ok())
                 .ok_or_else(bad)?;
-            if sent.elapsed() + crate::engine::drift(lease) >= lease {
+            if sent.elapsed() + crate::quorum::drift(lease) >= lease {
                 // Armed until the release is answered: a drop during it, or a release
                 // that failed, releases again in the background.
                 engine.undo(&mut in_flight, engine.config.timeout).await;
