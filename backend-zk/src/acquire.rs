@@ -23,8 +23,9 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
-use crate::held::{Node, ZkHeld};
+use crate::held::ZkHeld;
 use crate::names::{self, Recipe};
+use crate::node::Node;
 use crate::session::ZkSession;
 
 /// What to take and how long to wait.

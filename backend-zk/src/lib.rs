@@ -47,6 +47,7 @@ mod fence;
 mod held;
 mod lock;
 mod names;
+mod node;
 mod semaphore;
 mod session;
 mod transport;

@@ -38,8 +38,9 @@ use zookeeper_client as zk;
 
 use crate::acquire::{self, Ask};
 use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
-use crate::held::{Node, ZkHeld};
+use crate::held::ZkHeld;
 use crate::names::{self, Recipe};
+use crate::node::Node;
 use crate::session::ZkSession;
 
 /// The lease nodes' name after the protection prefix, as Curator names them.

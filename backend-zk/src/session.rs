@@ -37,7 +37,7 @@ use zookeeper_client as zk;
 use crate::config::{AclPolicy, AuthMethod, ZkConfig};
 use crate::error::{BACKEND, map, session_ended};
 use crate::transport::Transport;
-use crate::watcher::{Tracked, Watcher};
+use crate::watcher::{Watched, Watcher};
 
 /// What the leader's ping loop and scheduling may add to its ping period (half a tick):
 /// see [`deadline_margin`].
@@ -95,7 +95,7 @@ struct Registered {
     cap: Option<Instant>,
     /// The grant's nodes, deleted at close ([`ZkSession::give_up`]). Weak: the guard owns
     /// them, and they hold the session.
-    tracked: Weak<Tracked>,
+    tracked: Weak<dyn Watched>,
 }
 
 impl ZkSession {
@@ -264,9 +264,13 @@ impl ZkSession {
     /// client's close just before it), the lock is given up here as it would have been
     /// there: it is lost ([`LossCause::ClientClosed`]), not kept, and its nodes are
     /// deleted in the background.
-    pub(crate) fn register(&self, tracked: &Arc<Tracked>, cap: Option<Instant>) -> u64 {
+    pub(crate) fn register<W: Watched + 'static>(
+        &self,
+        tracked: &Arc<W>,
+        cap: Option<Instant>,
+    ) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let liveness = tracked.liveness.clone();
+        let liveness = tracked.liveness().clone();
         let mut held = self.held();
         if self.given_up.load(Ordering::Relaxed) {
             drop(held);
@@ -284,7 +288,7 @@ impl ZkSession {
             Registered {
                 liveness,
                 cap,
-                tracked: Arc::downgrade(tracked),
+                tracked: Arc::downgrade(tracked) as Weak<dyn Watched>,
             },
         );
         id
@@ -321,11 +325,11 @@ impl ZkSession {
                 entry
                     .liveness
                     .mark_lost(LossCause::ClientClosed, "the client was closed");
-                let tracked = entry.tracked.upgrade();
-                tracked
-                    .iter()
-                    .flat_map(|t| t.nodes().map(|node| node.path.clone()))
-                    .collect::<Vec<_>>()
+                entry
+                    .tracked
+                    .upgrade()
+                    .map(|tracked| tracked.paths())
+                    .unwrap_or_default()
             })
             .collect()
     }
@@ -686,7 +690,8 @@ mod tests {
     use fencelock_testkit::ZkServer;
 
     use super::*;
-    use crate::held::{Node, ZkHeld};
+    use crate::held::ZkHeld;
+    use crate::node::Node;
 
     /// The deadline's margin covers clock rates (2 %) and late leader pings (50 ms): at
     /// the minimum session timeout (two ticks, 1 s here) 70 ms, where it was 20 ms.

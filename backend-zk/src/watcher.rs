@@ -20,7 +20,6 @@ use std::cmp::{Ordering as CmpOrdering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -34,7 +33,6 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::session_ended;
-use crate::held::Node;
 
 /// How long after the grant the watch on a held lock's node is armed.
 pub(crate) const WATCH_DELAY: Duration = Duration::from_millis(10);
@@ -46,81 +44,43 @@ const TICK: Duration = Duration::from_millis(10);
 /// The pause before arming again after a request failed without ending the session.
 const REARM_PAUSE: Duration = Duration::from_millis(50);
 
-/// A held lock as its session's watcher sees it: the nodes of the grant and the guard's
-/// liveness.
-#[derive(Debug)]
-pub(crate) struct Tracked {
-    pub(crate) node: Arc<Node>,
-    /// A semaphore grant's further lease nodes (one per permit past the first).
-    pub(crate) extra: Vec<Arc<Node>>,
-    pub(crate) liveness: Liveness,
-    /// Set when the guard is being released or was dropped: the deletion of its nodes
-    /// from now on is ours, not a loss, and nothing is watched or deleted for it any more.
-    stopped: AtomicBool,
-    /// Set once the nodes were handed to background deletes after a loss by deadline.
-    given_up: AtomicBool,
-}
+/// A held grant as its session's watcher (and, at close, its session) sees it: the nodes
+/// to watch, the guard's liveness, and what to do on a loss. Implemented by the guard's
+/// record ([`crate::held`]); a trait so that the session, which owns this watcher, and
+/// the nodes, which belong to the session, do not depend on each other in a loop.
+pub(crate) trait Watched: Send + Sync {
+    /// The guard's liveness.
+    fn liveness(&self) -> &Liveness;
 
-impl Tracked {
-    pub(crate) fn new(node: Arc<Node>, extra: Vec<Arc<Node>>, liveness: Liveness) -> Self {
-        Tracked {
-            node,
-            extra,
-            liveness,
-            stopped: AtomicBool::new(false),
-            given_up: AtomicBool::new(false),
-        }
-    }
+    /// How many nodes the grant has (one, or a semaphore's permits): each is watched.
+    fn node_count(&self) -> usize;
 
-    /// Every node of the grant, the main one last.
-    pub(crate) fn nodes(&self) -> impl Iterator<Item = &Arc<Node>> {
-        self.extra.iter().chain(std::iter::once(&self.node))
-    }
+    /// The client and path to watch node `index` (`0..node_count()`) with.
+    fn node(&self, index: usize) -> (&zk::Client, &str);
 
-    fn node_at(&self, index: usize) -> &Arc<Node> {
-        self.extra.get(index).unwrap_or(&self.node)
-    }
+    /// The paths of the grant's nodes, the main one last.
+    fn paths(&self) -> Vec<String>;
 
-    /// Stops watching: called before our own release deletes the nodes.
-    pub(crate) fn stop(&self) {
-        self.stopped.store(true, Ordering::Release);
-    }
+    /// Whether the guard stopped watching (it is being released or was dropped): the
+    /// deletion of its nodes from now on is its own, not a loss.
+    fn is_stopped(&self) -> bool;
 
-    fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
-    }
+    /// Marks the grant lost (the first cause marked stays), unless it is stopped.
+    fn lost(&self, cause: LossCause, reason: String);
 
-    /// The lock is lost by deadline (or was given up at registration, the client being
-    /// closed): delete its nodes in the background (once), so it does not stay blocked by
-    /// nodes nobody uses.
-    pub(crate) fn give_up(&self) {
-        if !self.is_stopped() && !self.given_up.swap(true, Ordering::AcqRel) {
-            for node in self.nodes() {
-                node.delete_in_background();
-            }
-        }
-    }
-
-    /// Marks the lock lost unless the guard already stopped watching it (the first cause
-    /// marked stays). A node of a semaphore's grant gone loses the whole grant: its other
-    /// nodes are deleted, whichever path marked the loss first.
-    pub(crate) fn lost(&self, cause: LossCause, reason: impl Into<String>) {
-        if self.is_stopped() {
-            return;
-        }
-        if !self.liveness.is_lost() {
-            self.liveness.mark_lost(cause, reason);
-        }
-        if cause == LossCause::KeyGone && !self.extra.is_empty() {
-            self.give_up();
-        }
-    }
+    /// The grant is lost by deadline (or given up at close): deletes its nodes in the
+    /// background, once, so it does not stay blocked by nodes nobody uses.
+    fn give_up(&self);
 }
 
 /// A step of one watch: its arming request answered, or its armed watch fired.
 enum Step {
-    Armed(Arc<Tracked>, usize, Result<zk::OneshotWatcher, zk::Error>),
-    Fired(Arc<Tracked>, usize, zk::WatchedEvent),
+    Armed(
+        Arc<dyn Watched>,
+        usize,
+        Result<zk::OneshotWatcher, zk::Error>,
+    ),
+    Fired(Arc<dyn Watched>, usize, zk::WatchedEvent),
 }
 
 /// Arming: boxed, as its request future is large and it lives only for a round trip.
@@ -129,19 +89,17 @@ type StepFuture = Pin<Box<dyn Future<Output = Step> + Send>>;
 /// What a watch does next.
 enum Next {
     Arm(StepFuture),
-    Fire(Arc<Tracked>, usize, zk::OneshotWatcher),
+    Fire(Arc<dyn Watched>, usize, zk::OneshotWatcher),
 }
 
-fn arm(tracked: Arc<Tracked>, index: usize, pause: Option<Duration>) -> StepFuture {
+fn arm(tracked: Arc<dyn Watched>, index: usize, pause: Option<Duration>) -> StepFuture {
     Box::pin(async move {
         if let Some(pause) = pause {
             tokio::time::sleep(pause).await;
         }
-        let node = tracked.node_at(index);
-        let armed = node
-            .session
-            .client
-            .get_and_watch_data(&node.path)
+        let (client, path) = tracked.node(index);
+        let armed = client
+            .get_and_watch_data(path)
             .await
             .map(|(_, _, watcher)| watcher);
         Step::Armed(tracked, index, armed)
@@ -150,14 +108,14 @@ fn arm(tracked: Arc<Tracked>, index: usize, pause: Option<Duration>) -> StepFutu
 
 /// An armed watch, for as long as the lock is held: kept inline in the watcher's set,
 /// not boxed, as every held lock has one.
-async fn fire(tracked: Arc<Tracked>, index: usize, watcher: zk::OneshotWatcher) -> Step {
+async fn fire(tracked: Arc<dyn Watched>, index: usize, watcher: zk::OneshotWatcher) -> Step {
     Step::Fired(tracked, index, watcher.changed().await)
 }
 
 /// A lock's deadline in the heap, held weakly: a released guard's record goes with it.
 struct Due {
     at: Instant,
-    tracked: Weak<Tracked>,
+    tracked: Weak<dyn Watched>,
 }
 
 impl PartialEq for Due {
@@ -183,7 +141,7 @@ impl Ord for Due {
 #[derive(Default)]
 struct Queue {
     /// Grants waiting for [`WATCH_DELAY`] to pass, in grant order.
-    pending: VecDeque<(Instant, Weak<Tracked>)>,
+    pending: VecDeque<(Instant, Weak<dyn Watched>)>,
     running: bool,
 }
 
@@ -216,13 +174,14 @@ impl Watcher {
 
     /// Watches a fresh grant from [`WATCH_DELAY`] on, until it is stopped, lost, or its
     /// nodes are gone.
-    pub(crate) fn watch(self: &Arc<Self>, tracked: &Arc<Tracked>) {
+    pub(crate) fn watch<W: Watched + 'static>(self: &Arc<Self>, tracked: &Arc<W>) {
+        let tracked = Arc::downgrade(tracked) as Weak<dyn Watched>;
         let (start, wake) = {
             let mut queue = self.queue();
             let was_empty = queue.pending.is_empty();
             queue
                 .pending
-                .push_back((Instant::now() + WATCH_DELAY, Arc::downgrade(tracked)));
+                .push_back((Instant::now() + WATCH_DELAY, tracked));
             let start = !std::mem::replace(&mut queue.running, true);
             (start, was_empty && !start)
         };
@@ -262,12 +221,12 @@ impl Watcher {
                 if tracked.is_stopped() {
                     continue;
                 }
-                if tracked.liveness.is_lost() {
+                if tracked.liveness().is_lost() {
                     tracked.give_up();
                 } else {
                     // Renewed since: look again at the new deadline.
                     deadlines.push(Reverse(Due {
-                        at: tracked.liveness.valid_until(),
+                        at: tracked.liveness().valid_until(),
                         tracked: due.tracked,
                     }));
                 }
@@ -290,14 +249,14 @@ impl Watcher {
                     due
                 };
                 for tracked in due.iter().filter_map(Weak::upgrade) {
-                    if tracked.is_stopped() || tracked.liveness.is_ended() {
+                    if tracked.is_stopped() || tracked.liveness().is_ended() {
                         continue;
                     }
-                    for index in 0..=tracked.extra.len() {
+                    for index in 0..tracked.node_count() {
                         push(&mut watches, Next::Arm(arm(tracked.clone(), index, None)));
                     }
                     deadlines.push(Reverse(Due {
-                        at: tracked.liveness.valid_until(),
+                        at: tracked.liveness().valid_until(),
                         tracked: Arc::downgrade(&tracked),
                     }));
                 }
@@ -370,7 +329,7 @@ fn handle(step: Step) -> Option<Next> {
             match armed {
                 Ok(watcher) => Some(Next::Fire(tracked, index, watcher)),
                 Err(zk::Error::NoNode) => {
-                    tracked.lost(LossCause::KeyGone, "the lock node was deleted");
+                    tracked.lost(LossCause::KeyGone, "the lock node was deleted".into());
                     None
                 }
                 Err(err) if session_ended(&err) => {
@@ -382,7 +341,7 @@ fn handle(step: Step) -> Option<Next> {
                 }
                 // The connection broke: arm again once it may be back, while the lock
                 // can still be lost to a deletion.
-                Err(_) if tracked.liveness.is_lost() => {
+                Err(_) if tracked.liveness().is_lost() => {
                     tracked.give_up();
                     None
                 }
@@ -397,7 +356,7 @@ fn handle(step: Step) -> Option<Next> {
                 zk::EventType::NodeDeleted => {
                     tracked.lost(
                         LossCause::KeyGone,
-                        "the lock node was deleted by another client",
+                        "the lock node was deleted by another client".into(),
                     );
                     None
                 }
@@ -410,7 +369,7 @@ fn handle(step: Step) -> Option<Next> {
                 }
                 // Its data changed (Curator's revocation writes it) or the connection
                 // came back: the node is still there, watch it again.
-                _ if tracked.liveness.is_lost() => {
+                _ if tracked.liveness().is_lost() => {
                     tracked.give_up();
                     None
                 }
