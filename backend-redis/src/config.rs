@@ -8,6 +8,9 @@ use fencelock_core::{parse_duration, urlparts};
 
 use crate::keys::KeyLayout;
 
+/// The shortest lease accepted.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
 /// A `host:port` pair.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {

@@ -44,19 +44,16 @@
 //! nothing, and an observer reports a leader only with a token larger than the last it
 //! reported, so no term is reported twice.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock_core::{Error, FencingToken, Leader, LeaderChange};
-use tokio::sync::Notify;
-use tokio::sync::mpsc::UnboundedSender;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use fencelock_core::{Error, FencingToken, Leader};
+use futures_util::future::join_all;
+use redis::Value;
 
+use crate::engine::Engine;
 use crate::error::BACKEND;
 use crate::keys::LockKeys;
-use crate::lock::RedisLock;
-use crate::subscriber::Subscription;
+use crate::scripts;
 
 /// A campaign's term, as one instance's lock key holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,127 +265,57 @@ pub(crate) fn decide(seen: &[Seen], answered: usize, nodes: usize, quorum: usize
     }
 }
 
-/// The first delay after a failed read, doubled up to [`RETRY_MAX`].
-const RETRY_MIN: Duration = Duration::from_millis(100);
-
-/// The longest delay between reads while they fail.
-const RETRY_MAX: Duration = Duration::from_secs(2);
-
-/// When an observer must read again unless a message comes first: just after the
-/// holder's key expires.
-pub(crate) fn expiry(holder: Option<&Holder>) -> Option<Instant> {
-    holder
-        .and_then(|h| h.remaining)
-        .map(|r| Instant::now() + r + Duration::from_millis(1))
+/// The holder a quorum of nodes agrees on, if any (see [`reading`]); a term
+/// being granted (not yet confirmed) is a holder here, as it holds the name.
+pub(crate) async fn holder_of(engine: &Engine, keys: &LockKeys) -> Result<Option<Holder>, Error> {
+    Ok(reading(engine, keys).await?.holder())
 }
 
-/// Follows `keys`' election, sending each change of leader to `changes`, until `stop`
-/// is cancelled (the [`LeaderChanges`](fencelock_core::LeaderChanges) was dropped, or the
-/// client closed: then the last item is [`Error::Closed`]) or nobody listens. `wake` is
-/// notified by `subscriptions` (the election channel on every node); `first` is what the
-/// first read found (and reported). A read that fails retryably, or that decides nothing
-/// (Redlock: too few instances answered to tell), is tried again after a bounded
-/// backoff; one that fails otherwise (an ACL refusal) ends the observation with its
-/// error.
-///
-/// Only confirmed leaders are reported (see [`decide`]): a term found unconfirmed (a
-/// Redlock grant being made) is not reported, and the observer reads again when the
-/// confirmation is published (or at that key's expiry, if its candidate gave up). A
-/// leader is reported only with a token larger than every leader reported before, so
-/// no term is reported twice: a term seen again after a read that found nobody is not
-/// reported again.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn follow(
-    lock: RedisLock,
-    keys: LockKeys,
-    subscriptions: Vec<Subscription>,
-    wake: Arc<Notify>,
-    first: Reading,
-    changes: UnboundedSender<LeaderChange>,
-    stop: CancellationToken,
-    closed: CancellationToken,
-) {
-    let _subscriptions = subscriptions;
-    let mut backoff = RETRY_MIN;
-    let mut deadline = next_read(&first, &mut backoff);
-    let mut last = first.leader();
-    let mut highest = last.as_ref().map(|l| l.token);
-    loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => {
-                if closed.is_cancelled() {
-                    let _ = changes.send(Err(Error::Closed { backend: BACKEND }));
-                }
-                return;
-            }
-            () = changes.closed() => return,
-            () = wake.notified() => {}
-            () = sleep_until(deadline) => {}
-        }
-        match lock.reading(&keys).await {
-            Ok(reading) => {
-                deadline = next_read(&reading, &mut backoff);
-                let now = match &reading {
-                    Reading::Held(holder) if holder.confirmed => holder.leader(),
-                    // A grant being made, or a read that could not tell: nothing to
-                    // report yet.
-                    Reading::Held(_) | Reading::Undecided => continue,
-                    Reading::Free => None,
-                };
-                if now == last {
-                    continue;
-                }
-                if let Some(leader) = &now {
-                    if highest.is_some_and(|h| leader.token <= h) {
-                        // Reported already (or older than what was): never twice.
-                        continue;
+/// One read of the lock key and its `PTTL` (and the counter, a plain lock's token) per
+/// node, decided by [`decide`]: a holder is an owner a quorum agrees on,
+/// and a campaign's term (read from the lock key itself, value and token with the
+/// owner) is confirmed only when a quorum holds its confirmed line.
+pub(crate) async fn reading(engine: &Engine, keys: &LockKeys) -> Result<Reading, Error> {
+    let mut invocation = scripts::INSPECT.prepare_invoke();
+    invocation.key(&keys.lock).key(&keys.token);
+    let replies = join_all(engine.nodes.iter().map(|n| n.invoke::<Value>(&invocation))).await;
+    let mut seen: Vec<Seen> = Vec::new();
+    let mut answered = 0;
+    let mut first_error = None;
+    for reply in replies {
+        match reply {
+            Ok(Value::Array(items)) => {
+                answered += 1;
+                if let [stored, Value::Int(pttl), counter] = items.as_slice() {
+                    if let Some(stored) = text(stored) {
+                        let (owner, term) = parse(&stored);
+                        seen.push(Seen {
+                            owner: owner.to_owned(),
+                            term: term.map(|t| (t.token, t.value.to_owned(), t.confirmed)),
+                            counter: text(counter).and_then(|c| c.parse().ok()).unwrap_or(0),
+                            remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                        });
                     }
-                    highest = Some(leader.token);
-                }
-                last.clone_from(&now);
-                if changes.send(Ok(now)).is_err() {
-                    return;
                 }
             }
-            Err(error) if error.is_retryable() => {
-                tracing::debug!(%error, "redis election read failed; retrying");
-                deadline = Some(Instant::now() + backoff);
-                backoff = backoff.saturating_mul(2).min(RETRY_MAX);
-            }
-            Err(error) => {
-                let _ = changes.send(Err(error));
-                return;
-            }
+            Ok(_) => answered += 1,
+            Err(e) => first_error = first_error.or(Some(e)),
         }
     }
-}
-
-/// When to read again after `reading` unless a message comes first: at the holder's
-/// expiry; after `backoff` (then doubled) when the read decided nothing.
-fn next_read(reading: &Reading, backoff: &mut Duration) -> Option<Instant> {
-    match reading {
-        Reading::Held(holder) => {
-            *backoff = RETRY_MIN;
-            expiry(Some(holder))
-        }
-        Reading::Free => {
-            *backoff = RETRY_MIN;
-            None
-        }
-        Reading::Undecided => {
-            let at = Instant::now() + *backoff;
-            *backoff = backoff.saturating_mul(2).min(RETRY_MAX);
-            Some(at)
-        }
+    if answered < engine.quorum {
+        return Err(
+            first_error.unwrap_or_else(|| Error::unavailable(BACKEND, "no quorum answered"))
+        );
     }
+    Ok(decide(&seen, answered, engine.nodes.len(), engine.quorum))
 }
 
-/// Sleeps until `at`; forever when there is no deadline.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+/// A reply's text, if it is a string.
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RedisConfig;
-use crate::error::BACKEND;
+use crate::error::{BACKEND, invalid_name};
 use crate::keys::LockKeys;
 use crate::node::Node;
 use crate::quorum::{drift, on_every_node, pending, until_settled};
@@ -138,6 +138,43 @@ impl Engine {
     /// Whether this client talks to a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
         self.nodes.first().is_some_and(Node::is_cluster)
+    }
+
+    /// Whether this client is a Redlock over several instances.
+    pub(crate) fn is_redlock(&self) -> bool {
+        self.nodes.len() > 1
+    }
+
+    /// Fails with [`Error::Closed`] once the client is closed.
+    pub(crate) fn check_open(&self) -> Result<(), Error> {
+        if self.closed.is_cancelled() {
+            Err(Error::Closed { backend: BACKEND })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The keys of lock (or election) `name`. In the raw layout, a name whose key would
+    /// be another name's auxiliary key is [`Error::InvalidName`] (see
+    /// `KeyLayout::refusal`). On a Redis Cluster, a name whose
+    /// keys cannot share one slot (the raw layout's `}` without a tag: see
+    /// [`KeyLayout::raw`](crate::KeyLayout::raw)) is [`Error::InvalidName`], before any
+    /// I/O: its scripts would fail with `CROSSSLOT`.
+    pub(crate) fn lock_keys(&self, name: &str) -> Result<LockKeys, Error> {
+        let layout = &self.config.layout;
+        if let Some(reason) = layout.refusal(name, false) {
+            return Err(invalid_name(name, reason));
+        }
+        let keys = layout.keys(name);
+        if self.is_cluster() && !keys.share_a_slot() {
+            return Err(invalid_name(
+                name,
+                "in the raw layout on a Redis Cluster, a lock key with `}` and no \
+                 non-empty {tag} cannot keep its token key in its slot: put a {tag} \
+                 in the name",
+            ));
+        }
+        Ok(keys)
     }
 
     /// The subscribers a waiter for a key in `slot` subscribes with: on a cluster, the

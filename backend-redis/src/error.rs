@@ -6,6 +6,14 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 /// The backend's name in errors, spans and metrics.
 pub(crate) const BACKEND: &str = "redis";
 
+/// [`Error::InvalidName`] for `name` (shortened, as `validate_name` does) and `reason`.
+pub(crate) fn invalid_name(name: &str, reason: &'static str) -> Error {
+    Error::InvalidName {
+        name: name.chars().take(64).collect(),
+        reason,
+    }
+}
+
 /// The one place Redis client errors become fencelock errors.
 pub(crate) fn map_err(err: RedisError) -> Error {
     let retryable = matches!(

@@ -1,4 +1,5 @@
-//! A held Redis lock: release and background release.
+//! A held Redis lock: the guard handed out for a grant, its release, background release
+//! and extension.
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,11 +7,87 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock_core::{Error, HeldLock};
+use fencelock_core::{Error, FencingToken, HeldLock, Lease, LockGuard};
 use tokio::time::Instant;
 
-use crate::engine::Engine;
+use crate::config::MIN_LEASE;
+use crate::engine::{Engine, Granted};
+use crate::error::BACKEND;
 use crate::keys::LockKeys;
+use crate::quorum::drift;
+use crate::renewal;
+
+/// Hands out the guard of a grant (of `name`, for `keys`, made by attempt `id` whose
+/// request was sent at `sent`): registers it with the client for `close` (refused, and
+/// released in the background, once the client is closed), starts renewing a renewing
+/// lease, and wraps a [`RedisHeld`] in the guard, whose deadline counts from `sent`.
+///
+/// # Errors
+///
+/// [`Error::Closed`] when the client was closed while granting.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn guard(
+    engine: &Arc<Engine>,
+    name: &str,
+    keys: &LockKeys,
+    lease: Lease,
+    token: FencingToken,
+    owner: String,
+    id: u64,
+    sent: tokio::time::Instant,
+    election: bool,
+) -> Result<LockGuard, Error> {
+    let duration = lease.duration();
+    let liveness = fencelock_core::Liveness::new(sent + duration - drift(duration));
+    {
+        let mut held = engine.held();
+        if engine.closed.is_cancelled() {
+            // Closed while granting: not handed out.
+            drop(held);
+            engine.release_in_background(keys.clone(), owner, Some(token.get()), election);
+            return Err(Error::Closed { backend: BACKEND });
+        }
+        held.insert(
+            id,
+            Granted {
+                keys: keys.clone(),
+                owner: owner.clone(),
+                token: token.get(),
+                liveness: liveness.clone(),
+                election,
+            },
+        );
+    }
+    if lease.is_renewing() {
+        renewal::start(
+            engine,
+            id,
+            keys.clone(),
+            owner.clone(),
+            duration,
+            liveness.clone(),
+            sent,
+        );
+    }
+    let held = RedisHeld {
+        engine: engine.clone(),
+        id,
+        name: name.to_owned(),
+        keys: keys.clone(),
+        owner,
+        token: token.get(),
+        election,
+        released: AtomicBool::new(false),
+        release_sent: AtomicBool::new(false),
+    };
+    Ok(LockGuard::new(
+        name,
+        token,
+        BACKEND,
+        liveness,
+        Arc::new(held),
+    ))
+}
 
 /// The backend side of a Redis guard. Its owner value identifies this grant alone, so a
 /// late or repeated release can never delete a newer holder's key.
@@ -52,7 +129,7 @@ impl HeldLock for RedisHeld {
             // The key is gone, maybe by our own earlier release (the raw layout keeps no
             // counter to tell, and a later grant moves the counter): not a known loss.
             false if repeated => Err(Error::unavailable(
-                crate::error::BACKEND,
+                BACKEND,
                 "the release could not be confirmed: an earlier release of this grant was                  sent but not answered, and the key is gone now (deleted by that release,                  or expired before it); the lock is free of this grant",
             )),
             false => Err(Error::lost(
@@ -88,7 +165,7 @@ impl HeldLock for RedisHeld {
 
     fn check_extension(&self, lease: Duration) -> Result<(), Error> {
         self.can_extend()?;
-        fencelock_core::validate_lease(lease, crate::lock::MIN_LEASE)
+        fencelock_core::validate_lease(lease, MIN_LEASE)
     }
 
     /// Moves the key's expiry on every node (a quorum for Redlock) with the renewal

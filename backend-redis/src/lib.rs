@@ -61,6 +61,7 @@
 // compute their layout.
 #![recursion_limit = "256"]
 
+mod acquire;
 mod config;
 mod election;
 mod engine;
@@ -71,6 +72,7 @@ mod instance;
 mod keys;
 mod lock;
 mod node;
+mod observe;
 mod primitives;
 mod quorum;
 mod renewal;
@@ -81,11 +83,11 @@ mod subscriber;
 
 use std::sync::Arc;
 
-pub use config::{Endpoint, RedisConfig, RedisTls, Topology};
+pub use config::{Endpoint, MIN_LEASE, RedisConfig, RedisTls, Topology};
 pub use fence::{FenceError, FencedValue};
 use fencelock_core::{DistributedLock, Error};
 pub use keys::KeyLayout;
-pub use lock::{MIN_LEASE, RedisLock};
+pub use lock::RedisLock;
 /// The `redis` client crate this backend is built on, for connections to use with
 /// [`FencedValue`] (the same version, so its connection types fit).
 pub use redis;

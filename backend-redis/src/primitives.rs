@@ -26,10 +26,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::config::MIN_LEASE;
 use crate::engine::{Engine, InFlight};
-use crate::error::BACKEND;
+use crate::error::{BACKEND, invalid_name};
+use crate::held;
 use crate::keys::PrimitiveKeys;
-use crate::lock::{MIN_LEASE, RedisLock, invalid_name};
 use crate::scripts;
 
 /// What is asked for.
@@ -105,156 +106,148 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-impl RedisLock {
-    /// Whether this client is a Redlock over several instances.
-    pub(crate) fn is_redlock(&self) -> bool {
-        self.engine().nodes.len() > 1
-    }
-
-    /// Takes a semaphore's permits or a read-write lock's side, waiting as `options`
-    /// allow.
-    pub(crate) async fn take_member(
-        &self,
-        name: &str,
-        ask: Ask,
-        options: AcquireOptions,
-    ) -> Result<LockGuard, Error> {
-        validate_name(name)?;
-        options.validate(MIN_LEASE)?;
-        self.check_open()?;
-        if self.is_redlock() {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: match ask {
-                    Ask::Permits { .. } => {
-                        "semaphores on Redlock (a majority of independent instances cannot bound the holders to the limit)"
-                    }
-                    Ask::Read | Ask::Write => "read-write locks on Redlock",
-                },
-            });
-        }
-        let layout = &self.engine().config.layout;
-        if let Some(reason) = layout.refusal(name, true) {
-            return Err(invalid_name(name, reason));
-        }
-        let keys = layout.primitive_keys(name, ask.kind());
-        // As for a lock (`RedisLock::lock_keys`): a script over keys in several slots
-        // would fail with CROSSSLOT on every try.
-        if self.engine().is_cluster() && !keys.share_a_slot() {
-            return Err(invalid_name(
-                name,
-                "in the raw layout on a Redis Cluster, a name with `}` and no \
-                 non-empty {tag} cannot keep its keys in one slot: put a {tag} in \
-                 the name",
-            ));
-        }
-        let wait = fencelock_core::WaitDeadline::new(options.wait_kind());
-        let waiting = self.wait_member(name, &keys, ask, options, wait);
-        let span = tracing::debug_span!("fencelock.redis.acquire_member", name = name);
-        let closed = self.engine().closed.clone();
-        tokio::select! {
-            biased;
-            () = closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
-            taken = waiting.instrument(span) => taken,
-            // A server that stopped answering: the whole request ends with the wait.
-            () = wait.bound_passed() => Err(wait.timed_out(name)),
-        }
-    }
-
-    async fn wait_member(
-        &self,
-        name: &str,
-        keys: &PrimitiveKeys,
-        ask: Ask,
-        options: AcquireOptions,
-        wait: fencelock_core::WaitDeadline,
-    ) -> Result<LockGuard, Error> {
-        // As for a lock: the wait is looked at where this waits; the caller bounds the
-        // whole request.
-        let engine = self.engine();
-        let lease = options.lease_kind();
-        let will_wait = options.wait_kind() != Wait::NoWait;
-        let intent_id = format!(
-            "{}:i{}",
-            engine.client_id,
-            engine.next_id.fetch_add(1, Ordering::Relaxed)
-        );
-        // Armed before the first try: the try may record the intent.
-        let mut intent = (ask != Ask::Read && will_wait).then(|| Intent {
-            engine,
-            keys,
-            id: intent_id.clone(),
-            armed: true,
+/// Takes a semaphore's permits or a read-write lock's side, waiting as `options`
+/// allow.
+pub(crate) async fn take_member(
+    engine: &Arc<Engine>,
+    name: &str,
+    ask: Ask,
+    options: AcquireOptions,
+) -> Result<LockGuard, Error> {
+    validate_name(name)?;
+    options.validate(MIN_LEASE)?;
+    engine.check_open()?;
+    if engine.is_redlock() {
+        return Err(Error::Unsupported {
+            backend: BACKEND,
+            operation: match ask {
+                Ask::Permits { .. } => {
+                    "semaphores on Redlock (a majority of independent instances cannot bound the holders to the limit)"
+                }
+                Ask::Read | Ask::Write => "read-write locks on Redlock",
+            },
         });
-        let mut first_try = true;
-        let wake = Arc::new(Notify::new());
-        let mut subscriptions = Vec::new();
-        loop {
-            let reply =
-                try_member(engine, keys, ask, lease.duration(), will_wait, &intent_id).await?;
-            let was_first = std::mem::take(&mut first_try);
-            match reply {
-                Reply::Granted {
-                    token,
+    }
+    let layout = &engine.config.layout;
+    if let Some(reason) = layout.refusal(name, true) {
+        return Err(invalid_name(name, reason));
+    }
+    let keys = layout.primitive_keys(name, ask.kind());
+    // As for a lock (`Engine::lock_keys`): a script over keys in several slots
+    // would fail with CROSSSLOT on every try.
+    if engine.is_cluster() && !keys.share_a_slot() {
+        return Err(invalid_name(
+            name,
+            "in the raw layout on a Redis Cluster, a name with `}` and no \
+             non-empty {tag} cannot keep its keys in one slot: put a {tag} in \
+             the name",
+        ));
+    }
+    let wait = fencelock_core::WaitDeadline::new(options.wait_kind());
+    let waiting = wait_member(engine, name, &keys, ask, options, wait);
+    let span = tracing::debug_span!("fencelock.redis.acquire_member", name = name);
+    let closed = engine.closed.clone();
+    tokio::select! {
+        biased;
+        () = closed.cancelled() => Err(Error::Closed { backend: BACKEND }),
+        taken = waiting.instrument(span) => taken,
+        // A server that stopped answering: the whole request ends with the wait.
+        () = wait.bound_passed() => Err(wait.timed_out(name)),
+    }
+}
+
+async fn wait_member(
+    engine: &Arc<Engine>,
+    name: &str,
+    keys: &PrimitiveKeys,
+    ask: Ask,
+    options: AcquireOptions,
+    wait: fencelock_core::WaitDeadline,
+) -> Result<LockGuard, Error> {
+    // As for a lock: the wait is looked at where this waits; the caller bounds the
+    // whole request.
+    let lease = options.lease_kind();
+    let will_wait = options.wait_kind() != Wait::NoWait;
+    let intent_id = format!(
+        "{}:i{}",
+        engine.client_id,
+        engine.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    // Armed before the first try: the try may record the intent.
+    let mut intent = (ask != Ask::Read && will_wait).then(|| Intent {
+        engine,
+        keys,
+        id: intent_id.clone(),
+        armed: true,
+    });
+    let mut first_try = true;
+    let wake = Arc::new(Notify::new());
+    let mut subscriptions = Vec::new();
+    loop {
+        let reply = try_member(engine, keys, ask, lease.duration(), will_wait, &intent_id).await?;
+        let was_first = std::mem::take(&mut first_try);
+        match reply {
+            Reply::Granted {
+                token,
+                owner,
+                id,
+                sent,
+            } => {
+                if was_first {
+                    // Granted at once: no try of this request recorded an intent.
+                    if let Some(intent) = &mut intent {
+                        intent.armed = false;
+                    }
+                }
+                let holder = keys.holder(&owner);
+                return held::guard(
+                    engine,
+                    name,
+                    &holder,
+                    lease,
+                    FencingToken::new(token),
                     owner,
                     id,
                     sent,
-                } => {
-                    if was_first {
-                        // Granted at once: no try of this request recorded an intent.
-                        if let Some(intent) = &mut intent {
-                            intent.armed = false;
-                        }
+                    false,
+                );
+            }
+            Reply::OtherLimit(limit) => {
+                return Err(Error::InvalidConfig(format!(
+                    "semaphore {name:?} is held or awaited with a limit of {limit}, not {}",
+                    match ask {
+                        Ask::Permits { limit, .. } => limit,
+                        _ => 0,
                     }
-                    let holder = keys.holder(&owner);
-                    return self.guard(
-                        name,
-                        &holder,
-                        lease,
-                        FencingToken::new(token),
-                        owner,
-                        id,
-                        sent,
-                        false,
-                    );
+                )));
+            }
+            Reply::Refused(_) if !will_wait => {
+                return Err(Error::Contended {
+                    name: name.to_owned(),
+                });
+            }
+            Reply::Refused(_) if wait.is_over() => return Err(wait.timed_out(name)),
+            Reply::Refused(_) if subscriptions.is_empty() => {
+                // Subscribe, then try again at once: a release between the refused
+                // try and the subscription is seen by that second try.
+                let subscribing = join_all(
+                    engine
+                        .subscribers_for(keys.slot)
+                        .iter()
+                        .map(|s| s.subscribe(&keys.channel, wake.clone())),
+                );
+                tokio::select! {
+                    subscribed = subscribing => subscriptions = subscribed,
+                    () = wait.over() => return Err(wait.timed_out(name)),
                 }
-                Reply::OtherLimit(limit) => {
-                    return Err(Error::InvalidConfig(format!(
-                        "semaphore {name:?} is held or awaited with a limit of {limit}, not {}",
-                        match ask {
-                            Ask::Permits { limit, .. } => limit,
-                            _ => 0,
-                        }
-                    )));
-                }
-                Reply::Refused(_) if !will_wait => {
-                    return Err(Error::Contended {
-                        name: name.to_owned(),
-                    });
-                }
-                Reply::Refused(_) if wait.is_over() => return Err(wait.timed_out(name)),
-                Reply::Refused(_) if subscriptions.is_empty() => {
-                    // Subscribe, then try again at once: a release between the refused
-                    // try and the subscription is seen by that second try.
-                    let subscribing = join_all(
-                        engine
-                            .subscribers_for(keys.slot)
-                            .iter()
-                            .map(|s| s.subscribe(&keys.channel, wake.clone())),
-                    );
-                    tokio::select! {
-                        subscribed = subscribing => subscriptions = subscribed,
-                        () = wait.over() => return Err(wait.timed_out(name)),
-                    }
-                }
-                Reply::Refused(after) => {
-                    // A writer refreshes its intent (3 s expiry) at least every second.
-                    let pause = after.min(Duration::from_secs(1));
-                    tokio::select! {
-                        () = wake.notified() => {}
-                        () = tokio::time::sleep(pause) => {}
-                        () = wait.over() => return Err(wait.timed_out(name)),
-                    }
+            }
+            Reply::Refused(after) => {
+                // A writer refreshes its intent (3 s expiry) at least every second.
+                let pause = after.min(Duration::from_secs(1));
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep(pause) => {}
+                    () = wait.over() => return Err(wait.timed_out(name)),
                 }
             }
         }
