@@ -3,14 +3,11 @@
 //! [`crate::create`], [`crate::wait`] and [`crate::grant`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait};
-use tokio::time::Instant;
+use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait, WaitDeadline};
 use tracing::Instrument;
 
 use crate::cleanup::{Armed, Cleanup, KeyState};
-use crate::deadline::{step_deadline, within};
 use crate::keys::{name_prefix, own_key};
 use crate::lock::EtcdLock;
 use crate::session::Session;
@@ -25,20 +22,17 @@ impl EtcdLock {
         options: AcquireOptions,
         value: &str,
     ) -> Result<LockGuard, Error> {
-        let deadline = match options.wait_kind() {
-            // A wait too long to represent is a wait forever.
-            Wait::Timeout(limit) => Instant::now().checked_add(limit),
-            Wait::NoWait | Wait::Forever => None,
-        };
-        match self.take(name, options, deadline, value).await {
+        // A wait too long to represent is a wait forever.
+        let wait = WaitDeadline::new(options.wait_kind());
+        match self.take(name, options, wait, value).await {
             Err(error) if crate::error::is_stale_session(&error) => {
-                self.take(name, options, deadline, value).await
+                self.take(name, options, wait, value).await
             }
             other => other,
         }
     }
 
-    /// Takes the lock, giving up at `deadline` (if any) with [`Error::Timeout`].
+    /// Takes the lock, giving up at the end of `wait` (if any) with [`Error::Timeout`].
     ///
     /// A waiter that gives up (a timeout, or an error while waiting) deletes its key
     /// before returning (bounded by the clean-up timeout), so a process that exits right
@@ -48,19 +42,12 @@ impl EtcdLock {
         &self,
         name: &str,
         options: AcquireOptions,
-        deadline: Option<Instant>,
+        wait: WaitDeadline,
         value: &str,
     ) -> Result<LockGuard, Error> {
-        let timed_out = || Error::Timeout {
-            name: name.to_owned(),
-            waited: match options.wait_kind() {
-                Wait::Timeout(limit) => limit,
-                _ => Duration::ZERO,
-            },
-        };
         // The steps before any waiting (the session, the create) get at least
         // `ROUND_TRIP_GRACE`: a free lock is granted with a zero wait.
-        let steps = step_deadline(deadline);
+        let steps = wait.bound_from_now();
         let inner = self.inner();
         let names = name_prefix(&inner.config.prefix, name);
         let lease = options.lease_or(inner.config.lease);
@@ -78,16 +65,17 @@ impl EtcdLock {
                 true,
             ),
             Lease::Fixed(_) => (
-                within(
+                wait.run_until(
                     steps,
+                    name,
                     inner.sessions.get(&inner.client, inner.config.lease),
-                    timed_out,
                 )
                 .await??,
                 false,
             ),
             Lease::Renewing(ttl) => (
-                within(steps, inner.sessions.get(&inner.client, ttl), timed_out).await??,
+                wait.run_until(steps, name, inner.sessions.get(&inner.client, ttl))
+                    .await??,
                 false,
             ),
         };
@@ -117,7 +105,8 @@ impl EtcdLock {
         } else {
             // Waiting behind this client's other waiters: the caller's deadline (a free
             // gate is entered at its first poll).
-            within(deadline, inner.gates.enter(&key, &names), timed_out).await?
+            wait.run_until(wait.at(), name, inner.gates.enter(&key, &names))
+                .await?
         };
         pending.get().permit = Some(permit);
 
@@ -134,12 +123,19 @@ impl EtcdLock {
             // background clean-up deletes it a moment later). Created, it is granted if
             // the lock is free (the wait bounds only time behind holders), and otherwise
             // finds its deadline passed below and deletes its key before returning.
-            let (mine, first) = within(
-                step_deadline(deadline),
-                self.create_and_read_first(&key, &names, session.lease_id(), value, &mut pending),
-                timed_out,
-            )
-            .await??;
+            let (mine, first) = wait
+                .run_until(
+                    wait.bound_from_now(),
+                    name,
+                    self.create_and_read_first(
+                        &key,
+                        &names,
+                        session.lease_id(),
+                        value,
+                        &mut pending,
+                    ),
+                )
+                .await??;
             if first != mine {
                 // Boxed, as are the other steps off the uncontended path below: their
                 // futures (watch streams, lease grants) are several KiB each, which
@@ -148,7 +144,7 @@ impl EtcdLock {
                     wait::for_turn(&inner.client, (&names, &key), mine, &session, name)
                         .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name)),
                 );
-                match within(deadline, waiting, timed_out).await {
+                match wait.run_until(wait.at(), name, waiting).await {
                     Ok(Ok(())) => {}
                     // Lost or failed while waiting: the key goes now too, as in the
                     // read-write and semaphore queues.

@@ -10,9 +10,8 @@ use etcd_client::{GetOptions, SortOrder, SortTarget};
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, FencingToken,
     HolderInfo, Leader, LeaderChanges, ListedLock, LockGuard, LockInfo, LossDetection, Permits,
-    Wait, validate_name, validate_prefix,
+    WaitDeadline, validate_name, validate_prefix,
 };
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::config::{MIN_LEASE, lease_seconds};
@@ -40,14 +39,11 @@ impl EtcdLock {
         // Once more on a new session if the session turned out to be gone (revoked or
         // expired before its keepalive noticed), as for a lock (`take_fresh`).
         // One deadline for both tries: the retry does not restart the caller's wait.
-        let deadline = match options.wait_kind() {
-            Wait::Timeout(limit) => Instant::now().checked_add(limit),
-            Wait::NoWait | Wait::Forever => None,
-        };
+        let wait = WaitDeadline::new(options.wait_kind());
         let taken = async {
-            match self.queue(name, ask, options, deadline).await {
+            match self.queue(name, ask, options, wait).await {
                 Err(error) if crate::error::is_stale_session(&error) => {
-                    self.queue(name, ask, options, deadline).await
+                    self.queue(name, ask, options, wait).await
                 }
                 other => other,
             }

@@ -13,7 +13,6 @@ mod cleanup;
 mod client;
 mod config;
 mod create;
-mod deadline;
 mod delayed;
 mod election;
 mod error;

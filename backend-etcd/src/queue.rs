@@ -15,17 +15,14 @@
 //! these ranges never meet a lock's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchFilterType, WatchOptions,
 };
-use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait};
-use tokio::time::Instant;
+use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait, WaitDeadline};
 
 use crate::cleanup::{Armed, Cleanup, KeyState};
-use crate::deadline::{step_deadline, within};
 use crate::error::map;
 use crate::keys::encode;
 use crate::lock::EtcdLock;
@@ -60,22 +57,15 @@ impl Ask {
 }
 
 impl EtcdLock {
-    /// Takes what `ask` asks for on `name`, waiting as `options` allow until `deadline`
-    /// (`None`: no end), which a retry on a new session shares with the first try.
+    /// Takes what `ask` asks for on `name`, waiting as `options` allow until the end of
+    /// `wait` (if any), which a retry on a new session shares with the first try.
     pub(crate) async fn queue(
         &self,
         name: &str,
         ask: Ask,
         options: AcquireOptions,
-        deadline: Option<Instant>,
+        wait: WaitDeadline,
     ) -> Result<LockGuard, Error> {
-        let timed_out = || Error::Timeout {
-            name: name.to_owned(),
-            waited: match options.wait_kind() {
-                Wait::Timeout(limit) => limit,
-                _ => Duration::ZERO,
-            },
-        };
         let inner = self.inner();
         let lease = options.lease_or(inner.config.lease);
         // Queue on the renewing session; a fixed lease starts at the grant (the key moves
@@ -85,14 +75,11 @@ impl EtcdLock {
             Lease::Fixed(_) => inner.config.lease,
         };
         // The steps before any waiting (session, create, first read) are bounded by at
-        // least the grace of `step_deadline`: a free name is granted with a zero wait.
-        let steps = step_deadline(deadline);
-        let session = within(
-            steps,
-            inner.sessions.get(&inner.client, session_ttl),
-            timed_out,
-        )
-        .await??;
+        // least the grace of `WaitDeadline::bound_from_now`: a free name is granted with a zero wait.
+        let steps = wait.bound_from_now();
+        let session = wait
+            .run_until(steps, name, inner.sessions.get(&inner.client, session_ttl))
+            .await??;
         let (dir, own, value) = ask.layout(&inner.config.prefix, name);
         // The lease is this client's, and the sequence is this process's: unique.
         static SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -118,7 +105,9 @@ impl EtcdLock {
                 value.as_str(),
                 Some(PutOptions::new().with_lease(session.lease_id())),
             )]);
-        let created = within(steps, self.send_create(txn, &mut pending), timed_out).await??;
+        let created = wait
+            .run_until(steps, name, self.send_create(txn, &mut pending))
+            .await??;
         if !created.succeeded() {
             // The key is this process's and sequence-numbered: it cannot exist already.
             return Err(Error::backend(
@@ -146,7 +135,7 @@ impl EtcdLock {
                 }
             }
         };
-        let granted_at_once = match within(steps, first_look, timed_out).await {
+        let granted_at_once = match wait.run_until(steps, name, first_look).await {
             Ok(Ok(granted)) => granted,
             Ok(Err(error)) | Err(error) => {
                 pending.finish_now().await;
@@ -178,7 +167,7 @@ impl EtcdLock {
                 }
             }
         };
-        match within(deadline, waiting, timed_out).await {
+        match wait.run_until(wait.at(), name, waiting).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) | Err(error) => {
                 pending.finish_now().await;

@@ -138,6 +138,40 @@ impl WaitDeadline {
         self.at.map(|at| at.max(self.started + ROUND_TRIP_GRACE))
     }
 
+    /// [`bound`](Self::bound) for round trips that start now rather than at the start of
+    /// the acquire: the end of the wait, or [`ROUND_TRIP_GRACE`] from now if that is
+    /// later; `None` without an end. For a step sent after a local wait (behind this
+    /// client's other tasks), which is still granted a free lock at a zero wait.
+    pub fn bound_from_now(&self) -> Option<tokio::time::Instant> {
+        self.at
+            .map(|at| at.max(tokio::time::Instant::now() + ROUND_TRIP_GRACE))
+    }
+
+    /// Runs `step` until `until` (this wait's [`at`](Self::at), [`bound`](Self::bound) or
+    /// [`bound_from_now`](Self::bound_from_now); `None`: no end), and otherwise fails with
+    /// [`timed_out`](Self::timed_out) for lock `name`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel safe as `step`, which is dropped at `until`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `until` comes first.
+    pub async fn run_until<F: std::future::Future>(
+        &self,
+        until: Option<tokio::time::Instant>,
+        name: &str,
+        step: F,
+    ) -> Result<F::Output, Error> {
+        match until {
+            Some(until) => tokio::time::timeout_at(until, step)
+                .await
+                .map_err(|_| self.timed_out(name)),
+            None => Ok(step.await),
+        }
+    }
+
     /// The instant the wait ends, if it does.
     pub fn at(&self) -> Option<tokio::time::Instant> {
         self.at
@@ -357,6 +391,37 @@ mod tests {
         assert_eq!(
             explicit.lease_or(Duration::from_secs(5)),
             Lease::Renewing(Duration::from_secs(30))
+        );
+    }
+
+    /// A step sent after a local wait gets the grace from when it is sent, not from the
+    /// start of the acquire; a step cut at its bound fails with the wait's timeout.
+    #[tokio::test(start_paused = true)]
+    async fn steps_are_bounded_from_when_they_start() {
+        let wait = WaitDeadline::new(Wait::Timeout(Duration::from_millis(100)));
+        assert_eq!(WaitDeadline::new(Wait::Forever).bound_from_now(), None);
+        let start = tokio::time::Instant::now();
+        assert_eq!(wait.bound_from_now(), Some(start + ROUND_TRIP_GRACE));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = tokio::time::Instant::now();
+        assert_eq!(wait.bound_from_now(), Some(now + ROUND_TRIP_GRACE));
+        assert_eq!(wait.bound(), Some(start + ROUND_TRIP_GRACE));
+        // A long wait is its own bound.
+        let long = WaitDeadline::new(Wait::Timeout(Duration::from_secs(10)));
+        assert_eq!(long.bound_from_now(), long.at());
+
+        let step = wait.run_until(wait.bound_from_now(), "n", std::future::pending::<()>());
+        match step.await {
+            Err(Error::Timeout { name, waited }) => {
+                assert_eq!((name.as_str(), waited), ("n", Duration::from_millis(100)));
+            }
+            other => panic!("not a timeout: {other:?}"),
+        }
+        assert_eq!(tokio::time::Instant::now(), now + ROUND_TRIP_GRACE);
+        assert_eq!(wait.run_until(None, "n", async { 7 }).await.ok(), Some(7));
+        assert_eq!(
+            wait.run_until(wait.at(), "n", async { 7 }).await.ok(),
+            Some(7)
         );
     }
 
