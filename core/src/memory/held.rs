@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::kind::Kind;
-use super::renewal::Renewals;
+use super::renewal::Renewer;
 use super::table::Renewal;
 use super::{BACKEND, Client, Shared};
 use crate::kit::{Deleted, Extension, Grant};
@@ -21,9 +21,8 @@ pub(super) struct MemoryGrant {
     id: u64,
     /// Whether the lease is fixed (and so may be extended).
     fixed: bool,
-    client: Arc<Client>,
-    /// The key of a renewing lease in the client's [`Renewals`].
-    renewal: Option<u64>,
+    /// A renewing lease's renewer and key.
+    renewal: Option<(Arc<Renewer>, u64)>,
 }
 
 impl MemoryGrant {
@@ -39,9 +38,9 @@ impl MemoryGrant {
     ) -> Self {
         let renewal = match lease {
             Lease::Fixed(_) => None,
-            Lease::Renewing(duration) => Some(Renewals::insert(
+            Lease::Renewing(duration) => Some(client.renewals.insert(
                 &shared,
-                &client,
+                &client.closed,
                 (kind, name.clone(), id),
                 duration,
                 liveness,
@@ -53,7 +52,6 @@ impl MemoryGrant {
             name,
             id,
             fixed: matches!(lease, Lease::Fixed(_)),
-            client,
             renewal,
         }
     }
@@ -80,8 +78,8 @@ impl Grant for MemoryGrant {
     }
 
     fn stop(&self) {
-        if let Some(key) = self.renewal {
-            self.client.renewals.remove(key);
+        if let Some((renewer, key)) = &self.renewal {
+            renewer.remove(*key);
         }
     }
 

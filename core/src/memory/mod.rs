@@ -113,7 +113,7 @@ struct Client {
     /// Cancelled by `close`, under the table's lock: stops renewals and refuses acquires.
     closed: CancellationToken,
     /// The renewing leases of the locks held through this client.
-    renewals: renewal::Renewals,
+    renewals: renewal::ClientRenewals,
 }
 
 impl Client {
@@ -122,7 +122,7 @@ impl Client {
         Arc::new(Client {
             id: CLIENTS.fetch_add(1, Ordering::Relaxed) + 1,
             closed: CancellationToken::new(),
-            renewals: renewal::Renewals::default(),
+            renewals: renewal::ClientRenewals::default(),
         })
     }
 }
@@ -656,6 +656,9 @@ impl DistributedLock for MemoryLock {
         self.shared.table().close_client(&self.client);
         self.shared.semaphores().close_client(&self.client);
         self.shared.rwlocks().close_client(&self.client);
+        // Closing marked every lock lost: the renewal tasks end now, not at their next
+        // renewal.
+        self.client.renewals.wake_all();
         Ok(())
     }
 

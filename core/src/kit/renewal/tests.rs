@@ -1,0 +1,176 @@
+//! The scheduler against a backend that answers from a script, on a paused clock (the
+//! backends' own tests run it against real servers).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::*;
+
+/// How the scripted backend answers the renewals of one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Renew,
+    Fail,
+    Gone,
+}
+
+struct Scripted {
+    renewals: Renewals<Scripted>,
+    answers: Mutex<HashMap<u64, Answer>>,
+    /// (lease id, instant) of every renewal asked for.
+    asked: Mutex<Vec<(u64, Instant)>>,
+    abandoned: Mutex<Vec<u64>>,
+    closed: AtomicBool,
+    calls: AtomicUsize,
+}
+
+impl Scripted {
+    fn new() -> Arc<Self> {
+        Arc::new(Scripted {
+            renewals: Renewals::new(Handle::current()),
+            answers: Mutex::default(),
+            asked: Mutex::default(),
+            abandoned: Mutex::default(),
+            closed: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+        })
+    }
+
+    /// Holds lease `id` of `lease`, sent now; returns its record and key.
+    fn hold(self: &Arc<Self>, id: u64, lease: Duration, answer: Answer) -> (Liveness, u64) {
+        self.answers.lock().unwrap().insert(id, answer);
+        let now = Instant::now();
+        let liveness = Liveness::new(now + lease);
+        let key = Renewals::insert(self, id, lease, liveness.clone(), now);
+        (liveness, key)
+    }
+
+    fn asked(&self, id: u64) -> Vec<Instant> {
+        let asked = self.asked.lock().unwrap();
+        asked
+            .iter()
+            .filter(|(i, _)| *i == id)
+            .map(|(_, at)| *at)
+            .collect()
+    }
+}
+
+impl Renew for Scripted {
+    type Lease = u64;
+    type Due = u64;
+    const ENDS_WHEN_IDLE: bool = true;
+
+    fn renewals(&self) -> &Renewals<Self> {
+        &self.renewals
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    fn due(&self, lease: &mut u64, _now: Instant) -> u64 {
+        *lease
+    }
+
+    async fn renew(self: &Arc<Self>, due: Vec<Due<u64>>) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = Instant::now();
+        for d in due {
+            self.asked.lock().unwrap().push((d.data, now));
+            let answer = self.answers.lock().unwrap()[&d.data];
+            match answer {
+                Answer::Renew => self.renewals.renewed(&d, now + d.lease),
+                Answer::Fail => self.renewals.failed(&d),
+                Answer::Gone => self.renewals.gone(&d, "gone at renewal"),
+            }
+        }
+    }
+
+    fn abandon(self: &Arc<Self>, _key: u64, lease: u64) {
+        self.abandoned.lock().unwrap().push(lease);
+    }
+}
+
+/// Renewed every third of the lease, from the send; leases due close together are
+/// renewed in one call.
+#[tokio::test(start_paused = true)]
+async fn leases_are_renewed_every_third_in_batches() {
+    let backend = Scripted::new();
+    let lease = Duration::from_secs(3);
+    let start = Instant::now();
+    let (a, _) = backend.hold(1, lease, Answer::Renew);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (b, _) = backend.hold(2, lease, Answer::Renew);
+    tokio::time::sleep(Duration::from_millis(10_050)).await;
+    assert!(!a.is_lost() && !b.is_lost());
+    let asked = backend.asked(1);
+    assert!(asked.len() >= 9, "{} renewals in 10 s", asked.len());
+    assert_eq!(asked[0] - start, Duration::from_secs(1));
+    assert_eq!(backend.asked(2).len(), asked.len(), "renewed together");
+    assert_eq!(backend.calls.load(Ordering::SeqCst), asked.len());
+}
+
+/// A failed renewal is tried again after a tenth of the lease; a lease the server says
+/// is gone marks its guard lost and is renewed no more.
+#[tokio::test(start_paused = true)]
+async fn failures_are_retried_soon_and_gone_leases_are_lost() {
+    let backend = Scripted::new();
+    let lease = Duration::from_secs(10);
+    let (failing, failing_key) = backend.hold(1, lease, Answer::Fail);
+    let (gone, gone_key) = backend.hold(2, lease, Answer::Gone);
+    tokio::time::sleep(Duration::from_millis(6_000)).await;
+    let asked = backend.asked(1);
+    assert!(asked.len() >= 3, "{asked:?}");
+    assert_eq!(asked[1] - asked[0], Duration::from_secs(1));
+    assert!(!failing.is_lost());
+    assert!(backend.renewals.contains(failing_key));
+    assert_eq!(gone.lost_cause(), Some(LossCause::KeyGone));
+    assert_eq!(backend.asked(2).len(), 1);
+    assert!(!backend.renewals.contains(gone_key));
+}
+
+/// A lease whose guard was lost before its renewal is handed to `abandon`, never renewed;
+/// a removed one is neither.
+#[tokio::test(start_paused = true)]
+async fn lost_leases_are_abandoned_and_removed_ones_forgotten() {
+    let backend = Scripted::new();
+    let lease = Duration::from_secs(3);
+    let (lost, _) = backend.hold(1, lease, Answer::Renew);
+    let (_, removed) = backend.hold(2, lease, Answer::Renew);
+    lost.mark_lost(LossCause::LeaseExpired, "test");
+    assert!(backend.renewals.remove(removed));
+    assert!(!backend.renewals.remove(removed));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(backend.asked(1).is_empty() && backend.asked(2).is_empty());
+    assert_eq!(*backend.abandoned.lock().unwrap(), [1]);
+    assert!(backend.renewals.is_empty());
+}
+
+/// The task ends once nothing is held, and a later lease starts a new one; a closed
+/// client's task ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_ends_when_idle_or_closed_and_starts_again() {
+    let alive = || Handle::current().metrics().num_alive_tasks();
+    let before = alive();
+    let backend = Scripted::new();
+    let (_, key) = backend.hold(1, Duration::from_millis(300), Answer::Renew);
+    assert_eq!(alive(), before + 1);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!backend.asked(1).is_empty());
+    backend.renewals.remove(key);
+    let ended = Instant::now() + Duration::from_secs(5);
+    while alive() > before && Instant::now() < ended {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(alive(), before, "the task ends when nothing is held");
+    let (again, _) = backend.hold(2, Duration::from_millis(300), Answer::Renew);
+    assert_eq!(alive(), before + 1, "a new lease starts a new task");
+    backend.closed.store(true, Ordering::SeqCst);
+    backend.renewals.wake();
+    let ended = Instant::now() + Duration::from_secs(5);
+    while alive() > before && Instant::now() < ended {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(alive(), before, "a closed client's task ends");
+    drop(again);
+}
