@@ -25,7 +25,8 @@ use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map, retry, session_ended};
 use crate::names::{self, Rank, Recipe};
-use crate::session::{SessionPool, ZkSession};
+use crate::pool::SessionPool;
+use crate::session::ZkSession;
 
 /// The candidate (or other) nodes of one election directory, in Curator's order.
 #[derive(Debug, Default)]
