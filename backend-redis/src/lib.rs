@@ -63,6 +63,7 @@
 
 mod acquire;
 mod config;
+mod connect;
 mod election;
 mod engine;
 mod error;
@@ -80,6 +81,7 @@ mod schedule;
 mod scripts;
 mod sentinel;
 mod subscriber;
+mod tls;
 
 use std::sync::Arc;
 

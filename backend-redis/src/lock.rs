@@ -16,7 +16,7 @@ use crate::election::{self, Holder};
 use crate::engine::Engine;
 use crate::error::BACKEND;
 use crate::primitives::{self, Ask};
-use crate::{acquire, node, observe};
+use crate::{acquire, connect, observe};
 
 /// Locks in Redis: a single server, a Sentinel-managed master, a Cluster, or Redlock over
 /// independent masters.
@@ -73,7 +73,7 @@ impl RedisLock {
                 "rediss:// needs TLS support: cargo feature `redis-tls` of fencelock (`tls` of fencelock-redis)".into(),
             ));
         }
-        let nodes = node::open(&config).await?;
+        let nodes = connect::open(&config).await?;
         Ok(RedisLock {
             engine: Arc::new(Engine::new(config, nodes)),
         })

@@ -438,7 +438,7 @@ mod tests {
         let server = RedisServer::start();
         let proxy = FaultProxy::start(&server.addr());
         let config = RedisConfig::from_url(&format!("redis://{}", proxy.addr())).unwrap();
-        let node = crate::node::open(&config).await.unwrap().remove(0);
+        let node = crate::connect::open(&config).await.unwrap().remove(0);
         let subscriber = Subscriber::new(node, Duration::from_secs(1), CancellationToken::new());
         let wake = Arc::new(Notify::new());
         let _subscription = subscriber.subscribe("unlocks", wake.clone()).await;
@@ -487,7 +487,7 @@ mod tests {
         let server = RedisServer::shared();
         let proxy = FaultProxy::start(&server.addr());
         let config = RedisConfig::from_url(&format!("redis://{}", proxy.addr())).unwrap();
-        let node = crate::node::open(&config).await.unwrap().remove(0);
+        let node = crate::connect::open(&config).await.unwrap().remove(0);
         let subscriber = Subscriber::new(node, Duration::from_secs(5), CancellationToken::new());
         let channel = format!("late-ack-{:x}", std::process::id());
         // Connected and subscribed while the link is quick.
