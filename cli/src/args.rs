@@ -2,12 +2,16 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use fencelock::Permits;
 
-use crate::duration::{self, DurationArg};
+use crate::duration::DurationArg;
+
+mod bench;
+
+use bench::BENCH_HELP;
+pub use bench::{BenchArgs, Workload};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -184,39 +188,6 @@ Examples:
 Exit codes: 0 revoked (or nobody held it), 64 usage or --yes missing,
 69 backend unavailable, 74 output unwritable.";
 
-const BENCH_HELP: &str = "\
-Workloads: uncontended (one client, one name: acquire+release latency p50/p99/
-p99.9, ops/s); contended (N clients, each with its own connection, on one name:
-handoffs/s and per-client fairness); many-keys (N workers on distinct names
-over one connection: locks/s). --baseline also runs the raw-client floor of the
-URL's backend (mem: tokio Mutex; etcd: create-if-absent txn + delete; ZooKeeper:
-create ephemeral + delete; Redis: SET NX PX + compare-and-delete script), so the
-difference is the library's overhead on this deployment. Each implementation is
-warmed up (--warmup), then measured in --rounds rounds, library and floor
-interleaved; latencies go into an HDR histogram. --hold keeps each lock that long;
---lease sets the library's lease. Handoffs are grants to another client than the
-grant before. A flag the workload would not use is refused (exit 64).
-
-Scale workloads (one client, the library only, checked as they run): waiters
-(--count waiters queued on one name in batches, then served: each exactly once,
-in batch order where the backend claims FIFO; memory per waiter; hand-off latency
-with the whole queue, 1,000 and 10 left); held (--count locks held at once,
-renewing, for 5 lease periods: none lost; memory per held lock; acquires with all
-held against acquires before the fill, paced alike); cycles (--count acquire+release on distinct
-names: memory after against a warm-up, nothing left on the server). Memory is
-this process's resident set. --processes N (waiters only) queues the waiters
-from N child processes of this binary instead, count/N each, started one after
-another (each once all of its waiters are queued), all served in one queue; memory
-is then the children's resident sets.
-
-Examples:
-  fencelock bench --workload uncontended --duration 5s --baseline
-  fencelock bench --url etcd://127.0.0.1:2379/bench --workload contended --clients 8 --json
-  fencelock bench --url zk://127.0.0.1:2181/bench --workload waiters --count 10000 --processes 10
-
-Exit codes: 0, 64 usage, 69 backend unavailable, 70 a scale workload's check failed,
-74 output unwritable.";
-
 /// Where the locks live.
 #[derive(Debug, Args)]
 pub struct UrlArg {
@@ -328,15 +299,10 @@ pub struct OutputArgs {
     pub json: bool,
 }
 
-/// `fencelock run`.
+/// How the command runs under the lock (`run`, `elect`): `sh -c STRING` instead of a
+/// COMMAND, and how long it gets between SIGTERM and SIGKILL once the lock is lost.
 #[derive(Debug, Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub url: UrlArg,
-    #[command(flatten)]
-    pub wait: WaitArgs,
-    #[command(flatten)]
-    pub output: OutputArgs,
+pub struct CommandArgs {
     /// Time between SIGTERM and SIGKILL when the lock is lost
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     pub kill_grace: DurationArg,
@@ -349,6 +315,19 @@ pub struct RunArgs {
         conflicts_with = "command"
     )]
     pub shell: Option<OsString>,
+}
+
+/// `fencelock run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub child: CommandArgs,
     /// Take N of the LIMIT permits of semaphore NAME instead of the lock NAME (every
     /// holder must give the same LIMIT)
     #[arg(long, value_name = "N/LIMIT", value_parser = parse_permits)]
@@ -411,6 +390,12 @@ found.";
 
 /// `fencelock elect`.
 #[derive(Debug, Args)]
+// The shared --kill-grace speaks of leadership here (in place: `mut_arg` would move it
+// to the end of the completion scripts).
+#[command(mut_args(|arg| match arg.get_id().as_str() {
+    "kill_grace" => arg.help("Time between SIGTERM and SIGKILL when leadership is lost"),
+    _ => arg,
+}))]
 pub struct ElectArgs {
     #[command(flatten)]
     pub url: UrlArg,
@@ -418,18 +403,8 @@ pub struct ElectArgs {
     pub wait: WaitArgs,
     #[command(flatten)]
     pub output: OutputArgs,
-    /// Time between SIGTERM and SIGKILL when leadership is lost
-    #[arg(long, value_name = "DURATION", default_value = "10s")]
-    pub kill_grace: DurationArg,
-    /// Run this shell command (`sh -c STRING`) instead of a COMMAND after --
-    #[arg(
-        short = 'c',
-        long = "command",
-        visible_alias = "shell",
-        value_name = "STRING",
-        conflicts_with = "command"
-    )]
-    pub shell: Option<OsString>,
+    #[command(flatten)]
+    pub child: CommandArgs,
     /// The election name
     pub election: String,
     /// What the leader publishes (observers and `inspect` see it) [default: HOST:PID]
@@ -457,8 +432,7 @@ impl ElectArgs {
             url: self.url,
             wait: self.wait,
             output: self.output,
-            kill_grace: self.kill_grace,
-            shell: self.shell,
+            child: self.child,
             permits: None,
             name: self.election,
             command: self.command,
@@ -519,306 +493,5 @@ pub struct RevokeArgs {
     pub name: String,
 }
 
-/// The bench workloads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Workload {
-    /// One client, one name, sequential acquire+release.
-    Uncontended,
-    /// N clients contending on one name.
-    Contended,
-    /// N workers on distinct names.
-    ManyKeys,
-    /// Scale: --count waiters (default 10,000) queued on one name, then served.
-    Waiters,
-    /// Scale: --count locks (default 100,000) held at once for 5 lease periods.
-    Held,
-    /// Scale: --count acquire+release cycles (default 1,000,000) on distinct names.
-    Cycles,
-}
-
-impl Workload {
-    /// The name used on the command line and in JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Workload::Uncontended => "uncontended",
-            Workload::Contended => "contended",
-            Workload::ManyKeys => "many-keys",
-            Workload::Waiters => "waiters",
-            Workload::Held => "held",
-            Workload::Cycles => "cycles",
-        }
-    }
-}
-
-/// `fencelock bench`.
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    #[command(flatten)]
-    pub url: UrlArg,
-    /// What to measure
-    #[arg(long, value_enum)]
-    pub workload: Workload,
-    // The flags one workload uses and another does not are `Option`s without a clap
-    // default, so that one given explicitly to a workload that would ignore it can be
-    // refused (`bench::check_flags`); the accessors below apply the defaults.
-    /// Contended and many-keys: clients or workers [default: 4]
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub clients: Option<u16>,
-    /// How long to measure each implementation, split into --rounds [default: 5s]
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
-    pub duration: Option<Duration>,
-    /// Unmeasured run of each implementation first [default: 1s]
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
-    pub warmup: Option<Duration>,
-    /// Rounds, the library and the floor interleaved (so both see the same machine)
-    /// [default: 3]
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100))]
-    pub rounds: Option<u16>,
-    /// How long each holder keeps the lock (inside the critical section) [default: 0]
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
-    pub hold: Option<Duration>,
-    /// Also run the raw-client floor of the backend
-    #[arg(long)]
-    pub baseline: bool,
-    /// Scale workloads: how many waiters, held locks or cycles
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub count: Option<u64>,
-    /// The renewing lease of every lock the library takes [default: the backend's]
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
-    pub lease: Option<Duration>,
-    /// Waiters workload: queue the --count waiters from this many processes of this
-    /// binary (count/N each), started one after another [default: 1]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub processes: Option<u16>,
-    /// Internal: run as child process INDEX of a `--processes` waiters bench
-    #[arg(long, hide = true, value_name = "INDEX", requires = "waiters_name")]
-    pub waiters_child: Option<u16>,
-    /// Internal: the name the children of a `--processes` waiters bench queue on
-    #[arg(long, hide = true, value_name = "NAME", requires = "waiters_child")]
-    pub waiters_name: Option<String>,
-    /// Print JSON instead of a table
-    #[arg(long)]
-    pub json: bool,
-    /// No progress lines on stderr
-    #[arg(short, long)]
-    pub quiet: bool,
-}
-
-impl BenchArgs {
-    /// `--clients`, 4 by default.
-    pub fn clients(&self) -> u16 {
-        self.clients.unwrap_or(4)
-    }
-
-    /// `--duration`, 5 s by default.
-    pub fn duration(&self) -> Duration {
-        self.duration.unwrap_or(Duration::from_secs(5))
-    }
-
-    /// `--warmup`, 1 s by default.
-    pub fn warmup(&self) -> Duration {
-        self.warmup.unwrap_or(Duration::from_secs(1))
-    }
-
-    /// `--rounds`, 3 by default.
-    pub fn rounds(&self) -> u16 {
-        self.rounds.unwrap_or(3)
-    }
-
-    /// `--hold`, none by default.
-    pub fn hold(&self) -> Duration {
-        self.hold.unwrap_or_default()
-    }
-
-    /// `--processes`, 1 by default.
-    pub fn processes(&self) -> u16 {
-        self.processes.unwrap_or(1)
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn the_command_line_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    /// The exit codes `--help` lists, the README's table lists and `exit::code` defines
-    /// are the same; 76 is `hold`'s as well as `run`'s.
-    #[test]
-    fn help_and_readme_list_every_exit_code() {
-        use crate::exit::code;
-        let defined = [
-            code::USAGE,
-            code::UNAVAILABLE,
-            code::INTERNAL,
-            code::IO_ERROR,
-            code::NOT_ACQUIRED,
-            code::LOST,
-            code::CANNOT_EXECUTE,
-            code::NOT_FOUND,
-        ];
-        // `  64       ...` in the help, `| 64 | ...` and `| 126 / 127 | ...` in the README.
-        let codes_in = |lines: Vec<&str>| {
-            let mut codes: Vec<u8> = lines
-                .iter()
-                .flat_map(|l| l.split(['/', ' ']).filter_map(|w| w.parse::<u8>().ok()))
-                .filter(|&c| c != code::OK)
-                .collect();
-            codes.sort_unstable();
-            codes
-        };
-        let help: Vec<&str> = EXIT_CODES
-            .lines()
-            .filter(|l| l.starts_with("  ") && l.trim_start().starts_with(char::is_numeric))
-            .map(|l| l.split_whitespace().next().unwrap())
-            .collect();
-        let readme = include_str!("../README.md");
-        let table: Vec<&str> = readme
-            .split("## Exit codes")
-            .nth(1)
-            .expect("the README has an exit code section")
-            .lines()
-            .filter(|l| l.starts_with("| ") && !l.starts_with("| code"))
-            .map(|l| l.split('|').nth(1).unwrap())
-            .collect();
-        assert_eq!(codes_in(help), defined, "--help: {EXIT_CODES}");
-        assert_eq!(codes_in(table), defined, "README");
-        let lost = EXIT_CODES.lines().find(|l| l.contains("  76 ")).unwrap();
-        assert!(lost.contains("run") && lost.contains("hold"), "{lost}");
-    }
-
-    #[test]
-    fn backend_precedence() {
-        let env = |v: &str| Some(OsString::from(v));
-        let url = |u: &str| Ok(Backend::Url(u.into()));
-        let file = |p: &str| Ok(Backend::File(p.into()));
-        assert_eq!(
-            resolve_backend(
-                Some("etcd://a".into()),
-                None,
-                env("zk://b"),
-                env("f"),
-                false
-            ),
-            url("etcd://a")
-        );
-        assert_eq!(
-            resolve_backend(None, Some("c.toml".into()), env("zk://b"), None, false),
-            file("c.toml")
-        );
-        assert_eq!(
-            resolve_backend(None, None, env("zk://b"), None, false),
-            url("zk://b")
-        );
-        assert_eq!(
-            resolve_backend(None, None, env(""), env("f"), false),
-            file("f")
-        );
-        assert!(resolve_backend(None, None, env("zk://b"), env("f"), false).is_err());
-        // No silent in-process default for run, inspect and hold; bench keeps one.
-        let none = resolve_backend(None, None, env(""), None, false).unwrap_err();
-        assert!(
-            none.contains("--url") && none.contains("FENCELOCK_CONFIG"),
-            "{none}"
-        );
-        assert_eq!(resolve_backend(None, None, None, None, true), url("mem://"));
-    }
-
-    #[test]
-    fn run_takes_the_command_after_double_dash() {
-        let cli =
-            Cli::try_parse_from(["fencelock", "run", "--wait", "2s", "job", "--", "ls", "-l"])
-                .unwrap();
-        let Command::Run(run) = cli.command else {
-            panic!("not run")
-        };
-        assert_eq!(run.wait.wait.map(|w| w.value), Some(Duration::from_secs(2)));
-        assert_eq!(run.command, ["ls", "-l"]);
-        assert!(Cli::try_parse_from(["fencelock", "run", "job"]).is_err());
-        let cli = Cli::try_parse_from(["fencelock", "run", "-n", "-c", "echo hi", "job"]).unwrap();
-        let Command::Run(run) = cli.command else {
-            panic!("not run")
-        };
-        assert!(run.wait.nonblock && run.command.is_empty());
-        assert_eq!(run.shell.as_deref(), Some("echo hi".as_ref()));
-        for conflicting in [
-            &["fencelock", "run", "-n", "-w", "1s", "job", "--", "true"][..],
-            &["fencelock", "run", "-c", "true", "job", "--", "true"],
-            &[
-                "fencelock",
-                "run",
-                "--url",
-                "mem://",
-                "--config",
-                "f",
-                "job",
-                "--",
-                "true",
-            ],
-            &["fencelock", "run", "-q", "-v", "job", "--", "true"],
-        ] {
-            assert!(Cli::try_parse_from(conflicting).is_err(), "{conflicting:?}");
-        }
-        let cli = Cli::try_parse_from(["fencelock", "run", "--timeout", "250ms", "j", "-c", "x"]);
-        assert!(cli.is_ok(), "--timeout is an alias of --wait");
-        for flag in ["--command", "--shell"] {
-            let cli = Cli::try_parse_from(["fencelock", "run", flag, "echo hi", "job"]).unwrap();
-            let Command::Run(run) = cli.command else {
-                panic!("not run")
-            };
-            assert_eq!(run.shell.as_deref(), Some("echo hi".as_ref()), "{flag}");
-        }
-    }
-
-    #[test]
-    fn permits_are_n_of_limit() {
-        let ok = |text: &str| parse_permits(text).map(|p| (p.count(), p.limit()));
-        assert_eq!(ok("1/3"), Ok((1, 3)));
-        assert_eq!(ok(" 3 / 3 "), Ok((3, 3)));
-        for bad in [
-            "0/3",
-            "4/3",
-            "1/0",
-            "0/0",
-            "3",
-            "",
-            "/",
-            "1/",
-            "a/3",
-            "1/3/5",
-            "-1/3",
-            "1/4294967296",
-        ] {
-            assert!(parse_permits(bad).is_err(), "{bad:?}");
-        }
-        let cli = Cli::try_parse_from(["fencelock", "run", "--permits", "2/5", "j", "--", "true"]);
-        let Command::Run(run) = cli.unwrap().command else {
-            panic!("not run")
-        };
-        assert_eq!(run.permits, Some(Permits::new(2, 5).unwrap()));
-    }
-
-    #[test]
-    fn elect_takes_an_optional_value_before_the_command() {
-        let cli = Cli::try_parse_from(["fencelock", "elect", "e", "v", "--", "ls"]).unwrap();
-        let Command::Elect(elect) = cli.command else {
-            panic!("not elect")
-        };
-        assert_eq!(
-            (elect.election.as_str(), elect.value()),
-            ("e", "v".to_owned())
-        );
-        let cli = Cli::try_parse_from(["fencelock", "elect", "-c", "true", "e"]).unwrap();
-        let Command::Elect(elect) = cli.command else {
-            panic!("not elect")
-        };
-        assert!(elect.value().ends_with(&format!(":{}", std::process::id())));
-        let run = elect.into_run();
-        assert_eq!((run.name.as_str(), run.permits), ("e", None));
-        assert!(Cli::try_parse_from(["fencelock", "elect", "e", "v"]).is_err());
-    }
-}
+mod tests;

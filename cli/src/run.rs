@@ -158,7 +158,7 @@ pub async fn run_holding(args: RunArgs, grant: Grant) -> Result<u8, Failure> {
             return Err(failure);
         }
     };
-    let grace = args.kill_grace.value;
+    let grace = args.child.kill_grace.value;
     let outcome = supervise(&mut child, &guard, &mut signals, grace, &events).await?;
     drop(locks);
     match outcome {
@@ -169,7 +169,7 @@ pub async fn run_holding(args: RunArgs, grant: Grant) -> Result<u8, Failure> {
             let how = if killed {
                 format!(
                     "killed the command (SIGKILL after {} grace)",
-                    args.kill_grace
+                    args.child.kill_grace
                 )
             } else {
                 "stopped the command (SIGTERM)".to_owned()
@@ -334,7 +334,7 @@ fn not_acquired(error: Error, what: &str, wait: &WaitArgs) -> Failure {
 }
 
 fn spawn(args: &RunArgs, guard: &LockGuard, grant: &Grant) -> Result<Child, Failure> {
-    let (program, rest): (&std::ffi::OsStr, Vec<&std::ffi::OsStr>) = match &args.shell {
+    let (program, rest): (&std::ffi::OsStr, Vec<&std::ffi::OsStr>) = match &args.child.shell {
         Some(script) => ("sh".as_ref(), vec!["-c".as_ref(), script.as_os_str()]),
         None => {
             let Some((program, rest)) = args.command.split_first() else {
