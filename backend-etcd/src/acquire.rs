@@ -97,15 +97,15 @@ impl EtcdLock {
         let mut pending = Armed::new(cleanup);
         let permit = if no_wait {
             inner
-                .gates
-                .try_enter(&key, &names)
+                .lines
+                .try_front(&key)
                 .ok_or_else(|| Error::Contended {
                     name: name.to_owned(),
                 })?
         } else {
             // Waiting behind this client's other waiters: the caller's deadline (a free
-            // gate is entered at its first poll).
-            wait.run_until(wait.at(), name, inner.gates.enter(&key, &names))
+            // line's front is taken at its first poll).
+            wait.run_until(wait.at(), name, inner.lines.front(&key))
                 .await?
         };
         pending.get().permit = Some(permit);
@@ -117,8 +117,8 @@ impl EtcdLock {
                     name: name.to_owned(),
                 })?
         } else {
-            // The create's own bound starts now, after the wait at this client's gate: a
-            // waiter let through the gate at its deadline would otherwise have its
+            // The create's own bound starts now, after the wait in this client's line: a
+            // waiter let through the line at its deadline would otherwise have its
             // create cut in flight and return while the key is still being made (the
             // background clean-up deletes it a moment later). Created, it is granted if
             // the lock is free (the wait bounds only time behind holders), and otherwise

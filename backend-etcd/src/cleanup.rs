@@ -1,5 +1,5 @@
 //! Undoing an abandoned grant: [`Cleanup`] records what an acquire did so far (our key,
-//! a dedicated lease, this client's gate turn), and [`Armed`] hands it to the background
+//! a dedicated lease, the front of this client's line for the key), and [`Armed`] hands it to the background
 //! when the acquire is dropped, fails or gives up. The release and a loss of a held lock
 //! end with the same clean-up.
 
@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use fencelock_core::line::{Front, Lines};
 use fencelock_core::{Error, LossCause};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::batch::Batcher;
 use crate::error::{map, timed_out};
-use crate::gate::{GatePermit, Reentry};
 use crate::session::Session;
 use crate::txn::delete_incarnation;
 
@@ -29,13 +29,14 @@ pub(crate) enum KeyState {
 }
 
 /// What must be undone if a grant is abandoned: our key (at a known revision, or of unknown
-/// revision when the create's answer never came), a dedicated fixed lease, the gate turn.
+/// revision when the create's answer never came), a dedicated fixed lease, the front of this client's
+/// line for the key.
 pub(crate) struct Cleanup {
     pub(crate) client: Arc<Client>,
     pub(crate) batcher: Arc<Batcher>,
     pub(crate) runtime: Handle,
     pub(crate) timeout: Duration,
-    /// Shared with the guard, its key watch and its gate turn: one copy per held lock.
+    /// Shared with the guard and its key watch: one copy per held lock.
     pub(crate) key: Arc<str>,
     /// What is known of our key.
     pub(crate) state: KeyState,
@@ -47,7 +48,14 @@ pub(crate) struct Cleanup {
     /// revoking `fixed_lease`, and then revokes these leases too. The next extension that
     /// moves the key takes them over (and revokes them).
     pub(crate) moved_maybe: Vec<i64>,
-    pub(crate) permit: Option<GatePermit>,
+    /// The front of this client's line for the key (see [`Inner::lines`]): tasks of one
+    /// client contending for one name would share the key, so they queue in the client
+    /// and only the front puts a key in etcd. It travels with the guard and is given up
+    /// only after the key is deleted, so a new incarnation of the key can never be
+    /// confused with one whose deletion is still in flight.
+    ///
+    /// [`Inner::lines`]: crate::lock::Inner::lines
+    pub(crate) permit: Option<Front>,
     /// A create that was sent and is still running in its own task: it is never
     /// abandoned, so the clean-up learns from its answer exactly which incarnation of our
     /// key exists (`Some(revision)`), or that none does (`None`). `Err` means etcd
@@ -70,18 +78,18 @@ impl std::fmt::Debug for Cleanup {
 }
 
 impl Cleanup {
-    /// Undoes everything in the background and returns the gate turn only afterwards.
+    /// Undoes everything in the background and gives the line's front up only afterwards.
     ///
     /// Each attempt is bounded by the clean-up timeout, so nothing hangs on an unreachable
     /// server. A create still in flight is waited for that long; if it has not answered
     /// by then the key is deleted by name, and the create's answer is still awaited
-    /// while the session lives (holding the gate turn, so this client's next acquire of
+    /// while the session lives (holding the line's front, so this client's next acquire of
     /// the name waits for it) to delete the incarnation it made, which etcd may apply
     /// after the deletion. A create etcd answered with an error whose outcome is unknown
     /// (a timeout, a broken connection, a leader change: etcd may still apply it) has
     /// its key deleted by name, and then, for [`LATE_CREATE_WINDOW`], each incarnation of
     /// the key that appears on our session lease is deleted too (see
-    /// [`sweep`](Self::sweep)); the gate turn is returned before that.
+    /// [`sweep`](Self::sweep)); the line's front is given up before that.
     /// A key on a dedicated fixed lease gets one attempt: its lease expires anyway, and a
     /// create applied after the lease was revoked fails.
     /// A key on the shared session lease would live as long as the session, so attempts
@@ -146,9 +154,9 @@ impl Cleanup {
                     Some(_) => late = true,
                 }
             }
-            // Our acquires of the name may go on; the sweep enters the gate again only
-            // to delete a key it finds.
-            let reentry = permit.as_ref().map(GatePermit::reentry);
+            // Our acquires of the name may go on; the sweep takes the line's front again
+            // only to delete a key it finds.
+            let reentry = permit.as_ref().map(|front| front.lines().clone());
             drop(permit);
             if late {
                 self.sweep(reentry).await;
@@ -163,11 +171,11 @@ impl Cleanup {
     /// clean-ups of the key, each with a create etcd may still apply, each sweep). A key of a dedicated
     /// lease needs none of this: the lease is revoked, and a create on it fails.
     ///
-    /// `reentry` is the gate of a key this client's acquires of the name share: a key
-    /// found while one of them has the turn is that one's (or one it deals with as a
-    /// stale key of ours), and is left alone. Without a gate (a queue key, used once)
+    /// `reentry` holds the line of a key this client's acquires of the name share: a key
+    /// found while one of them has its front is that one's (or one it deals with as a
+    /// stale key of ours), and is left alone. Without a line (a queue key, used once)
     /// every incarnation found is the late create's.
-    async fn sweep(&mut self, reentry: Option<Reentry>) {
+    async fn sweep(&mut self, reentry: Option<Arc<Lines>>) {
         // Held weakly: a client dropped meanwhile lets its session (and the key on its
         // lease) end, as it would without a sweep.
         let Some(session) = self.session.take().as_ref().map(Arc::downgrade) else {
@@ -204,7 +212,7 @@ impl Cleanup {
                 continue;
             }
             let turn = match &reentry {
-                Some(reentry) => match reentry.try_enter() {
+                Some(lines) => match lines.try_front(&self.key) {
                     Some(turn) => Some(turn),
                     // One of our acquires has the name: the key is its business.
                     None => continue,
@@ -295,7 +303,7 @@ impl Cleanup {
                 delete_incarnation(&self.client, &self.key, revision).await?;
             }
             // The create's answer was lost: no newer incarnation can exist while we hold
-            // the gate turn, so deleting by key is exact.
+            // the line's front, so deleting by key is exact.
             KeyState::Unknown => {
                 self.client
                     .kv_client()
@@ -353,7 +361,7 @@ impl Armed {
     pub(crate) async fn finish_now(mut self) {
         if let Some(cleanup) = &self.0 {
             if cleanup.try_once(GIVE_UP_GRACE.min(cleanup.timeout)).await {
-                // Done: dropping it now returns the gate turn.
+                // Done: dropping it now gives the line's front up.
                 self.0 = None;
             }
         }
@@ -386,15 +394,14 @@ mod tests {
 
     use super::{Cleanup, InFlightCreate, KeyState};
     use crate::batch::Batcher;
-    use crate::gate::{GatePermit, Gates};
     use crate::session::Session;
+    use fencelock_core::line::{Front, Lines};
 
     /// A client, its session, and a key of ours on the session lease.
     struct Setup {
         client: Arc<Client>,
         session: Arc<Session>,
-        gates: Arc<Gates>,
-        names: String,
+        lines: Arc<Lines>,
         key: Arc<str>,
     }
 
@@ -411,18 +418,17 @@ mod tests {
             Setup {
                 client,
                 session,
-                gates: Arc::default(),
-                names,
+                lines: Arc::default(),
                 key,
             }
         }
 
-        fn turn(&self) -> Option<GatePermit> {
-            self.gates.try_enter(&self.key, &self.names)
+        fn turn(&self) -> Option<Front> {
+            self.lines.try_front(&self.key)
         }
 
         /// The clean-up of an acquire whose create etcd answered with an error.
-        fn cleanup(&self, permit: GatePermit, create: Option<InFlightCreate>) -> Cleanup {
+        fn cleanup(&self, permit: Front, create: Option<InFlightCreate>) -> Cleanup {
             Cleanup {
                 client: self.client.clone(),
                 batcher: Arc::new(Batcher::new(self.client.clone(), Handle::current())),
@@ -487,7 +493,7 @@ mod tests {
     }
 
     /// The same when the caller had the error (no create running any more); and a key
-    /// found while one of this client's acquires of the name has the gate turn is that
+    /// found while one of this client's acquires of the name has the line's front is that
     /// acquire's, left alone.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_key_is_left_to_an_acquire_that_has_the_name() {

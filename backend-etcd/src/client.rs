@@ -72,7 +72,7 @@ impl EtcdLock {
     /// What [`DistributedLock::inspect`] reports of the name whose key range is `names`,
     /// given its keys (key, create revision, lease) in create order.
     async fn describe(&self, names: &str, keys: &[(&[u8], i64, i64)]) -> LockInfo {
-        let local = self.inner().gates.queued(names);
+        let local = self.inner().lines.waiting_under(names);
         let Some(&(key, revision, lease)) = keys.first() else {
             return LockInfo::free(Some(local));
         };

@@ -172,7 +172,7 @@ impl HeldLock for EtcdHeld {
             Err(_) => Err(timed_out("the release")),
         };
         match outcome {
-            // The gate turn can go as soon as the key is known to be gone.
+            // The line's front can go as soon as the key is known to be gone.
             Ok(()) => drop(armed.disarm()),
             // Gone already; only a dedicated lease may be left to revoke.
             Err(Error::Lost { .. }) => {

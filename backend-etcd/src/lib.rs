@@ -17,7 +17,6 @@ mod delayed;
 mod election;
 mod error;
 mod fence;
-mod gate;
 mod grant;
 mod held;
 mod keys;

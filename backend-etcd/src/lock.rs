@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 use fencelock_core::Error;
+use fencelock_core::line::Lines;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +18,6 @@ use crate::batch::Batcher;
 use crate::config::EtcdConfig;
 use crate::delayed::Delayed;
 use crate::error::{BACKEND, map, timed_out};
-use crate::gate::Gates;
 use crate::session::{FixedLeases, Sessions};
 use crate::watches::KeyWatches;
 
@@ -72,7 +72,11 @@ pub(crate) struct Inner {
     pub(crate) fixed: Arc<FixedLeases>,
     /// Cancelled by `close`: waiting acquires end with `Error::Closed`.
     pub(crate) closed: CancellationToken,
-    pub(crate) gates: Arc<Gates>,
+    /// One contender per (session, name) inside the client: the client's key for a name
+    /// is `{name prefix}{lease id}`, so its tasks contending for one name queue here, by
+    /// key, in FIFO order, and only the front puts a key in etcd (see
+    /// [`Cleanup::permit`](crate::cleanup::Cleanup::permit)).
+    pub(crate) lines: Arc<Lines>,
     pub(crate) runtime: Handle,
 }
 
@@ -141,7 +145,7 @@ impl EtcdLock {
                     sessions,
                     fixed: Arc::default(),
                     closed: CancellationToken::new(),
-                    gates: Arc::default(),
+                    lines: Arc::default(),
                     runtime: Handle::current(),
                 }
             }),

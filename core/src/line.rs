@@ -19,7 +19,8 @@ use tokio::sync::{Mutex as FifoMutex, OwnedMutexGuard};
 /// The waiting lines of one client, by name (or key).
 #[derive(Debug, Default)]
 pub struct Lines {
-    lines: Mutex<HashMap<String, Arc<FifoMutex<()>>>>,
+    /// By key, which the fronts share: one copy per line.
+    lines: Mutex<HashMap<Arc<str>, Arc<FifoMutex<()>>>>,
 }
 
 /// The front of a line: the right to wait for the key on the server. Dropping it (on a
@@ -27,18 +28,20 @@ pub struct Lines {
 #[derive(Debug)]
 pub struct Front {
     lines: Arc<Lines>,
-    key: String,
+    key: Arc<str>,
     turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl Lines {
-    fn line(&self, key: &str) -> Arc<FifoMutex<()>> {
-        self.lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(key.to_owned())
-            .or_default()
-            .clone()
+    /// `key`'s line, made if there is none, and the key as the map holds it.
+    fn line(&self, key: &str) -> (Arc<str>, Arc<FifoMutex<()>>) {
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((key, line)) = lines.get_key_value(key) {
+            return (key.clone(), line.clone());
+        }
+        let (key, line): (Arc<str>, Arc<FifoMutex<()>>) = (key.into(), Arc::default());
+        lines.insert(key.clone(), line.clone());
+        (key, line)
     }
 
     /// Waits for the front of `key`'s line.
@@ -51,24 +54,48 @@ impl Lines {
     ///
     /// None: it only waits.
     pub async fn front(self: &Arc<Self>, key: &str) -> Front {
-        let line = self.line(key);
+        let (key, line) = self.line(key);
         let mut front = Front {
             lines: self.clone(),
-            key: key.to_owned(),
+            key,
             turn: None,
         };
         front.turn = Some(line.lock_owned().await);
         front
     }
 
+    /// Takes the front of `key`'s line if nobody holds it, without waiting: for a try
+    /// that must not queue, or to come back to a line later (see [`Front::lines`]).
+    pub fn try_front(self: &Arc<Self>, key: &str) -> Option<Front> {
+        let (key, line) = self.line(key);
+        // Made before the try, so dropped after it: a failed try finds the map's
+        // reference the only one left and forgets an idle line.
+        let mut front = Front {
+            lines: self.clone(),
+            key,
+            turn: None,
+        };
+        front.turn = Some(line.try_lock_owned().ok()?);
+        Some(front)
+    }
+
     /// How many tasks wait in `key`'s line behind its front (not yet on the server).
     pub fn waiting_behind(&self, key: &str) -> usize {
         let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-        lines.get(key).map_or(0, |line| {
-            // The map's reference, every waiting task's, and the front's guard's.
-            let holders = Arc::strong_count(line) - 1;
-            holders.saturating_sub(usize::from(line.try_lock().is_err()))
-        })
+        lines.get(key).map_or(0, behind)
+    }
+
+    /// How many tasks wait behind the fronts of every line whose key starts with
+    /// `prefix`: for a backend whose keys are a name's prefix plus something of the
+    /// client's own (etcd: the name's key range plus the lease), the tasks of this client
+    /// queued for the name.
+    pub fn waiting_under(&self, prefix: &str) -> usize {
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        lines
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .map(|(_, line)| behind(line))
+            .sum()
     }
 
     /// Lines with nobody in them are forgotten, so the map is as large as what waits.
@@ -89,6 +116,21 @@ impl Lines {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+}
+
+/// How many tasks wait in `line` behind its front.
+fn behind(line: &Arc<FifoMutex<()>>) -> usize {
+    // The map's reference, every waiting task's, and the front's guard's.
+    let holders = Arc::strong_count(line) - 1;
+    holders.saturating_sub(usize::from(line.try_lock().is_err()))
+}
+
+impl Front {
+    /// The lines this front belongs to: to try the same line again later (with
+    /// [`Lines::try_front`]) after this front was given up.
+    pub fn lines(&self) -> &Arc<Lines> {
+        &self.lines
     }
 }
 
@@ -129,6 +171,56 @@ mod tests {
             task.await.unwrap();
         }
         assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+        assert_eq!(lines.len(), 0);
+    }
+
+    /// A try takes a free front and never queues; a failed try, and a try of a line
+    /// taken again later through `Front::lines`, leave nothing behind.
+    #[tokio::test]
+    async fn a_try_takes_a_free_front_and_never_queues() {
+        let lines = Arc::new(Lines::default());
+        let first = lines.try_front("p/a/1").expect("a free line");
+        assert!(lines.try_front("p/a/1").is_none());
+        assert_eq!(lines.waiting_behind("p/a/1"), 0);
+        assert_eq!(lines.len(), 1);
+        let again = first.lines().clone();
+        drop(first);
+        assert_eq!(lines.len(), 0);
+        let second = again.try_front("p/a/1").expect("free again");
+        drop(second);
+        assert_eq!(lines.len(), 0);
+        // A failed try on a line nobody else waits in forgets nothing it should keep.
+        let held = lines.front("p/a/1").await;
+        assert!(lines.try_front("p/a/1").is_none());
+        assert_eq!(lines.len(), 1);
+        drop(held);
+        assert_eq!(lines.len(), 0);
+    }
+
+    /// The tasks queued behind the fronts of every key under a prefix, and only those.
+    #[tokio::test]
+    async fn waiting_under_counts_the_lines_of_a_prefix() {
+        let lines = Arc::new(Lines::default());
+        let fronts = [
+            lines.front("p/a/1").await,
+            lines.front("p/a/2").await,
+            lines.front("p/ab/1").await,
+        ];
+        let mut tasks = Vec::new();
+        for key in ["p/a/1", "p/a/1", "p/a/2", "p/ab/1"] {
+            let lines = lines.clone();
+            tasks.push(tokio::spawn(async move { drop(lines.front(key).await) }));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(lines.waiting_under("p/a/"), 3);
+        assert_eq!(lines.waiting_under("p/ab/"), 1);
+        assert_eq!(lines.waiting_under("p/"), 4);
+        assert_eq!(lines.waiting_under("q/"), 0);
+        drop(fronts);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(lines.waiting_under("p/"), 0);
         assert_eq!(lines.len(), 0);
     }
 
