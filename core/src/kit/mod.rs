@@ -6,14 +6,18 @@
 //!   extend), with the release state machine every backend used to write itself.
 //! - [`renewal`]: the one renewal scheduler ([`Renewals`]), one task per client renewing
 //!   every lease due together through the backend's [`Renew`].
+//! - [`delayed`]: the one delayed-watch mechanism ([`Delayed`]): a guard's loss watch
+//!   starts only once it has lived for a while, polled in one task per client.
 //! - [`drift`]: the one rule for the margin a local deadline keeps.
 //!
 //! For backend implementations; applications never need it.
 
+pub mod delayed;
 pub mod drift;
 pub mod held;
 pub mod renewal;
 
+pub use delayed::Delayed;
 pub use drift::{CLOCK_DRIFT, DriftMargin};
 pub use held::{Deleted, Extension, Grant, Held};
 pub use renewal::{Due, Renew, Renewals};
