@@ -10,12 +10,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
-use crate::config::{Endpoint, RedisConfig, Topology};
+use crate::config::RedisConfig;
 use crate::error::{BACKEND, map_err};
 use crate::instance::Instance;
 use crate::node::{Node, Shard};
 use crate::sentinel::SentinelNode;
 use crate::tls::{Tls, address, client_with, tls_sentinel_client};
+use crate::topology::{Endpoint, Topology};
 
 fn redis_info(config: &RedisConfig, db: i64) -> RedisConnectionInfo {
     let mut info = RedisConnectionInfo::default()

@@ -25,8 +25,8 @@ use fencelock_core::Error;
 use redis::RedisError;
 use redis::aio::ConnectionManager;
 
-use crate::config::Endpoint;
 use crate::error::{BACKEND, map_err};
+use crate::topology::Endpoint;
 
 /// What is known of every instance of one client.
 struct Instances {

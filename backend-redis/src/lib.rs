@@ -82,10 +82,12 @@ mod scripts;
 mod sentinel;
 mod subscriber;
 mod tls;
+mod topology;
+mod url;
 
 use std::sync::Arc;
 
-pub use config::{Endpoint, MIN_LEASE, RedisConfig, RedisTls, Topology};
+pub use config::{MIN_LEASE, RedisConfig};
 pub use fence::{FenceError, FencedValue};
 use fencelock_core::{DistributedLock, Error};
 pub use keys::KeyLayout;
@@ -93,6 +95,7 @@ pub use lock::RedisLock;
 /// The `redis` client crate this backend is built on, for connections to use with
 /// [`FencedValue`] (the same version, so its connection types fit).
 pub use redis;
+pub use topology::{Endpoint, RedisTls, Topology};
 
 /// Connects to the Redis deployment named by `url` (see [`RedisConfig`] for the forms).
 ///

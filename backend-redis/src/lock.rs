@@ -11,11 +11,12 @@ use fencelock_core::{
 };
 use futures_util::future::join_all;
 
-use crate::config::{MIN_LEASE, RedisConfig, Topology};
+use crate::config::{MIN_LEASE, RedisConfig};
 use crate::election::{self, Holder};
 use crate::engine::Engine;
 use crate::error::BACKEND;
 use crate::primitives::{self, Ask};
+use crate::topology::Topology;
 use crate::{acquire, connect, observe};
 
 /// Locks in Redis: a single server, a Sentinel-managed master, a Cluster, or Redlock over

@@ -3,8 +3,9 @@ use fencelock_core::Error;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
-use crate::config::{Endpoint, RedisConfig, RedisTls};
+use crate::config::RedisConfig;
 use crate::error::map_err;
+use crate::topology::{Endpoint, RedisTls};
 
 /// The TLS material of a deployment reached over TLS, read from [`RedisTls`]'s files at
 /// connect time.
