@@ -12,18 +12,15 @@ use redis::{FromRedisValue, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::call::{Call, millis};
 use crate::config::RedisConfig;
 use crate::error::{BACKEND, invalid_name};
 use crate::keys::LockKeys;
 use crate::node::Node;
 use crate::quorum::{drift, on_every_node, pending, until_settled};
 use crate::schedule::Renewals;
-use crate::scripts::{self, Call};
+use crate::scripts;
 use crate::subscriber::Subscriber;
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// A client: its nodes, identity, renewals and subscriptions.
 pub(crate) struct Engine {

@@ -62,6 +62,7 @@
 #![recursion_limit = "256"]
 
 mod acquire;
+mod call;
 mod config;
 mod connect;
 mod election;

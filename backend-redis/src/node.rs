@@ -10,9 +10,9 @@ use redis::aio::{ConnectionManager, PubSub};
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
+use crate::call::Call;
 use crate::error::{BACKEND, map_err};
 use crate::instance::Instance;
-use crate::scripts::Call;
 use crate::sentinel::SentinelNode;
 
 /// Commands to one deployment. Cheap to clone.

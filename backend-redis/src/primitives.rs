@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::call::millis;
 use crate::config::MIN_LEASE;
 use crate::engine::{Engine, InFlight};
 use crate::error::{BACKEND, invalid_name};
@@ -100,10 +101,6 @@ impl Drop for Intent<'_> {
             let _ = tokio::time::timeout(timeout * 2, engine.nodes[0].invoke::<i64>(&call)).await;
         });
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Takes a semaphore's permits or a read-write lock's side, waiting as `options`

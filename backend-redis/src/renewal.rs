@@ -10,6 +10,7 @@ use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal}
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
+use crate::call::millis;
 use crate::engine::Engine;
 use crate::keys::LockKeys;
 use crate::quorum::{drift, pending};
@@ -222,9 +223,7 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) -> Duration {
     let mut invocation = scripts::RENEW.prepare_invoke();
     for d in &chunk {
         invocation.key(&d.keys.lock);
-        invocation
-            .arg(&d.owner)
-            .arg(u64::try_from(d.lease.as_millis()).unwrap_or(u64::MAX));
+        invocation.arg(&d.owner).arg(millis(d.lease));
         // Now and then the counter's TTL too (see `Entry::counter_due`).
         match d.counter_ttl {
             Some(ms) => {
