@@ -223,3 +223,40 @@ async fn losing_the_redis_leg_loses_the_guard() {
         next.release().await.unwrap();
     }
 }
+
+/// The etcd key of a legacy-first lock held alone (what a cancelled acquire whose etcd
+/// reply was lost leaves until its lease ends): the lock is reported held, with a token
+/// below the next grant's, so a resource fenced with it refuses no later holder. It was
+/// reported as 2^56 + the key's revision (72057594037928052 in F9), above every Redis
+/// token the phase hands out (1796607849902705 next).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_leg_held_alone_reports_no_token_above_the_next_grant() {
+    let name = unique("etcd-alone");
+    let locks = migration(MigrationPhase::LegacyFirst).await;
+    let direct_etcd = fencelock::connect(&target_url()).await.unwrap();
+    for how in ["inspect", "list", "revoke"] {
+        let alone = direct_etcd.lock(&name).await.unwrap();
+        let reported = match how {
+            "inspect" => locks.inspect(&name).await.unwrap().holder,
+            "list" => {
+                let listed = locks.list(&name).await.unwrap();
+                listed
+                    .into_iter()
+                    .find(|l| l.name == name)
+                    .and_then(|l| l.info.holder)
+            }
+            _ => locks.revoke(&name).await.unwrap(),
+        };
+        let reported = reported
+            .unwrap_or_else(|| panic!("{how}: the etcd key alone does not show as held"))
+            .token;
+        let _ = alone.release().await;
+        let next = locks.lock(&name).await.unwrap();
+        assert!(
+            next.token() > reported,
+            "{how}: reported token {reported}, above the next grant's {}",
+            next.token()
+        );
+        next.release().await.unwrap();
+    }
+}

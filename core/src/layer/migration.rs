@@ -50,6 +50,23 @@
 //!
 //! Tokens stay below 2^63 ([`MAX_EPOCH`] is 127), so they fit a signed SQL `BIGINT`.
 //!
+//! # Who holds it
+//!
+//! `inspect`, `list` and `revoke` report the first leg's holder when it has one, else the
+//! second's, with a token in this lock's order: never above the token of the next grant.
+//! A holder seen on the first leg is reported with that leg's token in the lock's era. A
+//! lock held on its second leg only (an acquire between its legs, the second leg of a
+//! cancelled acquire whose reply was lost, a leg whose partner expired, an instance of
+//! the other two-leg phase during a rolling change) is held, but no guard of this phase
+//! has a token from that leg. In `target-first`, a holder of the legacy leg only is
+//! reported with its legacy-era token (below every token of this phase). In
+//! `legacy-first`, a holder of the target leg only is reported with the lowest token of
+//! the legacy era, `era_token(legacy epoch, 0)` (0 by default): its target-era token
+//! would be above every later grant of the phase, so a resource fenced with it would
+//! refuse every later holder, and `revoke` promises the next holder a larger token. (A
+//! `target-first` instance seen this way, while that phase rolls out, will hold a
+//! target-era token above the reported one, like every target-era token: rule 3.)
+//!
 //! # Composition
 //!
 //! Outermost first: metrics → retry → migration → backends. A retry therefore repeats a
@@ -57,9 +74,10 @@
 
 mod acquire;
 mod held;
+mod holders;
+mod observe;
 mod token;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -70,8 +88,8 @@ use async_trait::async_trait;
 use self::acquire::Leg;
 pub use self::token::{ERA_SHIFT, MAX_EPOCH, era_token};
 use crate::{
-    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, Leader, LeaderChange,
-    LeaderChanges, ListedLock, LockGuard, LockInfo, Permits, validate_name, validate_prefix,
+    AcquireOptions, Capabilities, DistributedLock, Error, HolderInfo, Leader, LeaderChanges,
+    ListedLock, LockGuard, LockInfo, Permits, validate_name, validate_prefix,
 };
 
 /// The short backend name of a [`MigrationLock`] and its guards.
@@ -343,78 +361,26 @@ impl DistributedLock for MigrationLock {
         }
     }
 
+    /// The holder of the first leg when it has one, else the second's; the waiters of
+    /// the first leg. The holder's token is never above the next grant's: see the
+    /// [module documentation](self#who-holds-it).
     async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
         validate_name(name)?;
-        let mut info = self.first.lock.inspect(name).await?;
-        let mut epoch = self.first.epoch;
-        if let Some(second) = &self.second {
-            let other = second.lock.inspect(name).await?;
-            if info.holder.is_none() {
-                info.holder = other.holder;
-                epoch = second.epoch;
-            }
-        }
-        if let Some(holder) = info.holder.as_mut() {
-            holder.token = era_token(epoch, holder.token)?;
-        }
-        Ok(info)
+        holders::inspect(self, name).await
     }
 
-    /// The locks of both legs, each reported as [`inspect`](Self::inspect) would: the
-    /// first leg's holder when it has one, otherwise the second's.
+    /// The locks of both legs, each reported as [`inspect`](Self::inspect) would.
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>, Error> {
         validate_prefix(prefix)?;
-        let mut found: BTreeMap<String, (LockInfo, u8)> = self
-            .first
-            .lock
-            .list(prefix)
-            .await?
-            .into_iter()
-            .map(|l| (l.name, (l.info, self.first.epoch)))
-            .collect();
-        if let Some(second) = &self.second {
-            for listed in second.lock.list(prefix).await? {
-                match found.get_mut(&listed.name) {
-                    Some((info, epoch)) => {
-                        if info.holder.is_none() {
-                            info.holder = listed.info.holder;
-                            *epoch = second.epoch;
-                        }
-                    }
-                    None => {
-                        found.insert(listed.name, (listed.info, second.epoch));
-                    }
-                }
-            }
-        }
-        found
-            .into_iter()
-            .map(|(name, (mut info, epoch))| {
-                if let Some(holder) = info.holder.as_mut() {
-                    holder.token = era_token(epoch, holder.token)?;
-                }
-                Ok(ListedLock::new(name, info))
-            })
-            .collect()
+        holders::list(self, prefix).await
     }
 
     /// Revokes the lock on both legs; returns the holder of the first leg when it had
-    /// one, otherwise the second's.
+    /// one, otherwise the second's, as [`inspect`](Self::inspect) reports it (so the next
+    /// holder's token is larger).
     async fn revoke(&self, name: &str) -> Result<Option<HolderInfo>, Error> {
         validate_name(name)?;
-        let mut revoked = self.first.lock.revoke(name).await?;
-        let mut epoch = self.first.epoch;
-        if let Some(second) = &self.second {
-            let other = second.lock.revoke(name).await?;
-            if revoked.is_none() {
-                revoked = other;
-                epoch = second.epoch;
-            }
-        }
-        if let Some(holder) = revoked.as_mut() {
-            holder.token = era_token(epoch, holder.token)?;
-        }
-        Ok(revoked)
+        holders::revoke(self, name).await
     }
 
     /// Takes a read lock on the one leg of a single-leg phase (refused in two-leg phases,
@@ -484,79 +450,7 @@ impl DistributedLock for MigrationLock {
         validate_name(election)?;
         let leg = self.election_leg()?;
         let inner = leg.lock.observe(election).await?;
-        let epoch = leg.epoch;
-        let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let stop = tokio_util::sync::CancellationToken::new();
-        let stopped = stop.clone();
-        // Taken by the mapping task when it starts, and put back when it is dropped
-        // unfinished (its runtime shut down): `spawn_kept` then builds it again on the
-        // next runtime, which takes the leg's stream and the caller's sender over.
-        let slot = Arc::new(std::sync::Mutex::new(Some((inner, changes))));
-        // Maps each term's token to the era's; ends with the caller's stream. On the
-        // lock's own runtime (see `MigrationLock::runtime`), else, or when that one has
-        // ended (also while the observation runs), this call's.
-        let runtimes = self
-            .runtime
-            .clone()
-            .into_iter()
-            .chain(tokio::runtime::Handle::try_current().ok());
-        let left = slot.clone();
-        let started = crate::kept::spawn_kept(
-            runtimes,
-            move || {
-                let (slot, stopped) = (slot.clone(), stopped.clone());
-                async move {
-                    let Some(mut lent) = Lent::take(&slot) else {
-                        return;
-                    };
-                    let Some((inner, changes)) = lent.mapping.as_mut() else {
-                        return;
-                    };
-                    loop {
-                        let change = tokio::select! {
-                            () = stopped.cancelled() => break,
-                            change = inner.next() => change,
-                        };
-                        let Some(change) = change else { break };
-                        let mapped = change.and_then(|leader| {
-                            leader
-                                .map(|l| Ok(Leader::new(l.value, era_token(epoch, l.token)?)))
-                                .transpose()
-                        });
-                        // The stream ends after an error, as the trait says: also after
-                        // one of ours (a token too large for the era bits) while the
-                        // inner one goes on.
-                        let failed = mapped.is_err();
-                        if changes.send(mapped).is_err() || failed {
-                            break;
-                        }
-                    }
-                    // Done: dropped here, not put back.
-                    lent.finish();
-                }
-            },
-            // Every runtime it could run on has ended: the caller's stream is told so,
-            // rather than just ending (which would read as an observation nobody ends).
-            move || {
-                let mapping = left
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .take();
-                if let Some((_, changes)) = mapping {
-                    let _ = changes.send(Err(Error::unavailable(
-                        BACKEND,
-                        "every Tokio runtime this election could be observed on shut down; \
-                         observe it again on a running one",
-                    )));
-                }
-            },
-        );
-        if !started {
-            return Err(Error::InvalidConfig(
-                "the migration layer needs a Tokio runtime".into(),
-            ));
-        }
-        Ok(LeaderChanges::new(receiver, stop))
+        observe::mapped(inner, leg.epoch, self.runtime.clone())
     }
 
     /// Closes both legs (both even when the first fails; the first error is returned).
@@ -588,49 +482,6 @@ impl DistributedLock for MigrationLock {
 
     fn backend(&self) -> &'static str {
         BACKEND
-    }
-}
-
-/// What an observation's mapping task works with: the leg's stream and the caller's
-/// sender.
-type Mapping = (
-    LeaderChanges,
-    tokio::sync::mpsc::UnboundedSender<LeaderChange>,
-);
-
-/// A mapping task's [`Mapping`], taken from its slot: put back when the task is
-/// dropped unfinished, so the task built again on another runtime goes on with it.
-struct Lent {
-    slot: Arc<std::sync::Mutex<Option<Mapping>>>,
-    mapping: Option<Mapping>,
-}
-
-impl Lent {
-    fn take(slot: &Arc<std::sync::Mutex<Option<Mapping>>>) -> Option<Lent> {
-        let mapping = slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()?;
-        Some(Lent {
-            slot: slot.clone(),
-            mapping: Some(mapping),
-        })
-    }
-
-    /// The observation ended: nothing is put back.
-    fn finish(mut self) {
-        self.mapping = None;
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        if let Some(mapping) = self.mapping.take() {
-            *self
-                .slot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mapping);
-        }
     }
 }
 
