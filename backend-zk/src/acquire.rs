@@ -18,12 +18,13 @@
 
 use std::sync::Arc;
 
+use fencelock_core::kit::Held;
 use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
-use crate::held::ZkHeld;
+use crate::held::ZkGrant;
 use crate::names::{self, Recipe};
 use crate::node::Node;
 use crate::session::ZkSession;
@@ -257,13 +258,14 @@ fn grant(
     let cap = fixed_cap(lease, sent);
     let liveness = Liveness::new(grant_deadline(&session, lease, sent));
     let token = FencingToken::new(stat.czxid as u64);
-    let held = ZkHeld::start(
+    let grant = ZkGrant::start(
         name,
         Node::new(session, path, stat.version).with_dir(dir),
         liveness.clone(),
         cap,
     );
-    LockGuard::new(name, token, BACKEND, liveness, Arc::new(held))
+    let held = Arc::new(Held::new(grant, liveness.clone()));
+    LockGuard::new(name, token, BACKEND, liveness, held)
 }
 
 /// Why a lock and an election never share a name: the directory of `name` already holds

@@ -1,35 +1,33 @@
-//! A held lock: its nodes, release and extension. The session renews it
-//! ([`crate::session`]) and the session's watcher watches its nodes ([`crate::watcher`]),
-//! both through [`Tracked`].
+//! A held lock's grant: its nodes, their delete and the extension of a fixed lease, as
+//! the kit's [`Grant`]; the kit's [`Held`](fencelock_core::kit::Held) keeps the release
+//! state machine around it. The session renews it ([`crate::session`]) and the session's
+//! watcher watches its nodes ([`crate::watcher`]), both through [`Tracked`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock_core::{Error, HeldLock, Liveness, LossCause};
+use fencelock_core::kit::{Deleted, Extension, Grant};
+use fencelock_core::{Error, Liveness, LossCause};
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map, session_ended};
-use crate::node::{Deleted, Node};
+use crate::node::Node;
 use crate::watcher::Watched;
 
 /// The backend side of a ZooKeeper guard.
 #[derive(Debug)]
-pub(crate) struct ZkHeld {
+pub(crate) struct ZkGrant {
     name: String,
     /// The grant's nodes and liveness, shared with the session's watcher.
     tracked: Arc<Tracked>,
     registration: u64,
     /// Whether the grant has a fixed lease (and so may be extended).
     fixed: bool,
-    /// Serializes releases so repeated calls see each other's outcome.
-    releasing: tokio::sync::Mutex<()>,
-    /// A release returned `Ok`: later ones do too.
-    released: AtomicBool,
-    /// A release sent its deletes (its future may have been dropped before the answers
-    /// came): a node a repeated release finds gone may be one that release removed.
-    release_sent: AtomicBool,
+    /// Serializes deletes so that a repeated release sees the first one's outcome (each
+    /// node keeps what a delete of ours learned).
+    deleting: tokio::sync::Mutex<()>,
 }
 
 /// A held lock as its session and the session's watcher see it: the nodes of the grant
@@ -114,7 +112,7 @@ impl Watched for Tracked {
     }
 }
 
-impl ZkHeld {
+impl ZkGrant {
     /// Takes over a granted node: registers it with the session monitor (renewal) and
     /// its watcher, which reports the node's deletion by anyone else and deletes it once
     /// the lock is lost (at the end of a fixed lease, or when the session deadline
@@ -128,7 +126,7 @@ impl ZkHeld {
         Self::start_many(name, node, Vec::new(), liveness, cap)
     }
 
-    /// [`ZkHeld::start`] for a grant of several nodes (a semaphore's permits): each is
+    /// [`ZkGrant::start`] for a grant of several nodes (a semaphore's permits): each is
     /// watched, the loss of any loses the grant, and release deletes them all.
     pub(crate) fn start_many(
         name: &str,
@@ -142,139 +140,103 @@ impl ZkHeld {
         let session = &tracked.node.session;
         let registration = session.register(&tracked, cap);
         session.watcher().watch(&tracked);
-        ZkHeld {
+        ZkGrant {
             name: name.to_owned(),
             tracked,
             registration,
             fixed: cap.is_some(),
-            releasing: tokio::sync::Mutex::new(()),
-            released: AtomicBool::new(false),
-            release_sent: AtomicBool::new(false),
+            deleting: tokio::sync::Mutex::new(()),
         }
     }
 
     fn node(&self) -> &Arc<Node> {
         &self.tracked.node
     }
+}
 
-    fn stop_tracking(&self) {
-        self.tracked.stop();
-        self.node().session.unregister(self.registration);
-    }
+/// Which of two delete outcomes of one grant's nodes decides the release: a node found
+/// gone (a loss at a first release) over one whose delete is unconfirmed, over one
+/// deleted now.
+fn worse(a: Deleted, b: Deleted) -> Deleted {
+    let rank = |d| match d {
+        Deleted::Now => 0,
+        Deleted::Unconfirmed => 1,
+        Deleted::AlreadyGone => 2,
+    };
+    if rank(b) > rank(a) { b } else { a }
 }
 
 #[async_trait]
-impl HeldLock for ZkHeld {
-    #[tracing::instrument(name = "fencelock.zookeeper.release", level = "debug", skip_all, fields(lock = %self.name))]
-    async fn release(&self) -> Result<(), Error> {
-        self.stop_tracking();
-        let _serial = self.releasing.lock().await;
-        if self.released.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let lost_before = self.tracked.liveness.is_lost();
-        // After a release whose future was dropped, a node found gone may be its doing:
-        // not a known loss, but not a confirmed release either.
-        let repeated = self.release_sent.swap(true, Ordering::AcqRel);
-        let gone = if repeated {
-            Deleted::Unconfirmed
+impl Grant for ZkGrant {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn key(&self) -> Option<&str> {
+        Some(&self.node().path)
+    }
+
+    fn extension(&self) -> Extension {
+        if self.fixed {
+            // As `acquire` checks it, before anything is sent.
+            Extension::Fixed {
+                min_lease: self.node().session.min_lease(),
+            }
         } else {
-            Deleted::AlreadyGone
-        };
-        let mut extra_gone = false;
-        let mut unconfirmed = false;
+            Extension::Renewing
+        }
+    }
+
+    /// Stops watching and renewing: the deletion of the nodes from now on is ours.
+    fn stop(&self) {
+        self.tracked.stop();
+        self.node().session.unregister(self.registration);
+    }
+
+    /// Deletes every node of the grant (a semaphore's further permits first, the main
+    /// node last), each bounded by the session timeout. A node found gone decides the
+    /// outcome over one whose delete is unconfirmed, over one deleted now (see
+    /// [`Node::delete`]).
+    ///
+    /// An error leaves the nodes to background deletes: the caller learns that the
+    /// release is unconfirmed, but the nodes must not outlive it, as the session (the
+    /// lease) is shared and lives on.
+    async fn delete(&self) -> Result<Deleted, Error> {
+        let _serial = self.deleting.lock().await;
+        let mut found = Deleted::Now;
         for other in &self.tracked.extra {
             match other.delete(Some(other.session.timeout())).await {
-                Ok(Deleted::Now) => {}
-                Ok(Deleted::AlreadyGone) if repeated => unconfirmed = true,
-                Ok(Deleted::AlreadyGone) => extra_gone = true,
-                Ok(Deleted::Unconfirmed) => unconfirmed = true,
+                Ok(deleted) => found = worse(found, deleted),
                 Err(error) => {
-                    for node in self.tracked.nodes() {
-                        node.delete_in_background();
-                    }
+                    self.delete_in_background();
                     return Err(error);
                 }
             }
         }
         let node = self.node();
-        let deleted = match node.delete(Some(node.session.timeout())).await {
-            Ok(Deleted::AlreadyGone) => gone,
-            Ok(deleted) => deleted,
+        match node.delete(Some(node.session.timeout())).await {
+            Ok(deleted) => Ok(worse(found, deleted)),
             Err(error) => {
-                // The caller learns that the release is unconfirmed, but the node must
-                // not outlive it: the session (the lease) is shared and lives on.
                 node.delete_in_background();
-                return Err(error);
-            }
-        };
-        match deleted {
-            Deleted::Now if !lost_before && !extra_gone && !unconfirmed => {
-                self.released.store(true, Ordering::Release);
-                Ok(())
-            }
-            // Neither a confirmed release nor a known loss: the lock is free now, but it
-            // may have been lost before the release, so the release is not confirmed.
-            Deleted::Now | Deleted::Unconfirmed if !lost_before && !extra_gone => {
-                Err(Error::unavailable(
-                    BACKEND,
-                    "the release could not be confirmed: its delete was repeated after the \
-                     connection broke and found the lock node gone, which our first delete \
-                     or someone else's may have done (the lock may have been lost before \
-                     the release); the lock is free now",
-                ))
-            }
-            _ => {
-                // Told once, told again: a repeated release answers the same.
-                self.tracked.liveness.mark_lost(
-                    LossCause::KeyGone,
-                    "the lock node was already gone at release",
-                );
-                Err(Error::lost(
-                    &self.name,
-                    self.tracked
-                        .liveness
-                        .lost_reason()
-                        .unwrap_or("the lock node was already gone at release"),
-                ))
+                Err(error)
             }
         }
     }
 
-    fn release_in_background(&self) {
-        self.stop_tracking();
-        // A release called after this one may find the nodes deleted by it.
-        self.release_sent.store(true, Ordering::Release);
+    fn delete_in_background(&self) {
         for node in self.tracked.nodes() {
             node.delete_in_background();
         }
     }
 
-    fn backend_key(&self) -> Option<&str> {
-        Some(&self.node().path)
-    }
-
-    fn can_extend(&self) -> Result<(), Error> {
-        if self.fixed {
-            Ok(())
-        } else {
-            Err(Error::not_a_fixed_lease())
-        }
-    }
-
-    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
-        self.can_extend()?;
-        // As `acquire` checks it, before anything is sent.
-        fencelock_core::validate_lease(lease, self.node().session.min_lease())
-    }
-
     /// A fixed lease on ZooKeeper is this client's own cap on a node of its session: the
     /// extension checks that the node is still there and moves the cap to `lease` after
-    /// that check was sent. The session's own deadline still applies. A lease shorter
-    /// than the client's `min_lease` is [`Error::InvalidConfig`], with nothing sent.
-    #[tracing::instrument(name = "fencelock.zookeeper.extend", level = "debug", skip_all, fields(lock = %self.name))]
+    /// that check was sent. The session's own deadline still applies.
     async fn extend(&self, lease: Duration) -> Result<tokio::time::Instant, Error> {
-        self.check_extension(lease)?;
         let session = &self.node().session;
         let sent = tokio::time::Instant::now();
         let checked = tokio::time::timeout(
@@ -282,12 +244,7 @@ impl HeldLock for ZkHeld {
             session.client.check_stat(&self.node().path),
         )
         .await
-        .map_err(|_| {
-            Error::unavailable(
-                crate::error::BACKEND,
-                "ZooKeeper did not answer the extend in time",
-            )
-        })?;
+        .map_err(|_| Error::unavailable(BACKEND, "ZooKeeper did not answer the extend in time"))?;
         match checked {
             Ok(Some(_)) => {}
             Ok(None) => {
@@ -324,8 +281,30 @@ impl HeldLock for ZkHeld {
     }
 }
 
-impl Drop for ZkHeld {
+impl Drop for ZkGrant {
     fn drop(&mut self) {
-        self.stop_tracking();
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node found gone decides a release over an unconfirmed delete, which decides it
+    /// over a node deleted now, in whatever order the nodes answered.
+    #[test]
+    fn a_node_found_gone_decides_the_release() {
+        use Deleted::{AlreadyGone, Now, Unconfirmed};
+        for (a, b, expected) in [
+            (Now, Now, Now),
+            (Now, Unconfirmed, Unconfirmed),
+            (Unconfirmed, Now, Unconfirmed),
+            (Unconfirmed, AlreadyGone, AlreadyGone),
+            (AlreadyGone, Now, AlreadyGone),
+            (Now, AlreadyGone, AlreadyGone),
+        ] {
+            assert_eq!(worse(a, b), expected, "{a:?} then {b:?}");
+        }
     }
 }

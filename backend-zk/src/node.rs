@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use fencelock_core::Error;
+use fencelock_core::kit::Deleted;
 use zookeeper_client as zk;
 
 use crate::error::{RETRY_PAUSE, connection_broke, map, session_ended};
@@ -30,22 +31,8 @@ pub(crate) struct Node {
 const PRESENT: u8 = 0;
 /// A delete of ours removed the node.
 const DELETED: u8 = 1;
-/// The node is gone, and who removed it is unknown: see [`Deleted::Unconfirmed`].
+/// The node is gone, and who removed it is unknown: see [`Node::delete`].
 const GONE_UNCONFIRMED: u8 = 2;
-
-/// What a delete found.
-pub(crate) enum Deleted {
-    /// Our delete removed the node.
-    Now,
-    /// The node was already gone when we asked.
-    AlreadyGone,
-    /// The node is gone, but whether we removed it cannot be told: a delete whose
-    /// connection broke before its answer came was sent again and found no node. The
-    /// first may have deleted it, or someone else (an operator's revoke, a raw delete)
-    /// may have before the first reached the server, or instead of it if it never did.
-    /// ZooKeeper keeps no record of who deleted a node.
-    Unconfirmed,
-}
 
 impl Node {
     pub(crate) fn new(session: Arc<ZkSession>, path: String, version: i32) -> Self {
@@ -104,6 +91,14 @@ impl Node {
     /// connection breaks, for at most `limit` (`None`: until the session ends). A version
     /// mismatch (someone wrote data to our node, as Curator's revocation does) still
     /// deletes: the path alone identifies this grant.
+    ///
+    /// [`Deleted::Unconfirmed`]: the node is gone, but whether we removed it cannot be
+    /// told: a delete whose connection broke before its answer came was sent again and
+    /// found no node. The first may have deleted it, or someone else (an operator's
+    /// revoke, a raw delete) may have before the first reached the server, or instead of
+    /// it if it never did. ZooKeeper keeps no record of who deleted a node. What a delete
+    /// learned for good (deleted, or gone unconfirmed) is kept: a repeated delete answers
+    /// the same without asking.
     pub(crate) async fn delete(&self, limit: Option<Duration>) -> Result<Deleted, Error> {
         match self.gone.load(Ordering::Acquire) {
             DELETED => return Ok(Deleted::Now),

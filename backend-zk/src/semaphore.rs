@@ -32,13 +32,14 @@
 
 use std::sync::Arc;
 
+use fencelock_core::kit::Held;
 use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::acquire::{self, Ask};
 use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
-use crate::held::ZkHeld;
+use crate::held::ZkGrant;
 use crate::names::{self, Recipe};
 use crate::node::Node;
 use crate::session::ZkSession;
@@ -369,13 +370,14 @@ fn grant(
         ));
     };
     let extra = nodes.map(|(node, _)| node).collect();
-    let held = ZkHeld::start_many(name, first, extra, liveness.clone(), cap);
+    let grant = ZkGrant::start_many(name, first, extra, liveness.clone(), cap);
+    let held = Arc::new(Held::new(grant, liveness.clone()));
     Ok(LockGuard::new(
         name,
         FencingToken::new(czxid as u64),
         BACKEND,
         liveness,
-        Arc::new(held),
+        held,
     ))
 }
 

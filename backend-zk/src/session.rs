@@ -468,7 +468,7 @@ mod tests {
     use fencelock_testkit::ZkServer;
 
     use super::*;
-    use crate::held::ZkHeld;
+    use crate::held::ZkGrant;
     use crate::node::Node;
 
     /// The deadline's margin covers clock rates (2 %) and late leader pings (50 ms): at
@@ -510,7 +510,7 @@ mod tests {
         // The late grant, as `acquire::grant` builds it.
         let liveness = Liveness::new(session.deadline(session.anchor()));
         let node = Node::new(session.clone(), path.clone(), stat.version);
-        let held = ZkHeld::start("late", node, liveness.clone(), None);
+        let held = ZkGrant::start("late", node, liveness.clone(), None);
 
         assert_eq!(
             liveness.lost_cause(),
