@@ -17,9 +17,9 @@ use tracing::Instrument;
 use crate::config::{MIN_LEASE, lease_seconds};
 use crate::error::{BACKEND, map};
 use crate::keys::{decode, encode, name_prefix};
+use crate::leases::revoke;
 use crate::lock::EtcdLock;
 use crate::queue::Ask;
-use crate::session::revoke;
 use crate::txn::{delete_incarnation, first_created};
 
 impl EtcdLock {

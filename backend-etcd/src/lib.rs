@@ -20,6 +20,7 @@ mod fence;
 mod grant;
 mod held;
 mod keys;
+mod leases;
 mod lock;
 mod queue;
 mod session;

@@ -18,7 +18,8 @@ use crate::batch::Batcher;
 use crate::config::EtcdConfig;
 use crate::delayed::Delayed;
 use crate::error::{BACKEND, map, timed_out};
-use crate::session::{FixedLeases, Sessions};
+use crate::leases::FixedLeases;
+use crate::session::Sessions;
 use crate::watches::KeyWatches;
 
 /// Locks in etcd, with the algorithm of etcd's Go `concurrency.Mutex`, done right.
