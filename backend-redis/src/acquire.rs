@@ -1,5 +1,5 @@
 //! Acquiring a lock or campaigning for an election: the waiting loop around one try
-//! ([`Engine::try_once`]), the local waiting line's front, the subscriptions to the
+//! ([`attempt::try_once`]), the local waiting line's front, the subscriptions to the
 //! unlock channel, and the bound of the whole wait; a grant becomes a guard in
 //! [`held::guard`].
 
@@ -10,8 +10,9 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
+use crate::attempt::{self, Attempt};
 use crate::config::MIN_LEASE;
-use crate::engine::{Attempt, Engine};
+use crate::engine::Engine;
 use crate::error::BACKEND;
 use crate::held;
 use crate::keys::LockKeys;
@@ -67,10 +68,7 @@ async fn wait_for_grant(
     // `fencelock_core::line`): only the front of the line subscribes and tries again.
     let mut front = None;
     loop {
-        match engine
-            .try_once(keys, lease.duration(), will_wait, value)
-            .await?
-        {
+        match attempt::try_once(engine, keys, lease.duration(), will_wait, value).await? {
             Attempt::Granted {
                 token,
                 owner,

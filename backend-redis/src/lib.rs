@@ -62,6 +62,7 @@
 #![recursion_limit = "256"]
 
 mod acquire;
+mod attempt;
 mod call;
 mod config;
 mod connect;
@@ -78,6 +79,7 @@ mod observe;
 mod primitives;
 mod quorum;
 mod renewal;
+mod replicas;
 mod schedule;
 mod scripts;
 mod sentinel;

@@ -26,12 +26,14 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::attempt::{InFlight, undo};
 use crate::call::millis;
 use crate::config::MIN_LEASE;
-use crate::engine::{Engine, InFlight};
+use crate::engine::Engine;
 use crate::error::{BACKEND, invalid_name};
 use crate::held;
 use crate::keys::PrimitiveKeys;
+use crate::replicas::{invoke_grant, replicas_acknowledged};
 use crate::scripts;
 
 /// What is asked for.
@@ -297,7 +299,7 @@ async fn try_member(
         .bounded(
             node,
             engine.config.timeout,
-            engine.invoke_grant(node, &call),
+            invoke_grant(engine, node, &call),
         )
         .await;
     let (reply, acks) = match reply {
@@ -322,7 +324,7 @@ async fn try_member(
             if sent.elapsed() + crate::quorum::drift(lease) >= lease {
                 // Armed until the release is answered: a drop during it, or a release
                 // that failed, releases again in the background.
-                engine.undo(&mut in_flight, engine.config.timeout).await;
+                undo(engine, &mut in_flight, engine.config.timeout).await;
                 return Err(Error::unavailable(
                     BACKEND,
                     "the lease ran out before the grant was answered",
@@ -330,11 +332,10 @@ async fn try_member(
             }
             // The replica check (`wait_replicas`), as for a lock: a grant too few replicas
             // acknowledged is undone and refused.
-            if let Err(error) = engine
-                .replicas_acknowledged(node, acks.as_ref(), sent, lease)
-                .await
+            if let Err(error) =
+                replicas_acknowledged(engine, node, acks.as_ref(), sent, lease).await
             {
-                engine.undo(&mut in_flight, engine.config.timeout).await;
+                undo(engine, &mut in_flight, engine.config.timeout).await;
                 return Err(error);
             }
             in_flight.armed = false;
