@@ -4,8 +4,9 @@
 //! (a) Lost reply. Client A reaches its servers through [`FaultProxy`]s. Under
 //! [`Fault::DropReplies`] A's acquire reaches the server, which creates A's key, node or
 //! Redis key (another client sees the name held), but the answer is thrown away; the
-//! acquire future is dropped after 1 s. Then the proxies reset their connections and pass
-//! again. Within a bound (1 s for etcd and ZooKeeper, one lease for Redis, from the heal)
+//! acquire future is dropped 1 s after it started, and not before the test has seen
+//! both (a reply dropped and A's grant on the leg that lost it, within 10 s). Then the
+//! proxies reset their connections and pass again. Within a bound (1 s for etcd and ZooKeeper, one lease for Redis, from the heal)
 //! another client B sees the name free, with no waiters where counted, and takes it at
 //! once with a token larger than the orphan's and every earlier one. A's client works
 //! again afterwards (through the retry layer: a connection reset while idle fails its
@@ -29,8 +30,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencelock::layer::migration::era_token;
 use fencelock::{
-    AcquireOptions, DistributedLock, DistributedLockExt, MigrationPhase, Retry, RetryPolicy,
+    AcquireOptions, DistributedLock, DistributedLockExt, FencingToken, MigrationPhase, Retry,
+    RetryPolicy,
 };
 use fencelock_testkit::checker::Checker;
 use fencelock_testkit::leftovers;
@@ -41,8 +44,12 @@ mod common;
 use common::{Proxied, Rng, Servers};
 
 const LEASE: Duration = Duration::from_secs(2);
-/// How long A's acquire is given under the fault before it is dropped.
+/// How long A's acquire is given under the fault before it is dropped (longer when the
+/// server's applying it shows later).
 const DROP_AFTER: Duration = Duration::from_secs(1);
+/// The bound on the server applying A's acquire under the fault and a reply being
+/// dropped: generous, for a machine whose cores are busy.
+const APPLIED_BOUND: Duration = Duration::from_secs(10);
 /// The bound on clean-up for etcd and ZooKeeper.
 const CP_BOUND: Duration = Duration::from_secs(1);
 /// The bound on clean-up for Redis: one lease.
@@ -78,12 +85,88 @@ async fn free_within(label: &str, lock: &dyn DistributedLock, name: &str, within
     }
 }
 
+/// Where the server applying A's acquire shows: a client that inspects, directly, the
+/// leg whose reply is lost first (B itself on a plain backend), and how its tokens
+/// compare with B's grants.
+struct Witness<'a> {
+    lock: &'a dyn DistributedLock,
+    /// `Some(epoch)`: the witness's token `t` is `era_token(epoch, t)` among B's grants
+    /// (0 and B itself on a plain backend; the first leg of a migration). `None`: the
+    /// second leg of a migration, whose tokens are in no order with B's grants (they
+    /// are the first leg's).
+    era: Option<u8>,
+}
+
+impl<'a> Witness<'a> {
+    /// On a plain backend: B itself.
+    fn plain(b: &'a dyn DistributedLock) -> Self {
+        Witness {
+            lock: b,
+            era: Some(0),
+        }
+    }
+
+    /// The token of `name`'s holder, as the witness sees it.
+    async fn holder(&self, label: &str, name: &str) -> Option<u64> {
+        let info = self.lock.inspect(name).await;
+        let info = info.unwrap_or_else(|e| panic!("{label}: the witness's inspect: {e:?}"));
+        info.holder.map(|h| h.token.get())
+    }
+
+    /// A witness token as one of B's grants, where the two are in one order.
+    fn among_grants(&self, token: u64) -> Option<u64> {
+        let era = self.era?;
+        Some(
+            era_token(era, FencingToken::new(token))
+                .expect("era token")
+                .get(),
+        )
+    }
+}
+
+/// The sum of the replies `proxies` dropped.
+fn dropped(proxies: &[&FaultProxy]) -> u64 {
+    proxies.iter().map(|p| p.dropped_replies()).sum()
+}
+
+/// Waits for the event "the server applied A's acquire and a reply was lost": a reply
+/// dropped by `proxies` since `dropped_before`, and the witness seeing the name held
+/// with a token above A's earlier one there (`earlier`). Returns the orphan's token as
+/// the witness sees it. Fails after [`APPLIED_BOUND`].
+async fn applied_and_lost(
+    label: &str,
+    witness: &Witness<'_>,
+    proxies: &[&FaultProxy],
+    dropped_before: u64,
+    name: &str,
+    earlier: u64,
+) -> u64 {
+    let start = Instant::now();
+    loop {
+        let lost = dropped(proxies) > dropped_before;
+        let holder = witness.holder(label, name).await;
+        match holder {
+            Some(orphan) if lost && orphan > earlier => return orphan,
+            _ => {}
+        }
+        assert!(
+            start.elapsed() < APPLIED_BOUND,
+            "{label}: {APPLIED_BOUND:?} into the fault, the server did not apply A's \
+             acquire with its reply lost (a reply dropped: {lost}; the holder the witness \
+             sees: {holder:?}, A's earlier token there {earlier})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// F9 (a): `a` goes through `drop_replies` (and possibly more proxies that pass), `b`
-/// directly.
+/// directly; `witness` sees the leg whose reply is lost first.
+#[allow(clippy::too_many_arguments)]
 async fn lost_acquire_reply(
     label: &str,
     a: &Lock,
     b: &dyn DistributedLock,
+    witness: &Witness<'_>,
     drop_replies: &[&FaultProxy],
     all_proxies: &[&FaultProxy],
     name: &str,
@@ -96,25 +179,52 @@ async fn lost_acquire_reply(
         .await
         .expect("A acquires before the fault");
     let first_token = first.token().get();
+    // A's token on the witness's leg.
+    let first_seen = witness
+        .holder(label, name)
+        .await
+        .unwrap_or_else(|| panic!("{label}: the witness does not see A's first grant"));
+    if let Some(among_grants) = witness.among_grants(first_seen) {
+        assert_eq!(
+            among_grants, first_token,
+            "{label}: the witness is another leg"
+        );
+    }
     checker.enter("a", first_token);
     assert!(checker.write("a", first_token));
     checker.exit("a", first_token);
     first.release().await.expect("A releases before the fault");
 
-    let dropped_before: u64 = drop_replies.iter().map(|p| p.dropped_replies()).sum();
+    let dropped_before = dropped(drop_replies);
     for proxy in drop_replies {
         proxy.set(Fault::DropReplies);
     }
-    let attempt = tokio::time::timeout(
-        DROP_AFTER,
-        a.acquire(name, options().wait_timeout(Duration::from_secs(10))),
-    );
-    // Meanwhile the server has applied it: B sees the name held.
-    let seen = async {
-        tokio::time::sleep(DROP_AFTER / 2).await;
-        b.inspect(name).await.expect("B inspects during the fault")
+    let started = Instant::now();
+    // Meanwhile the server applies it, and its reply is lost: then B sees the name held
+    // too (while A's attempt still holds what it has), and the attempt is dropped (at
+    // the end of this block), not before DROP_AFTER.
+    let (attempt, (orphan_seen, seen)) = {
+        let mut attempt =
+            std::pin::pin!(a.acquire(name, options().wait_timeout(Duration::from_secs(10))));
+        let mut watch = std::pin::pin!(async {
+            let orphan = applied_and_lost(
+                label,
+                witness,
+                drop_replies,
+                dropped_before,
+                name,
+                first_seen,
+            )
+            .await;
+            let seen = b.inspect(name).await.expect("B inspects during the fault");
+            tokio::time::sleep_until(started + DROP_AFTER).await;
+            (orphan, seen)
+        });
+        tokio::select! {
+            watched = &mut watch => (None, watched),
+            finished = &mut attempt => (Some(finished), watch.await),
+        }
     };
-    let (attempt, seen) = tokio::join!(attempt, seen);
     let healed_at = Instant::now();
     for proxy in all_proxies {
         proxy.reset_connections();
@@ -122,28 +232,29 @@ async fn lost_acquire_reply(
     }
     match &attempt {
         // Dropped while waiting for the answer.
-        Err(_) => {}
+        None => {}
         // Redlock gives every instance at most half a lease to answer: the attempt may
         // fail on its own first, retryably.
-        Ok(Err(e)) if e.is_retryable() => {}
-        Ok(result) => panic!("{label}: A's acquire finished without its reply: {result:?}"),
+        Some(Err(e)) if e.is_retryable() => {}
+        Some(result) => panic!("{label}: A's acquire finished without its reply: {result:?}"),
     }
-    let dropped: u64 = drop_replies.iter().map(|p| p.dropped_replies()).sum();
     assert!(
-        dropped > dropped_before,
+        dropped(drop_replies) > dropped_before,
         "{label}: no reply was dropped (the fault did not hit)"
     );
-    let orphan = seen
-        .holder
-        .as_ref()
-        .map(|h| h.token.get())
-        .unwrap_or_else(|| {
-            panic!("{label}: the server did not apply A's acquire (B saw the name free): {seen:?}")
-        });
     assert!(
-        orphan > first_token,
-        "{label}: the orphan's token {orphan} is not above the earlier {first_token}"
+        seen.is_held(),
+        "{label}: the server applied A's acquire, but B saw the name free: {seen:?}"
     );
+    // The orphan among B's grants, where the witness's tokens are (its token there is
+    // above the earlier grant's: `applied_and_lost` waited for that).
+    let orphan = witness.among_grants(orphan_seen);
+    if let Some(orphan) = orphan {
+        assert!(
+            orphan > first_token,
+            "{label}: the orphan's token {orphan} is not above the earlier {first_token}"
+        );
+    }
 
     free_within(label, b, name, bound).await;
     let freed_after = healed_at.elapsed();
@@ -160,9 +271,18 @@ async fn lost_acquire_reply(
     let next_token = next.token().get();
     checker.enter("b", next_token);
     assert!(checker.write("b", next_token));
+    if let Some(orphan) = orphan {
+        assert!(
+            next_token > orphan,
+            "{label}: B's token {next_token} is not above the orphan's {orphan}"
+        );
+    }
+    // And on the leg of the lost reply, in its own tokens.
+    let next_seen = witness.holder(label, name).await;
     assert!(
-        next_token > orphan,
-        "{label}: B's token {next_token} is not above the orphan's {orphan}"
+        next_seen.is_some_and(|t| t > orphan_seen),
+        "{label}: B's token where the reply was lost ({next_seen:?}) is not above the \
+         orphan's {orphan_seen}"
     );
     checker.exit("b", next_token);
     next.release().await.expect("B releases");
@@ -304,7 +424,17 @@ async fn f9_etcd() {
     let prefix = unique("etcd");
     let a = connect(&format!("etcd://{}/{prefix}?lease=2s", proxy.addr())).await;
     let b = connect(&format!("etcd://{}/{prefix}?lease=2s", server.endpoint())).await;
-    lost_acquire_reply("etcd", &a, &*b, &[&proxy], &[&proxy], "lost", CP_BOUND).await;
+    lost_acquire_reply(
+        "etcd",
+        &a,
+        &*b,
+        &Witness::plain(&*b),
+        &[&proxy],
+        &[&proxy],
+        "lost",
+        CP_BOUND,
+    )
+    .await;
     cancel_at_grant("etcd", [&*a, &*b], "race").await;
     Servers::Etcd(&server, &prefix).assert_nothing_left_within("etcd F9", LEFT_BOUND);
     // The clients' session leases end with the clients (revoked, or at the latest when
@@ -325,7 +455,17 @@ async fn f9_zookeeper() {
     let url = |hosts: &str| format!("zk://{hosts}/{chroot}?session_timeout=2s&min_lease=2s");
     let a = connect(&url(&proxy.addr())).await;
     let b = connect(&url(&server.connect_string())).await;
-    lost_acquire_reply("zookeeper", &a, &*b, &[&proxy], &[&proxy], "lost", CP_BOUND).await;
+    lost_acquire_reply(
+        "zookeeper",
+        &a,
+        &*b,
+        &Witness::plain(&*b),
+        &[&proxy],
+        &[&proxy],
+        "lost",
+        CP_BOUND,
+    )
+    .await;
     cancel_at_grant("zookeeper", [&*a, &*b], "race").await;
     Servers::Zk(server, &chroot).assert_nothing_left_within("ZooKeeper F9", LEFT_BOUND);
 }
@@ -337,7 +477,17 @@ async fn f9_redis() {
     let prefix = unique("redis");
     let a = connect(&format!("redis://{}?prefix={prefix}:", proxy.addr())).await;
     let b = connect(&format!("{}?prefix={prefix}:", server.url())).await;
-    lost_acquire_reply("redis", &a, &*b, &[&proxy], &[&proxy], "lost", REDIS_BOUND).await;
+    lost_acquire_reply(
+        "redis",
+        &a,
+        &*b,
+        &Witness::plain(&*b),
+        &[&proxy],
+        &[&proxy],
+        "lost",
+        REDIS_BOUND,
+    )
+    .await;
     cancel_at_grant("redis", [&*a, &*b], "race").await;
     Servers::redis(server, &prefix).assert_nothing_left_within("Redis F9", LEFT_BOUND);
 }
@@ -354,7 +504,17 @@ async fn f9_redlock() {
     let a = connect(&via(proxies.iter().map(FaultProxy::addr).collect())).await;
     let b = connect(&via(servers.iter().map(RedisServer::addr).collect())).await;
     let proxies: Vec<&FaultProxy> = proxies.iter().collect();
-    lost_acquire_reply("redlock", &a, &*b, &proxies, &proxies, "lost", REDIS_BOUND).await;
+    lost_acquire_reply(
+        "redlock",
+        &a,
+        &*b,
+        &Witness::plain(&*b),
+        &proxies,
+        &proxies,
+        "lost",
+        REDIS_BOUND,
+    )
+    .await;
     cancel_at_grant("redlock", [&*a, &*b], "race").await;
     Servers::Redis(servers.iter().map(RedisServer::port).collect(), &prefix)
         .assert_nothing_left_within("Redlock F9", LEFT_BOUND);
@@ -368,7 +528,17 @@ async fn lost_reply_behind_proxies(deployment: Proxied, label: &str) {
     deployment.exempt();
     let a = connect(&deployment.cut_url(&prefix)).await;
     let proxies = deployment.proxies();
-    lost_acquire_reply(label, &a, &*b, &proxies, &proxies, "lost", REDIS_BOUND).await;
+    lost_acquire_reply(
+        label,
+        &a,
+        &*b,
+        &Witness::plain(&*b),
+        &proxies,
+        &proxies,
+        "lost",
+        REDIS_BOUND,
+    )
+    .await;
     cancel_at_grant(label, [&*a, &*b], "race").await;
     deployment
         .servers(&prefix)
@@ -399,7 +569,12 @@ async fn f9_memory() {
 
 /// The migration layer in its mixed phases (legacy Redis, raw layout; target etcd).
 /// (a) twice per phase: every leg's replies lost (the first leg's acquire hangs), and
-/// only the second leg's (the first leg granted, then dropped with the attempt).
+/// only the second leg's (the first leg granted, then dropped with the attempt). The
+/// server's applying A's acquire shows on the leg whose reply is lost first, so B's
+/// client of that leg is the witness: the name held through B's migration client is not
+/// enough, since the first leg alone holds it before the second leg's create arrives.
+/// An orphan on the second leg has no token in the order of B's grants (they are the
+/// first leg's); its token is compared with B's on that leg.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f9_migration() {
     let redis = RedisServer::shared();
@@ -418,9 +593,28 @@ async fn f9_migration() {
             };
             let a = connect(&url(&redis_proxy.addr(), &etcd_proxy.addr())).await;
             let b = connect(&url(&redis.addr(), &etcd.endpoint())).await;
-            let second = match phase {
-                MigrationPhase::LegacyFirst => &etcd_proxy,
-                _ => &redis_proxy,
+            // B's legs, directly: the witness is the leg whose reply is lost first.
+            let legacy_leg = connect(&format!(
+                "redis://{}?layout=raw&prefix={prefix}:",
+                redis.addr()
+            ))
+            .await;
+            let target_leg =
+                connect(&format!("etcd://{}/{prefix}?lease=2s", etcd.endpoint())).await;
+            let (second, first_leg, second_leg) = match phase {
+                MigrationPhase::LegacyFirst => (&etcd_proxy, (&legacy_leg, 0), &target_leg),
+                _ => (&redis_proxy, (&target_leg, 1), &legacy_leg),
+            };
+            let witness = if only_second {
+                Witness {
+                    lock: &**second_leg,
+                    era: None,
+                }
+            } else {
+                Witness {
+                    lock: &**first_leg.0,
+                    era: Some(first_leg.1),
+                }
             };
             let all = [&redis_proxy, &etcd_proxy];
             let dropping: Vec<&FaultProxy> = if only_second {
@@ -432,7 +626,8 @@ async fn f9_migration() {
                 "migration {phase} ({} replies lost)",
                 if only_second { "second leg's" } else { "all" }
             );
-            lost_acquire_reply(&label, &a, &*b, &dropping, &all, "lost", REDIS_BOUND).await;
+            let bound = REDIS_BOUND;
+            lost_acquire_reply(&label, &a, &*b, &witness, &dropping, &all, "lost", bound).await;
             if only_second {
                 cancel_at_grant(&label, [&*a, &*b], "race").await;
             }
