@@ -6,11 +6,12 @@
 //! Redis key (another client sees the name held), but the answer is thrown away; the
 //! acquire future is dropped 1 s after it started, and not before the test has seen
 //! both (a reply dropped and A's grant on the leg that lost it, within 10 s). Then the
-//! proxies reset their connections and pass again. Within a bound (1 s for etcd and ZooKeeper, one lease for Redis, from the heal)
-//! another client B sees the name free, with no waiters where counted, and takes it at
-//! once with a token larger than the orphan's and every earlier one. A's client works
-//! again afterwards (through the retry layer: a connection reset while idle fails its
-//! next command once, retryably). Lease 2 s everywhere.
+//! proxies reset their connections and pass again. Within a bound (1 s for etcd and
+//! ZooKeeper, one lease for Redis, from the heal) another client B sees the name free,
+//! with no waiters where counted, and takes it at once with a token larger than the
+//! orphan's and every earlier one. A's client works again afterwards (through the retry
+//! layer: a connection reset while idle fails its next command once, retryably). Lease
+//! 2 s everywhere.
 //!
 //! (b) Cancel at the moment of grant. Two clients make 150 acquires each on one name,
 //! every one under a `tokio::time::timeout` of a random 0-5 ms, holding each grant for a
