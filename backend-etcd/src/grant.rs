@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use fencelock_core::kit::Held;
 use fencelock_core::{Error, FencingToken, Liveness, LockGuard};
 use tokio::time::Instant;
 
 use crate::cleanup::Armed;
 use crate::error::{BACKEND, map};
-use crate::held::EtcdHeld;
+use crate::held::EtcdGrant;
 use crate::lock::EtcdLock;
 use crate::session::Session;
 
@@ -48,7 +49,7 @@ impl EtcdLock {
         }
         let registration = (!fixed).then(|| session.register(liveness.clone()));
         let cleanup = pending.disarm();
-        let held = EtcdHeld::start(
+        let grant = EtcdGrant::start(
             name,
             session,
             registration,
@@ -57,14 +58,9 @@ impl EtcdLock {
             cleanup,
             inner,
         );
+        let held = Arc::new(Held::new(grant, liveness.clone()));
         let token = FencingToken::new(u64::try_from(revision).unwrap_or_default());
-        Ok(LockGuard::new(
-            name,
-            token,
-            BACKEND,
-            liveness,
-            Arc::new(held),
-        ))
+        Ok(LockGuard::new(name, token, BACKEND, liveness, held))
     }
 
     /// Our turn came for a fixed-lease lock queued on the renewing session: grants the

@@ -1,5 +1,6 @@
-//! A lock held in etcd: the guard's state and its release; its key watch in
-//! [`watch`], the extension of a fixed lease in [`extend`].
+//! A lock held in etcd: the [`Grant`] of the kit's [`Held`](fencelock_core::kit::Held),
+//! which keeps the release state machine; the key watch in [`watch`], the extension of a
+//! fixed lease in [`extend`].
 
 mod extend;
 mod watch;
@@ -9,18 +10,19 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock_core::{Error, HeldLock, Liveness, LossCause};
+use fencelock_core::kit::{Deleted, Extension, Grant};
+use fencelock_core::{Error, Liveness};
 use tokio::time::Instant;
 
 use crate::cleanup::{Armed, Cleanup, KeyState};
-use crate::error::timed_out;
+use crate::error::{BACKEND, timed_out};
 use crate::leases::FixedLeases;
 use crate::session::Session;
 use watch::watch_held;
 
-/// The backend side of an etcd guard.
+/// The backend side of an etcd guard: what only etcd knows of one held grant.
 #[derive(Debug)]
-pub(crate) struct EtcdHeld {
+pub(crate) struct EtcdGrant {
     name: String,
     /// What the guard shares with its key watch.
     shared: Arc<Shared>,
@@ -33,9 +35,9 @@ pub(crate) struct EtcdHeld {
     /// one before it left it on, also when the one before was dropped and goes on in its
     /// own task.
     extending: Option<Arc<tokio::sync::Mutex<()>>>,
-    released: AtomicBool,
-    /// An earlier `release()` could not confirm the delete and left it to the
-    /// background: a retried release must not call that a loss.
+    /// The clean-up went to the background (a release that could not confirm its
+    /// delete, or a drop): a later release is told its delete goes on there, not that
+    /// the lock was lost.
     handed_off: AtomicBool,
 }
 
@@ -63,7 +65,7 @@ impl Shared {
     }
 }
 
-impl EtcdHeld {
+impl EtcdGrant {
     /// Wraps a fresh grant (`fixed`: on its own fixed lease, which may be extended) of
     /// `client` and starts watching its key for deletion by anyone else.
     pub(crate) fn start(
@@ -96,42 +98,70 @@ impl EtcdHeld {
             move || -> crate::delayed::Work { Box::pin(watch_held(shared, watches, etcd)) }
         };
         client.delayed.schedule(shared.liveness.clone(), work);
-        EtcdHeld {
+        EtcdGrant {
             name: name.to_owned(),
             shared,
             session,
             registration,
             extending: fixed.is_some().then(Arc::default),
             fixed,
-            released: AtomicBool::new(false),
             handed_off: AtomicBool::new(false),
         }
-    }
-
-    fn stop(&self) -> Option<Cleanup> {
-        self.shared.releasing.store(true, Ordering::SeqCst);
-        if let Some(id) = self.registration {
-            self.session.unregister(id);
-        }
-        self.shared.take_cleanup()
     }
 }
 
 #[async_trait]
-impl HeldLock for EtcdHeld {
-    #[tracing::instrument(name = "fencelock.etcd.release", level = "debug", skip_all, fields(lock = %self.name))]
-    async fn release(&self) -> Result<(), Error> {
-        if self.released.load(Ordering::SeqCst) {
-            return Ok(());
+impl Grant for EtcdGrant {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn key(&self) -> Option<&str> {
+        Some(&self.shared.key)
+    }
+
+    fn extension(&self) -> Extension {
+        match self.fixed {
+            Some(_) => Extension::Fixed {
+                min_lease: crate::config::MIN_LEASE,
+            },
+            None => Extension::Renewing,
         }
-        let Some(cleanup) = self.stop() else {
+    }
+
+    /// etcd leases are whole seconds.
+    fn check_lease(&self, lease: Duration) -> Result<(), Error> {
+        crate::config::lease_seconds(lease).map(drop)
+    }
+
+    /// From here a deletion of the key is our own (the watch does not call it a loss),
+    /// and a renewing guard leaves its session.
+    fn stop(&self) {
+        self.shared.releasing.store(true, Ordering::SeqCst);
+        if let Some(id) = self.registration {
+            self.session.unregister(id);
+        }
+    }
+
+    /// Deletes exactly our incarnation of the key, bounded by the clean-up timeout,
+    /// taking the clean-up (which travels with the line's front): confirmed, the line's
+    /// front goes and the fixed lease (and any an unconfirmed extend moved the key onto)
+    /// is revoked in the background; unknown, the clean-up goes on in the background and
+    /// a retried release is told so.
+    async fn delete(&self) -> Result<Deleted, Error> {
+        let Some(cleanup) = self.shared.take_cleanup() else {
             if self.handed_off.load(Ordering::SeqCst) {
                 return Err(Error::unavailable(
-                    crate::error::BACKEND,
+                    BACKEND,
                     "an earlier release could not be confirmed; its delete goes on in the background",
                 ));
             }
-            return Err(Error::lost(&self.name, "the lock was already given up"));
+            // The key watch gave the key up after a loss.
+            return Ok(Deleted::AlreadyGone);
         };
         // Armed until the delete is confirmed: a release future dropped at the await
         // below leaves the delete to the background instead of the key to the session,
@@ -148,9 +178,8 @@ impl HeldLock for EtcdHeld {
             )
             .await
         };
-        let outcome = match attempt {
+        match attempt {
             Ok(Ok(true)) => {
-                self.released.store(true, Ordering::SeqCst);
                 let cleanup = armed.get();
                 let maybe = std::mem::take(&mut cleanup.moved_maybe);
                 for lease in cleanup.fixed_lease.take().into_iter().chain(maybe) {
@@ -159,57 +188,29 @@ impl HeldLock for EtcdHeld {
                         .runtime
                         .spawn(async move { client.lease_client().revoke(lease).await });
                 }
-                Ok(())
+                // The line's front can go as soon as the key is known to be gone.
+                drop(armed.disarm());
+                Ok(Deleted::Now)
             }
             Ok(Ok(false)) => {
-                self.shared
-                    .liveness
-                    .mark_lost(LossCause::KeyGone, "the key was gone at release");
-                Err(Error::lost(
-                    &self.name,
-                    "the key was gone at release (expired or deleted)",
-                ))
-            }
-            Ok(Err(error)) => Err(error),
-            Err(_) => Err(timed_out("the release")),
-        };
-        match outcome {
-            // The line's front can go as soon as the key is known to be gone.
-            Ok(()) => drop(armed.disarm()),
-            // Gone already; only a dedicated lease may be left to revoke.
-            Err(Error::Lost { .. }) => {
+                // Gone already; only a dedicated lease may be left to revoke.
                 self.handed_off.store(false, Ordering::SeqCst);
                 armed.get().state = KeyState::Absent;
+                Ok(Deleted::AlreadyGone)
             }
-            // Unknown: keep trying in the background before anyone reuses the key.
-            Err(_) => drop(armed),
+            // Unknown: dropping `armed` keeps trying in the background before anyone
+            // reuses the key.
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(timed_out("the release")),
         }
-        outcome
     }
 
-    fn release_in_background(&self) {
-        if let Some(cleanup) = self.stop() {
+    fn delete_in_background(&self) {
+        if let Some(cleanup) = self.shared.take_cleanup() {
             // A release called after this one is told its delete went to the background.
             self.handed_off.store(true, Ordering::SeqCst);
             cleanup.spawn();
         }
-    }
-
-    fn backend_key(&self) -> Option<&str> {
-        Some(&self.shared.key)
-    }
-
-    fn can_extend(&self) -> Result<(), Error> {
-        match self.fixed {
-            Some(_) => Ok(()),
-            None => Err(Error::not_a_fixed_lease()),
-        }
-    }
-
-    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
-        self.can_extend()?;
-        fencelock_core::validate_lease(lease, crate::config::MIN_LEASE)?;
-        crate::config::lease_seconds(lease).map(drop)
     }
 
     /// An etcd lease's TTL cannot be changed, so the key moves onto a fresh lease of the
@@ -233,7 +234,13 @@ impl HeldLock for EtcdHeld {
     /// leaves either the old lease or the new one, never both, and its task still does
     /// all of the above: the guard's deadline follows the lease the key is on (or may be
     /// on), also when nobody awaits the answer, and a loss the task finds is reported.
-    #[tracing::instrument(name = "fencelock.etcd.extend", level = "debug", skip_all, fields(lock = %self.name))]
+    ///
+    /// # Errors
+    ///
+    /// As [`HeldLock::extend`](fencelock_core::HeldLock::extend): [`Error::Lost`] when
+    /// the key is gone or no longer ours, [`Error::Unavailable`] when etcd did not
+    /// confirm the move (the lock is still held until its current deadline), backend
+    /// errors otherwise.
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
         self.move_to_new_lease(lease).await
     }

@@ -1,26 +1,25 @@
 //! Extending a fixed-lease guard: etcd cannot change a lease's TTL, so the key moves onto
 //! a fresh lease of the new length and the old one is revoked (see
-//! [`HeldLock::extend`](fencelock_core::HeldLock::extend) for [`EtcdHeld`]).
+//! [`Grant::extend`](fencelock_core::kit::Grant::extend) for [`EtcdGrant`]).
 
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, LeaseGrantOptions, PutOptions, Txn, TxnOp};
-use fencelock_core::{Error, HeldLock, LossCause};
+use fencelock_core::{Error, LossCause};
 use tokio::time::Instant;
 
-use super::{EtcdHeld, Shared};
+use super::{EtcdGrant, Shared};
 use crate::error::{map, timed_out};
 use crate::leases::Unkept;
 use crate::session::drift_margin;
 
-impl EtcdHeld {
-    /// The work of [`HeldLock::extend`](fencelock_core::HeldLock::extend), documented
-    /// there: waits for this guard's turn to extend, then moves the key in a task of its
-    /// own.
+impl EtcdGrant {
+    /// The work of [`Grant::extend`](fencelock_core::kit::Grant::extend), documented
+    /// there (the kit checked `lease` already): waits for this guard's turn to extend,
+    /// then moves the key in a task of its own.
     pub(super) async fn move_to_new_lease(&self, lease: Duration) -> Result<Instant, Error> {
-        self.check_extension(lease)?;
         let (Some(fixed), Some(turns)) = (self.fixed.clone(), self.extending.clone()) else {
             return Err(Error::not_a_fixed_lease());
         };
