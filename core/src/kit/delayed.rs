@@ -112,11 +112,14 @@ impl Delayed {
         };
         let mut running: FuturesUnordered<Work> = FuturesUnordered::new();
         let mut next_look = Some(Instant::now() + self.tick);
+        let mut look_again = false;
         loop {
-            tokio::select! {
-                () = sleep_until(next_look) => {}
-                () = self.wake.notified(), if next_look.is_none() => {}
-                Some(()) = running.next(), if !running.is_empty() => {}
+            if !std::mem::take(&mut look_again) {
+                tokio::select! {
+                    () = sleep_until(next_look) => {}
+                    () = self.wake.notified(), if next_look.is_none() => {}
+                    Some(()) = running.next(), if !running.is_empty() => {}
+                }
             }
             let now = Instant::now();
             let due = {
@@ -146,6 +149,11 @@ impl Delayed {
                 if !entry.liveness.is_ended() {
                     running.push((entry.work)());
                 }
+            }
+            // Every guard due had ended and none waits: nothing may be left to wake this
+            // task, so look again (that look ends it unless a grant came meanwhile).
+            if running.is_empty() && next_look.is_none() {
+                look_again = true;
             }
         }
     }
@@ -221,5 +229,27 @@ mod tests {
         long.end();
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(!delayed.lock().running, "the task ends with its last work");
+    }
+
+    /// Guards that all ended before their delay leave no task behind: it used to find
+    /// nothing to start and then wait, with nothing to wake it, until the next grant.
+    #[tokio::test(start_paused = true)]
+    async fn guards_ended_before_the_delay_leave_no_task() {
+        let delayed = Arc::new(Delayed::new(
+            Handle::current(),
+            Duration::from_millis(10),
+            Duration::from_millis(10),
+        ));
+        let liveness = Liveness::new(Instant::now() + Duration::from_secs(60));
+        delayed.schedule(liveness.clone(), || -> Work {
+            Box::pin(async { unreachable!("the guard ended before its delay") })
+        });
+        // Due at the first look (the delay equals the tick), ended before it.
+        liveness.end();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !delayed.lock().running,
+            "the task ends once nothing is left"
+        );
     }
 }
