@@ -139,7 +139,7 @@ impl ZkGrant {
         let tracked = Arc::new(Tracked::new(Arc::new(node), extra, liveness));
         let session = &tracked.node.session;
         let registration = session.register(&tracked, cap);
-        session.watcher().watch(&tracked);
+        session.watch(&tracked);
         ZkGrant {
             name: name.to_owned(),
             tracked,

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use fencelock_core::kit::Delayed;
 use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -37,7 +38,7 @@ use zookeeper_client as zk;
 use crate::config::{AclPolicy, AuthMethod, ZkConfig};
 use crate::error::{BACKEND, map, session_ended};
 use crate::transport::Transport;
-use crate::watcher::{Watched, Watcher};
+use crate::watcher::{self, Deadlines, TICK, WATCH_DELAY, Watched};
 
 /// What the leader's ping loop and scheduling may add to its ping period (half a tick):
 /// see [`deadline_margin`].
@@ -85,8 +86,11 @@ pub(crate) struct ZkSession {
     /// The waiting lines of this session's tasks, by directory: one node per waiting
     /// (session, name), the other tasks wait locally (see [`fencelock_core::line`]).
     pub(crate) lines: Arc<fencelock_core::line::Lines>,
-    /// Watches the nodes of the locks held on this session.
-    watcher: Arc<Watcher>,
+    /// Starts the watches on the nodes of the locks held on this session (see
+    /// [`crate::watcher`]).
+    watches: Arc<Delayed>,
+    /// The deadlines of the watched locks, to give up their nodes once lost.
+    deadlines: Arc<Deadlines>,
 }
 
 /// A held lock as the monitor sees it.
@@ -164,6 +168,7 @@ impl ZkSession {
                  {timeout:?}: the lease is outside the server's minSessionTimeout..maxSessionTimeout"
             )));
         }
+        let watches = Arc::new(Delayed::new(Handle::current(), WATCH_DELAY, TICK));
         let session = Arc::new(ZkSession {
             client,
             timeout,
@@ -176,7 +181,8 @@ impl ZkSession {
             given_up: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             lines: Arc::default(),
-            watcher: Arc::new(Watcher::new(Handle::current())),
+            watches: watches.clone(),
+            deadlines: Arc::new(Deadlines::new(watches)),
             // Creating a session is a write the leader commits: it heard from us then.
             confirmed: Mutex::new((connecting, connecting)),
         });
@@ -252,9 +258,10 @@ impl ZkSession {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The watcher of this session's held locks.
-    pub(crate) fn watcher(&self) -> &Arc<Watcher> {
-        &self.watcher
+    /// Watches the nodes of a fresh grant, from [`WATCH_DELAY`] on (see
+    /// [`crate::watcher`]).
+    pub(crate) fn watch<W: Watched + 'static>(&self, tracked: &Arc<W>) {
+        watcher::watch(&self.watches, &self.deadlines, tracked);
     }
 
     /// Lets the monitor renew and report on `tracked` (capped at `cap` for a fixed

@@ -1,33 +1,31 @@
-//! One watcher per session for the nodes of its held locks.
+//! The watch on the nodes of a held lock, and the deletes after a loss by deadline.
 //!
 //! A held lock needs a watch on its node (a deletion by anyone else is a loss) and, once
 //! it is lost by deadline (a fixed lease ran out, or the session could not be confirmed
 //! in time), a delete that frees the lock for others. A task per lock did this at the
 //! cost of a spawn at every grant, a wake-up at every release and a timer and a task's
-//! memory per held lock. Instead each session has one watcher task:
+//! memory per held lock. Instead:
 //!
-//! - a grant queues a small record, and the task arms the watch only for locks still
-//!   held [`WATCH_DELAY`] later: most critical sections are shorter and cost no watch
-//!   request, no notification and no wake-up of their own. A deletion in between is not
-//!   missed: arming then finds no node;
-//! - armed watches are futures of that one task, and a release wakes nothing: it only
-//!   sets a flag, and the watch fires on our own delete and is dropped then;
-//! - deadlines are kept in one heap, looked at when the earliest is due.
-//!
-//! The task runs while the session has a lock to watch and ends when none is left.
+//! - the watch is the grant's work on its session's [`Delayed`] (core's one
+//!   delayed-watch mechanism): armed only for locks still held [`WATCH_DELAY`] later,
+//!   so most critical sections, which are shorter, cost no watch request, no
+//!   notification and no wake-up of their own. A deletion in between is not missed:
+//!   arming then finds no node. Armed watches are futures of the queue's one task, and
+//!   a release wakes nothing: it only sets a flag, and the watch fires on our own delete
+//!   and ends then;
+//! - the deadlines of watched locks are kept in one heap per session ([`Deadlines`]),
+//!   looked at when the earliest is due, by one more future of that same task, which
+//!   runs while the heap is not empty: a timer in each lock's watch would cost its
+//!   memory per held lock.
 
 use std::cmp::{Ordering as CmpOrdering, Reverse};
-use std::collections::{BinaryHeap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
+use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use fencelock_core::kit::Delayed;
+use fencelock_core::kit::delayed::{Work, sleep_until};
 use fencelock_core::{Liveness, LossCause};
-use futures_util::StreamExt;
-use futures_util::future::Either;
-use futures_util::stream::FuturesUnordered;
-use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -39,14 +37,14 @@ pub(crate) const WATCH_DELAY: Duration = Duration::from_millis(10);
 
 /// How often the queue of grants is looked at while it is not empty: arming happens
 /// between [`WATCH_DELAY`] and `WATCH_DELAY + TICK` after the grant.
-const TICK: Duration = Duration::from_millis(10);
+pub(crate) const TICK: Duration = Duration::from_millis(10);
 
 /// The pause before arming again after a request failed without ending the session.
 const REARM_PAUSE: Duration = Duration::from_millis(50);
 
 /// A held grant as its session's watcher (and, at close, its session) sees it: the nodes
 /// to watch, the guard's liveness, and what to do on a loss. Implemented by the guard's
-/// record ([`crate::held`]); a trait so that the session, which owns this watcher, and
+/// record ([`crate::held`]); a trait so that the session, which owns the watches, and
 /// the nodes, which belong to the session, do not depend on each other in a loop.
 pub(crate) trait Watched: Send + Sync {
     /// The guard's liveness.
@@ -73,43 +71,114 @@ pub(crate) trait Watched: Send + Sync {
     fn give_up(&self);
 }
 
-/// A step of one watch: its arming request answered, or its armed watch fired.
-enum Step {
-    Armed(
-        Arc<dyn Watched>,
-        usize,
-        Result<zk::OneshotWatcher, zk::Error>,
-    ),
-    Fired(Arc<dyn Watched>, usize, zk::WatchedEvent),
+/// Watches a fresh grant from [`WATCH_DELAY`] on (on `watches`, the session's queue),
+/// until it is stopped, lost, or its nodes are gone; its deadline goes into `deadlines`
+/// then.
+pub(crate) fn watch<W: Watched + 'static>(
+    watches: &Arc<Delayed>,
+    deadlines: &Arc<Deadlines>,
+    tracked: &Arc<W>,
+) {
+    let (weak, deadlines) = (Arc::downgrade(tracked), deadlines.clone());
+    watches.schedule(tracked.liveness().clone(), move || -> Work {
+        let Some(tracked) = weak.upgrade().filter(|tracked| !tracked.is_stopped()) else {
+            return Box::pin(async {});
+        };
+        deadlines.add(
+            Arc::downgrade(&tracked) as Weak<dyn Watched>,
+            tracked.liveness(),
+        );
+        // The watch holds the record alone: it is every held lock's, so kept small.
+        Box::pin(async move {
+            match tracked.node_count() {
+                1 => watch_node(&*tracked, 0).await,
+                count => {
+                    let nodes = (0..count).map(|index| watch_node(&*tracked, index));
+                    futures_util::future::join_all(nodes).await;
+                }
+            }
+        })
+    });
 }
 
-/// Arming: boxed, as its request future is large and it lives only for a round trip.
-type StepFuture = Pin<Box<dyn Future<Output = Step> + Send>>;
-
-/// What a watch does next.
-enum Next {
-    Arm(StepFuture),
-    Fire(Arc<dyn Watched>, usize, zk::OneshotWatcher),
+/// Arms a watch on `path`, after `pause` if one is given.
+async fn arm(
+    client: &zk::Client,
+    path: &str,
+    pause: Option<Duration>,
+) -> Result<zk::OneshotWatcher, zk::Error> {
+    if let Some(pause) = pause {
+        tokio::time::sleep(pause).await;
+    }
+    let (_, _, watcher) = client.get_and_watch_data(path).await?;
+    Ok(watcher)
 }
 
-fn arm(tracked: Arc<dyn Watched>, index: usize, pause: Option<Duration>) -> StepFuture {
-    Box::pin(async move {
-        if let Some(pause) = pause {
-            tokio::time::sleep(pause).await;
-        }
+/// Watches node `index` of `tracked` until the watch tells of a loss, the grant is
+/// stopped, or it is lost and its nodes given up.
+async fn watch_node<W: Watched>(tracked: &W, index: usize) {
+    let mut paused = false;
+    loop {
         let (client, path) = tracked.node(index);
-        let armed = client
-            .get_and_watch_data(path)
-            .await
-            .map(|(_, _, watcher)| watcher);
-        Step::Armed(tracked, index, armed)
-    })
-}
-
-/// An armed watch, for as long as the lock is held: kept inline in the watcher's set,
-/// not boxed, as every held lock has one.
-async fn fire(tracked: Arc<dyn Watched>, index: usize, watcher: zk::OneshotWatcher) -> Step {
-    Step::Fired(tracked, index, watcher.changed().await)
+        // Boxed: its request future is large and lives only for a round trip, while the
+        // armed watch below lives as long as the lock is held.
+        let pause = std::mem::take(&mut paused).then_some(REARM_PAUSE);
+        let armed = Box::pin(arm(client, path, pause)).await;
+        if tracked.is_stopped() {
+            return;
+        }
+        let watcher = match armed {
+            Ok(watcher) => watcher,
+            Err(zk::Error::NoNode) => {
+                tracked.lost(LossCause::KeyGone, "the lock node was deleted".into());
+                return;
+            }
+            Err(err) if session_ended(&err) => {
+                tracked.lost(
+                    LossCause::SessionEnded,
+                    format!("the ZooKeeper session ended: {err}"),
+                );
+                return;
+            }
+            // The connection broke: arm again once it may be back, while the lock
+            // can still be lost to a deletion.
+            Err(_) if tracked.liveness().is_lost() => {
+                tracked.give_up();
+                return;
+            }
+            Err(_) => {
+                paused = true;
+                continue;
+            }
+        };
+        let event = watcher.changed().await;
+        if tracked.is_stopped() {
+            return;
+        }
+        match event.event_type {
+            zk::EventType::NodeDeleted => {
+                tracked.lost(
+                    LossCause::KeyGone,
+                    "the lock node was deleted by another client".into(),
+                );
+                return;
+            }
+            zk::EventType::Session if event.session_state.is_terminated() => {
+                tracked.lost(
+                    LossCause::SessionEnded,
+                    format!("the ZooKeeper session ended: {}", event.session_state),
+                );
+                return;
+            }
+            // Its data changed (Curator's revocation writes it) or the connection
+            // came back: the node is still there, watch it again.
+            _ if tracked.liveness().is_lost() => {
+                tracked.give_up();
+                return;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// A lock's deadline in the heap, held weakly: a released guard's record goes with it.
@@ -139,242 +208,140 @@ impl Ord for Due {
 }
 
 #[derive(Default)]
-struct Queue {
-    /// Grants waiting for [`WATCH_DELAY`] to pass, in grant order.
-    pending: VecDeque<(Instant, Weak<dyn Watched>)>,
+struct Heap {
+    due: BinaryHeap<Reverse<Due>>,
     running: bool,
 }
 
-/// The watcher of one session.
-pub(crate) struct Watcher {
-    queue: Mutex<Queue>,
-    /// Wakes the task when a grant arrives while it had none queued.
+/// The deadlines of one session's watched locks: a lock found lost at its deadline is
+/// given up ([`Watched::give_up`]), one renewed since is looked at again at its new one.
+pub(crate) struct Deadlines {
+    heap: Mutex<Heap>,
+    /// Wakes the task when a deadline earlier than every other arrives.
     wake: Notify,
-    runtime: Handle,
+    /// The session's queue, whose task polls the heap's future too.
+    watches: Arc<Delayed>,
 }
 
-impl std::fmt::Debug for Watcher {
+impl std::fmt::Debug for Deadlines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Watcher").finish_non_exhaustive()
+        f.debug_struct("Deadlines").finish_non_exhaustive()
     }
 }
 
-impl Watcher {
-    pub(crate) fn new(runtime: Handle) -> Self {
-        Watcher {
-            queue: Mutex::default(),
+impl Deadlines {
+    /// Deadlines looked at by a future of the task of `watches` (the session's queue
+    /// of watches, so that watching held locks costs the session one task).
+    pub(crate) fn new(watches: Arc<Delayed>) -> Self {
+        Deadlines {
+            heap: Mutex::default(),
             wake: Notify::new(),
-            runtime,
+            watches,
         }
     }
 
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    fn heap(&self) -> std::sync::MutexGuard<'_, Heap> {
+        self.heap.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Watches a fresh grant from [`WATCH_DELAY`] on, until it is stopped, lost, or its
-    /// nodes are gone.
-    pub(crate) fn watch<W: Watched + 'static>(self: &Arc<Self>, tracked: &Arc<W>) {
-        let tracked = Arc::downgrade(tracked) as Weak<dyn Watched>;
+    /// Looks at `tracked` at the deadline of `liveness` (its own).
+    fn add(self: &Arc<Self>, tracked: Weak<dyn Watched>, liveness: &Liveness) {
+        self.push(Due {
+            at: liveness.valid_until(),
+            tracked,
+        });
+    }
+
+    fn push(self: &Arc<Self>, due: Due) {
         let (start, wake) = {
-            let mut queue = self.queue();
-            let was_empty = queue.pending.is_empty();
-            queue
-                .pending
-                .push_back((Instant::now() + WATCH_DELAY, tracked));
-            let start = !std::mem::replace(&mut queue.running, true);
-            (start, was_empty && !start)
+            let mut heap = self.heap();
+            let earliest = heap
+                .due
+                .peek()
+                .is_none_or(|Reverse(first)| due.at < first.at);
+            heap.due.push(Reverse(due));
+            let start = !std::mem::replace(&mut heap.running, true);
+            (start, earliest && !start)
         };
         if start {
-            self.runtime.spawn(self.clone().run());
+            // Started after the queue's delay, a few milliseconds: a deadline is added
+            // when its lock's watch starts, and lies a lease (at least a second) later.
+            let running = NotRunning {
+                deadlines: self.clone(),
+                ended: false,
+            };
+            let never = Liveness::new(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+            self.watches
+                .schedule(never, move || -> Work { Box::pin(run(running)) });
         } else if wake {
             self.wake.notify_one();
         }
     }
+}
 
-    async fn run(self: Arc<Self>) {
-        // However the task ends (a panic, or the runtime shutting down drops it), the
-        // next grant starts a new one: `running` never stays set without a task.
-        let mut running = NotRunning {
-            watcher: &self,
-            ended: false,
-        };
-        let mut watches = FuturesUnordered::new();
-        let push = |watches: &mut FuturesUnordered<_>, next| match next {
-            Next::Arm(arm) => watches.push(Either::Left(arm)),
-            Next::Fire(tracked, index, watcher) => {
-                watches.push(Either::Right(fire(tracked, index, watcher)));
+/// Looks at the deadlines of `running.deadlines` until none is left. However it ends (a
+/// panic, or the runtime shutting down drops it, started or not), the next deadline
+/// starts another: `running` never stays set without it.
+async fn run(mut running: NotRunning) {
+    let this = running.deadlines.clone();
+    loop {
+        let now = Instant::now();
+        let mut passed = Vec::new();
+        let next = {
+            let mut heap = this.heap();
+            while heap.due.peek().is_some_and(|Reverse(due)| due.at <= now) {
+                passed.extend(heap.due.pop().map(|Reverse(due)| due));
             }
-        };
-        let mut deadlines: BinaryHeap<Reverse<Due>> = BinaryHeap::new();
-        let mut next_look = Instant::now();
-        loop {
-            let now = Instant::now();
-            // Deadlines that have passed.
-            while deadlines.peek().is_some_and(|Reverse(due)| due.at <= now) {
-                let Some(Reverse(due)) = deadlines.pop() else {
-                    break;
-                };
-                let Some(tracked) = due.tracked.upgrade() else {
-                    continue;
-                };
-                if tracked.is_stopped() {
-                    continue;
-                }
-                if tracked.liveness().is_lost() {
-                    tracked.give_up();
-                } else {
-                    // Renewed since: look again at the new deadline.
-                    deadlines.push(Reverse(Due {
-                        at: tracked.liveness().valid_until(),
-                        tracked: due.tracked,
-                    }));
-                }
-            }
-            // Grants whose delay has passed (looked at once per tick at most).
-            let next_pending;
-            if now >= next_look {
-                let due = {
-                    let mut queue = self.queue();
-                    let mut due = Vec::new();
-                    while queue.pending.front().is_some_and(|(at, _)| *at <= now) {
-                        due.extend(queue.pending.pop_front().map(|(_, tracked)| tracked));
-                    }
-                    if due.is_empty() && queue.pending.is_empty() && watches.is_empty() {
-                        queue.running = false;
-                        running.ended = true;
-                        return;
-                    }
-                    next_pending = queue.pending.front().map(|(at, _)| *at);
-                    due
-                };
-                for tracked in due.iter().filter_map(Weak::upgrade) {
-                    if tracked.is_stopped() || tracked.liveness().is_ended() {
-                        continue;
-                    }
-                    for index in 0..tracked.node_count() {
-                        push(&mut watches, Next::Arm(arm(tracked.clone(), index, None)));
-                    }
-                    deadlines.push(Reverse(Due {
-                        at: tracked.liveness().valid_until(),
-                        tracked: Arc::downgrade(&tracked),
-                    }));
-                }
-                next_look = now + TICK;
-                if watches.is_empty() {
-                    // Every lock due was released before its watch: nothing may be left
-                    // to wake this task, so look again (the next pass ends it if the
-                    // queue is empty too).
-                    continue;
-                }
-            } else {
-                let mut queue = self.queue();
-                // The last watch ended between two looks at the queue: nothing is left.
-                if queue.pending.is_empty() && watches.is_empty() {
-                    queue.running = false;
+            match heap.due.peek() {
+                Some(Reverse(due)) => Some(due.at),
+                None if passed.is_empty() => {
+                    heap.running = false;
                     running.ended = true;
                     return;
                 }
-                next_pending = queue.pending.front().map(|(at, _)| *at);
+                None => None,
             }
-            let wake_at = [
-                next_pending.map(|at| at.max(next_look)),
-                deadlines.peek().map(|Reverse(due)| due.at),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
-            tokio::select! {
-                Some(step) = watches.next(), if !watches.is_empty() => {
-                    if let Some(next) = handle(step) {
-                        push(&mut watches, next);
-                    }
-                }
-                () = sleep_until(wake_at) => {}
-                () = self.wake.notified() => {}
+        };
+        for due in passed {
+            let Some(tracked) = due.tracked.upgrade() else {
+                continue;
+            };
+            if tracked.is_stopped() {
+                continue;
             }
+            if tracked.liveness().is_lost() {
+                tracked.give_up();
+            } else {
+                // Renewed since: look again at the new deadline.
+                this.push(Due {
+                    at: tracked.liveness().valid_until(),
+                    tracked: due.tracked,
+                });
+            }
+        }
+        if next.is_none() {
+            // Every deadline passed: look again (the next pass ends this future unless
+            // one was looked at again).
+            continue;
+        }
+        tokio::select! {
+            () = sleep_until(next) => {}
+            () = this.wake.notified() => {}
         }
     }
 }
 
-/// Clears `running` when the watcher's task ends other than by deciding to (which
-/// clears it under the same lock that saw nothing left).
-struct NotRunning<'a> {
-    watcher: &'a Watcher,
+/// Clears `running` when the heap's future ends other than by deciding to (which clears
+/// it under the same lock that saw nothing left), or is dropped before it started.
+struct NotRunning {
+    deadlines: Arc<Deadlines>,
     ended: bool,
 }
 
-impl Drop for NotRunning<'_> {
+impl Drop for NotRunning {
     fn drop(&mut self) {
         if !self.ended {
-            self.watcher.queue().running = false;
-        }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Acts on one step of a watch; returns the watch's next step, if it goes on.
-fn handle(step: Step) -> Option<Next> {
-    match step {
-        Step::Armed(tracked, index, armed) => {
-            if tracked.is_stopped() {
-                return None;
-            }
-            match armed {
-                Ok(watcher) => Some(Next::Fire(tracked, index, watcher)),
-                Err(zk::Error::NoNode) => {
-                    tracked.lost(LossCause::KeyGone, "the lock node was deleted".into());
-                    None
-                }
-                Err(err) if session_ended(&err) => {
-                    tracked.lost(
-                        LossCause::SessionEnded,
-                        format!("the ZooKeeper session ended: {err}"),
-                    );
-                    None
-                }
-                // The connection broke: arm again once it may be back, while the lock
-                // can still be lost to a deletion.
-                Err(_) if tracked.liveness().is_lost() => {
-                    tracked.give_up();
-                    None
-                }
-                Err(_) => Some(Next::Arm(arm(tracked, index, Some(REARM_PAUSE)))),
-            }
-        }
-        Step::Fired(tracked, index, event) => {
-            if tracked.is_stopped() {
-                return None;
-            }
-            match event.event_type {
-                zk::EventType::NodeDeleted => {
-                    tracked.lost(
-                        LossCause::KeyGone,
-                        "the lock node was deleted by another client".into(),
-                    );
-                    None
-                }
-                zk::EventType::Session if event.session_state.is_terminated() => {
-                    tracked.lost(
-                        LossCause::SessionEnded,
-                        format!("the ZooKeeper session ended: {}", event.session_state),
-                    );
-                    None
-                }
-                // Its data changed (Curator's revocation writes it) or the connection
-                // came back: the node is still there, watch it again.
-                _ if tracked.liveness().is_lost() => {
-                    tracked.give_up();
-                    None
-                }
-                _ => Some(Next::Arm(arm(tracked, index, None))),
-            }
+            self.deadlines.heap().running = false;
         }
     }
 }
