@@ -3,11 +3,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock_core::{Error, FencingToken, HeldLock, Lease, LockGuard};
+use fencelock_core::kit::{self, Deleted, Extension, Grant};
+use fencelock_core::{Error, FencingToken, Lease, LockGuard};
 use tokio::time::Instant;
 
 use crate::config::MIN_LEASE;
@@ -20,7 +20,7 @@ use crate::renewal;
 /// Hands out the guard of a grant (of `name`, for `keys`, made by attempt `id` whose
 /// request was sent at `sent`): registers it with the client for `close` (refused, and
 /// released in the background, once the client is closed), starts renewing a renewing
-/// lease, and wraps a [`RedisHeld`] in the guard, whose deadline counts from `sent`.
+/// lease, and wraps a [`RedisGrant`] in the guard, whose deadline counts from `sent`.
 ///
 /// # Errors
 ///
@@ -69,7 +69,7 @@ pub(crate) fn guard(
             sent,
         );
     }
-    let held = RedisHeld {
+    let grant = RedisGrant {
         engine: engine.clone(),
         id,
         name: name.to_owned(),
@@ -77,21 +77,20 @@ pub(crate) fn guard(
         owner,
         token: token.get(),
         election,
-        released: AtomicBool::new(false),
-        release_sent: AtomicBool::new(false),
     };
     Ok(LockGuard::new(
         name,
         token,
         BACKEND,
-        liveness,
-        Arc::new(held),
+        liveness.clone(),
+        Arc::new(kit::Held::new(grant, liveness)),
     ))
 }
 
-/// The backend side of a Redis guard. Its owner value identifies this grant alone, so a
-/// late or repeated release can never delete a newer holder's key.
-pub(crate) struct RedisHeld {
+/// The backend side of a Redis guard, in the kit's [`Held`](kit::Held), which keeps the
+/// release state. Its owner value identifies this grant alone, so a late or repeated
+/// release can never delete a newer holder's key.
+pub(crate) struct RedisGrant {
     pub(crate) engine: Arc<Engine>,
     pub(crate) id: u64,
     pub(crate) name: String,
@@ -102,101 +101,81 @@ pub(crate) struct RedisHeld {
     pub(crate) token: u64,
     /// Whether this is a campaign's term (see [`Engine::release`]).
     pub(crate) election: bool,
-    pub(crate) released: AtomicBool,
-    /// A release was sent (its future may have been dropped before the answer came): a
-    /// key a repeated release finds gone may be one that release deleted, after which
-    /// another client may even have been granted the name.
-    pub(crate) release_sent: AtomicBool,
 }
 
 #[async_trait]
-impl HeldLock for RedisHeld {
-    #[tracing::instrument(name = "fencelock.redis.release", level = "debug", skip_all, fields(lock = %self.name))]
-    async fn release(&self) -> Result<(), Error> {
+impl Grant for RedisGrant {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lock key (on every instance, for Redlock).
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.lock)
+    }
+
+    fn extension(&self) -> Extension {
+        // Only renewing leases are in the renewal registry.
+        if self.engine.renewals.contains(self.id) {
+            Extension::Renewing
+        } else {
+            Extension::Fixed {
+                min_lease: MIN_LEASE,
+            }
+        }
+    }
+
+    fn stop(&self) {
         self.engine.renewals.remove(self.id);
         self.engine.held().remove(&self.id);
-        let repeated = self.release_sent.swap(true, Ordering::AcqRel);
+    }
+
+    /// Compare-and-delete on every node (a quorum for Redlock). In the raw layout the
+    /// counter does not see hand-written lockers, so a gone key is always "already gone"
+    /// there, never "deleted before" (see [`Engine::release`]).
+    async fn delete(&self) -> Result<Deleted, Error> {
         match self
             .engine
             .release(&self.keys, &self.owner, Some(self.token), self.election)
             .await?
         {
-            true => {
-                self.released.store(true, Ordering::Release);
-                Ok(())
-            }
-            false if self.released.load(Ordering::Acquire) => Ok(()),
-            // The key is gone, maybe by our own earlier release (the raw layout keeps no
-            // counter to tell, and a later grant moves the counter): not a known loss.
-            false if repeated => Err(Error::unavailable(
-                BACKEND,
-                "the release could not be confirmed: an earlier release of this grant was                  sent but not answered, and the key is gone now (deleted by that release,                  or expired before it); the lock is free of this grant",
-            )),
-            false => Err(Error::lost(
-                &self.name,
-                "the lock key was gone or held by another owner at release",
-            )),
+            true => Ok(Deleted::Now),
+            false => Ok(Deleted::AlreadyGone),
         }
     }
 
-    fn release_in_background(&self) {
-        self.engine.renewals.remove(self.id);
-        self.engine.held().remove(&self.id);
-        // A release called after this one may find the key deleted by it.
-        self.release_sent.store(true, Ordering::Release);
-        if !self.released.load(Ordering::Acquire) {
-            self.engine.release_in_background(
-                self.keys.clone(),
-                self.owner.clone(),
-                Some(self.token),
-                self.election,
-            );
-        }
-    }
-
-    fn can_extend(&self) -> Result<(), Error> {
-        // Only renewing leases are in the renewal registry.
-        if self.engine.renewals.contains(self.id) {
-            Err(Error::not_a_fixed_lease())
-        } else {
-            Ok(())
-        }
-    }
-
-    fn check_extension(&self, lease: Duration) -> Result<(), Error> {
-        self.can_extend()?;
-        fencelock_core::validate_lease(lease, MIN_LEASE)
+    fn delete_in_background(&self) {
+        self.engine.release_in_background(
+            self.keys.clone(),
+            self.owner.clone(),
+            Some(self.token),
+            self.election,
+        );
     }
 
     /// Moves the key's expiry on every node (a quorum for Redlock) with the renewal
     /// script: one script per node, so a dropped call extended on some nodes or none.
     #[tracing::instrument(name = "fencelock.redis.extend", level = "debug", skip_all, fields(lock = %self.name))]
     async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
-        self.check_extension(lease)?;
-        if self.released.load(Ordering::Acquire) {
-            return Err(Error::lost(&self.name, "the lock was released"));
-        }
         self.engine
             .extend(&self.name, &self.keys, &self.owner, lease)
             .await
     }
-
-    /// The lock key (on every instance, for Redlock).
-    fn backend_key(&self) -> Option<&str> {
-        Some(&self.keys.lock)
-    }
 }
 
-impl Drop for RedisHeld {
+impl Drop for RedisGrant {
     fn drop(&mut self) {
-        self.engine.renewals.remove(self.id);
-        self.engine.held().remove(&self.id);
+        self.stop();
     }
 }
 
-impl fmt::Debug for RedisHeld {
+impl fmt::Debug for RedisGrant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisHeld")
+        f.debug_struct("RedisGrant")
             .field("key", &self.keys.lock)
             .field("owner", &self.owner)
             .finish_non_exhaustive()
