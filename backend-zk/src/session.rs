@@ -6,7 +6,8 @@
 //! - sends a `sync` and a tiny read (`exists /`) every quarter of the session timeout
 //!   and, when both are answered, moves the deadline of every lock of the session to
 //!   *send time of the previous answered probe + session timeout − margin* (2 % of the
-//!   timeout plus 50 ms for late leader pings: [`deadline_margin`]): the leader
+//!   timeout plus 50 ms, core's drift rule with ZooKeeper's extra for late leader
+//!   pings: [`DEADLINE_MARGIN`]): the leader
 //!   has surely heard from the session by then (a follower reports touches to the leader
 //!   only at the leader's next ping, so the latest probe may not have reached it when a
 //!   partition starts), so it cannot expire the session (and delete the nodes) before
@@ -28,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use fencelock_core::kit::Delayed;
+use fencelock_core::kit::{CLOCK_DRIFT, Delayed, DriftMargin};
 use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -40,13 +41,12 @@ use crate::error::{BACKEND, map, session_ended};
 use crate::transport::Transport;
 use crate::watcher::{self, Deadlines, TICK, WATCH_DELAY, Watched};
 
-/// What the leader's ping loop and scheduling may add to its ping period (half a tick):
-/// see [`deadline_margin`].
-pub(crate) const PING_SLACK: Duration = Duration::from_millis(50);
-
-/// How much earlier than `anchor + timeout` a session's deadline is: 2 % of the timeout
-/// for clock-rate differences between client and server, plus [`PING_SLACK`] for the
-/// leader's pings coming later than every half tick.
+/// How much earlier than `anchor + timeout` a session's deadline is: core's drift rule
+/// ([`CLOCK_DRIFT`], 1 % of the timeout + 2 ms) plus ZooKeeper's own 1 % + 48 ms, in all
+/// 2 % of the timeout for clock-rate differences between client and server and 50 ms for
+/// the leader's pings coming later than every half tick. The further 1 % keeps the 2 %
+/// for clock rates this backend has always kept; the 48 ms, with the rule's 2 ms, are
+/// the slack for late pings:
 ///
 /// The anchor is the older of the last two answered probes, sent at least a quarter of
 /// the timeout before the later one (see [`ZkSession::anchor`]). The leader hears of a
@@ -60,9 +60,7 @@ pub(crate) const PING_SLACK: Duration = Duration::from_millis(50);
 /// timeout (two ticks: 1 s with a `tickTime` of 500 ms) the probes are exactly one ping
 /// period (250 ms) apart: the margin is 20 + 50 = 70 ms (it was the 20 ms drift margin
 /// alone); at 2 s, 40 + 50 = 90 ms.
-pub(crate) fn deadline_margin(timeout: Duration) -> Duration {
-    timeout / 50 + PING_SLACK
-}
+pub(crate) const DEADLINE_MARGIN: DriftMargin = CLOCK_DRIFT.plus(1, Duration::from_millis(48));
 
 /// One ZooKeeper session and the locks held in it.
 pub(crate) struct ZkSession {
@@ -221,9 +219,9 @@ impl ZkSession {
 
     /// The latest instant this session can be assumed alive by the server if the leader
     /// last heard from it at `anchor`: `anchor + timeout − margin`, with the margin of
-    /// [`deadline_margin`].
+    /// [`DEADLINE_MARGIN`].
     pub(crate) fn deadline(&self, anchor: Instant) -> Instant {
-        anchor + self.timeout - deadline_margin(self.timeout)
+        DEADLINE_MARGIN.conservative_end(anchor, self.timeout)
     }
 
     /// The instant the leader has surely heard from this session since: the send time of
@@ -236,7 +234,7 @@ impl ZkSession {
     /// tick (the timeout is at least two ticks), and the later probe's `sync` went
     /// through the leader after the earlier touch was reported, so the older probe's
     /// touch has reached the leader, within the ping loop's delays that
-    /// [`deadline_margin`] covers.
+    /// [`DEADLINE_MARGIN`] covers.
     pub(crate) fn anchor(&self) -> Instant {
         self.confirmed
             .lock()
@@ -482,16 +480,23 @@ mod tests {
     /// the minimum session timeout (two ticks, 1 s here) 70 ms, where it was 20 ms.
     #[test]
     fn the_deadline_margin_covers_late_pings_at_the_minimum_session_timeout() {
+        let late_pings = Duration::from_millis(50);
         assert_eq!(
-            deadline_margin(Duration::from_secs(1)),
+            DEADLINE_MARGIN.of(Duration::from_secs(1)),
             Duration::from_millis(70)
         );
         assert_eq!(
-            deadline_margin(Duration::from_secs(2)),
+            DEADLINE_MARGIN.of(Duration::from_secs(2)),
             Duration::from_millis(90)
         );
         assert!(
-            deadline_margin(Duration::from_secs(1)) > Duration::from_secs(1) / 50 + PING_SLACK / 2
+            DEADLINE_MARGIN.of(Duration::from_secs(1))
+                > Duration::from_secs(1) / 50 + late_pings / 2
+        );
+        // The rule of every backend, and ZooKeeper's extra on top of it.
+        assert_eq!(
+            DEADLINE_MARGIN.of(Duration::from_secs(1)),
+            CLOCK_DRIFT.of(Duration::from_secs(1)) + Duration::from_millis(10 + 48)
         );
     }
 
