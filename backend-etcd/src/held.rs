@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use fencelock_core::kit::delayed::Work;
 use fencelock_core::kit::{Deleted, Extension, Grant};
 use fencelock_core::{Error, Liveness};
 use tokio::time::Instant;
@@ -95,7 +96,7 @@ impl EtcdGrant {
         // cost no watch at all.
         let work = {
             let (shared, watches) = (shared.clone(), client.watches.clone());
-            move || -> crate::delayed::Work { Box::pin(watch_held(shared, watches, etcd)) }
+            move || -> Work { Box::pin(watch_held(shared, watches, etcd)) }
         };
         client.delayed.schedule(shared.liveness.clone(), work);
         EtcdGrant {

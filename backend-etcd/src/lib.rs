@@ -13,7 +13,6 @@ mod cleanup;
 mod client;
 mod config;
 mod create;
-mod delayed;
 mod election;
 mod error;
 mod fence;

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 use fencelock_core::Error;
+use fencelock_core::kit::Delayed;
 use fencelock_core::line::Lines;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::Batcher;
 use crate::config::EtcdConfig;
-use crate::delayed::Delayed;
 use crate::error::{BACKEND, map, timed_out};
 use crate::leases::FixedLeases;
 use crate::session::Sessions;
@@ -81,6 +81,15 @@ pub(crate) struct Inner {
     pub(crate) runtime: Handle,
 }
 
+/// How long a guard goes without its own key watch (see [`Delayed`]): most critical
+/// sections end before, and then cost no watch at all. A deletion of the key in the
+/// meantime is not missed: the watch replays history from the grant's revision.
+const WATCH_DELAY: Duration = Duration::from_millis(50);
+
+/// How often the queue of guards waiting for their watch is looked at while it is not
+/// empty.
+const WATCH_TICK: Duration = Duration::from_millis(25);
+
 impl std::fmt::Debug for EtcdLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdLock")
@@ -139,7 +148,7 @@ impl EtcdLock {
                 let client = Arc::new(client);
                 Inner {
                     batcher: Arc::new(Batcher::new(client.clone(), Handle::current())),
-                    delayed: Arc::new(Delayed::new(Handle::current())),
+                    delayed: Arc::new(Delayed::new(Handle::current(), WATCH_DELAY, WATCH_TICK)),
                     watches: Arc::new(KeyWatches::new(client.clone(), Handle::current())),
                     client,
                     config,

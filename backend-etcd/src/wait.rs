@@ -8,9 +8,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 use fencelock_core::Error;
+use fencelock_core::kit::delayed::sleep_until;
 use tokio::time::{Duration, Instant};
 
-use crate::delayed::sleep_until;
 use crate::error::map;
 use crate::session::Session;
 
