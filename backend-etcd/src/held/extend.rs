@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{EtcdGrant, Shared};
 use crate::error::{map, timed_out};
 use crate::leases::Unkept;
-use crate::session::drift_margin;
+use crate::session::DRIFT_MARGIN;
 
 impl EtcdGrant {
     /// The work of [`Grant::extend`](fencelock_core::kit::Grant::extend), documented
@@ -51,7 +51,7 @@ impl EtcdGrant {
             let _turn = turn;
             let sent = Instant::now();
             // The conservative end of the new lease, anchored before its grant is sent.
-            let end = sent + lease - drift_margin(lease);
+            let end = DRIFT_MARGIN.conservative_end(sent, lease);
             // The new lease's ID is chosen before the request: a grant that times out
             // after etcd applied it, or any exit below that does not keep the lease, has
             // it revoked in the background (with retries), instead of a keyless lease
