@@ -3,10 +3,11 @@
 //! extend and close. One acquisition attempt is [`crate::attempt`].
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use fencelock_core::kit::Renewals;
 use fencelock_core::{Error, LossCause};
 use futures_util::future::join_all;
 use redis::FromRedisValue;
@@ -18,7 +19,6 @@ use crate::error::{BACKEND, invalid_name};
 use crate::keys::LockKeys;
 use crate::node::Node;
 use crate::quorum::{drift, on_every_node, pending, until_settled};
-use crate::schedule::Renewals;
 use crate::scripts;
 use crate::subscriber::Subscriber;
 
@@ -32,7 +32,11 @@ pub(crate) struct Engine {
     /// Random per client; owner values are `client_id:attempt`.
     pub(crate) client_id: String,
     pub(crate) next_id: AtomicU64,
-    pub(crate) renewals: Renewals,
+    /// The renewing leases, on the kit's scheduler (see [`crate::renewal`]).
+    pub(crate) renewals: Renewals<Engine>,
+    /// Renewal calls in flight at once in the next round, less one (see
+    /// [`MAX_IN_FLIGHT`](crate::renewal::MAX_IN_FLIGHT)).
+    pub(crate) widen: AtomicUsize,
     /// The waiting lines of this client's tasks, by lock key.
     pub(crate) lines: Arc<fencelock_core::line::Lines>,
     /// Every lock granted through this client and not yet released, for `close`.
@@ -50,6 +54,8 @@ pub(crate) struct Granted {
     pub(crate) liveness: fencelock_core::Liveness,
     /// Whether it is a campaign's term (its release is published to observers).
     pub(crate) election: bool,
+    /// A renewing lease's key in [`Engine::renewals`].
+    pub(crate) renewal: Option<u64>,
 }
 
 impl Engine {
@@ -78,7 +84,8 @@ impl Engine {
             quorum: nodes.len() / 2 + 1,
             client_id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             next_id: AtomicU64::new(1),
-            renewals: Renewals::default(),
+            renewals: Renewals::new(tokio::runtime::Handle::current()),
+            widen: AtomicUsize::new(0),
             lines: Arc::default(),
             held: Mutex::new(HashMap::new()),
             closed,
@@ -388,8 +395,10 @@ impl Engine {
             self.closed.cancel();
             held.drain().collect()
         };
-        let releases = granted.iter().map(|(id, g)| {
-            self.renewals.remove(*id);
+        let releases = granted.iter().map(|(_, g)| {
+            if let Some(key) = g.renewal {
+                self.renewals.remove(key);
+            }
             g.liveness
                 .mark_lost(LossCause::ClientClosed, "the client was closed");
             self.release(&g.keys, &g.owner, Some(g.token), g.election)
@@ -401,7 +410,7 @@ impl Engine {
                 outcome = outcome.and(Err(error));
             }
         }
-        self.renewals.wake_to_stop();
+        self.renewals.wake();
         outcome
     }
 

@@ -39,7 +39,7 @@ pub(crate) fn guard(
 ) -> Result<LockGuard, Error> {
     let duration = lease.duration();
     let liveness = fencelock_core::Liveness::new(sent + duration - drift(duration));
-    {
+    let renewal = {
         let mut held = engine.held();
         if engine.closed.is_cancelled() {
             // Closed while granting: not handed out.
@@ -47,6 +47,18 @@ pub(crate) fn guard(
             engine.release_in_background(keys.clone(), owner, Some(token.get()), election);
             return Err(Error::Closed { backend: BACKEND });
         }
+        // Under the lock of `held`: `close` drains the grant with its renewal.
+        let renewal = lease.is_renewing().then(|| {
+            renewal::start(
+                engine,
+                id,
+                keys.clone(),
+                owner.clone(),
+                duration,
+                liveness.clone(),
+                sent,
+            )
+        });
         held.insert(
             id,
             Granted {
@@ -55,20 +67,11 @@ pub(crate) fn guard(
                 token: token.get(),
                 liveness: liveness.clone(),
                 election,
+                renewal,
             },
         );
-    }
-    if lease.is_renewing() {
-        renewal::start(
-            engine,
-            id,
-            keys.clone(),
-            owner.clone(),
-            duration,
-            liveness.clone(),
-            sent,
-        );
-    }
+        renewal
+    };
     let grant = RedisGrant {
         engine: engine.clone(),
         id,
@@ -77,6 +80,7 @@ pub(crate) fn guard(
         owner,
         token: token.get(),
         election,
+        renewal,
     };
     Ok(LockGuard::new(
         name,
@@ -101,6 +105,8 @@ pub(crate) struct RedisGrant {
     pub(crate) token: u64,
     /// Whether this is a campaign's term (see [`Engine::release`]).
     pub(crate) election: bool,
+    /// A renewing lease's key in the client's renewals.
+    pub(crate) renewal: Option<u64>,
 }
 
 #[async_trait]
@@ -119,8 +125,12 @@ impl Grant for RedisGrant {
     }
 
     fn extension(&self) -> Extension {
-        // Only renewing leases are in the renewal registry.
-        if self.engine.renewals.contains(self.id) {
+        // Renewing while renewed (as before: a renewing lease released or found gone
+        // answers as a fixed one would).
+        if self
+            .renewal
+            .is_some_and(|key| self.engine.renewals.contains(key))
+        {
             Extension::Renewing
         } else {
             Extension::Fixed {
@@ -130,7 +140,9 @@ impl Grant for RedisGrant {
     }
 
     fn stop(&self) {
-        self.engine.renewals.remove(self.id);
+        if let Some(key) = self.renewal {
+            self.engine.renewals.remove(key);
+        }
         self.engine.held().remove(&self.id);
     }
 

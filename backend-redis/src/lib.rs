@@ -80,7 +80,6 @@ mod primitives;
 mod quorum;
 mod renewal;
 mod replicas;
-mod schedule;
 mod scripts;
 mod sentinel;
 mod subscriber;

@@ -2,11 +2,13 @@
 //! call per node (per slot on Redis Cluster).
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
+use fencelock_core::kit::{Due, Renew, Renewals};
+use fencelock_core::{Error, Liveness, RenewalOutcome, record_renewal};
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
@@ -14,7 +16,6 @@ use crate::call::millis;
 use crate::engine::Engine;
 use crate::keys::LockKeys;
 use crate::quorum::{drift, pending};
-use crate::schedule::Due;
 use crate::scripts;
 
 /// Keys per renewal script call, at most.
@@ -35,9 +36,35 @@ const BATCH: usize = 100;
 /// do not shorten: 100,000 locks took 200-480 ms a round with one in flight or 32.)
 pub(crate) const MAX_IN_FLIGHT: usize = 32;
 
+/// A renewing lease of a Redis lock, as the kit's scheduler keeps it.
+pub(crate) struct Lease {
+    /// The grant's id in [`Engine::held`]: a lease lost at its deadline is released only
+    /// while its guard lives.
+    id: u64,
+    /// Shared with the guard: the lock key and its slot, not a copy of the key.
+    keys: LockKeys,
+    owner: String,
+    /// The TTL of the name's counter, in ms ([`Engine::counter_ttl`]), and when the
+    /// renewal next raises the counter's TTL back to it: every quarter of it, so that a
+    /// lock held longer than `token_ttl` keeps its counter even if a renewal or two in
+    /// between fail.
+    counter_ttl: u64,
+    counter_due: Instant,
+}
+
+/// One lock of a round.
+pub(crate) struct Renewing {
+    keys: LockKeys,
+    owner: String,
+    /// The counter's TTL in ms when this renewal refreshes it.
+    counter_ttl: Option<u64>,
+}
+
 /// Starts renewing lock `id` of `engine`, granted by a request sent at `sent`, every
-/// third of `lease` (see [`Renewals::insert`](crate::schedule::Renewals::insert)); starts
-/// the client's renewal task if none runs.
+/// third of `lease` on the kit's scheduler, which runs on the client's own runtime (a
+/// lock taken inside a short-lived runtime, a `block_on` or a test's, must not end the
+/// renewal of every lock of the client when that runtime shuts down). Returns the
+/// scheduler's key. The counter's TTL is refreshed every quarter of it, from `sent`.
 pub(crate) fn start(
     engine: &Arc<Engine>,
     id: u64,
@@ -46,91 +73,76 @@ pub(crate) fn start(
     lease: Duration,
     liveness: Liveness,
     sent: Instant,
-) {
+) -> u64 {
     let counter_ttl = engine.counter_ttl(lease);
-    if !engine
-        .renewals
-        .insert(id, keys, owner, lease, liveness, sent, counter_ttl)
-    {
-        return;
-    }
-    // However the task ends (the client closed, a panic, its runtime shutting down, even
-    // before it first ran), the next renewing acquire starts a new one: `running` never
-    // stays set without a task.
-    let weak = Arc::downgrade(engine);
-    let running = NotRunning(weak.clone());
-    // On the client's own runtime, not the caller's: a lock taken inside a short-lived
-    // runtime (a `block_on`, a test's) must not end the renewal of every lock of the
-    // client when that runtime shuts down.
-    engine.runtime.spawn(async move {
-        let _running = running;
-        run(weak).await;
-    });
+    let data = Lease {
+        id,
+        keys,
+        owner,
+        counter_ttl,
+        counter_due: sent + Duration::from_millis(counter_ttl / 4),
+    };
+    Renewals::insert(engine, data, lease, liveness, sent)
 }
 
-async fn run(engine: Weak<Engine>) {
-    loop {
-        let Some(strong) = engine.upgrade() else {
-            return;
-        };
-        if strong.closed.is_cancelled() {
-            return;
-        }
-        let mut lost = Vec::new();
-        let (due, next) = strong.renewals.take_due(&mut lost);
-        for (id, keys, owner) in lost {
-            release_lost(&strong, id, keys, owner);
-        }
-        if !due.is_empty() {
-            renew(&strong, due).await;
-            continue;
-        }
-        let wake = strong.renewals.wake();
-        drop(strong);
-        tokio::select! {
-            () = tokio::time::sleep_until(next) => {}
-            () = wake.notified() => {}
+impl Renew for Engine {
+    type Lease = Lease;
+    type Due = Renewing;
+    /// The task keeps looking every second while the client lives: locking one name
+    /// after another costs no task start and no wake-up per lock.
+    const ENDS_WHEN_IDLE: bool = false;
+
+    fn renewals(&self) -> &Renewals<Self> {
+        &self.renewals
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    fn due(&self, lease: &mut Lease, now: Instant) -> Renewing {
+        let counter_ttl = (lease.counter_due <= now).then(|| {
+            lease.counter_due = now + Duration::from_millis(lease.counter_ttl / 4);
+            lease.counter_ttl
+        });
+        Renewing {
+            keys: lease.keys.clone(),
+            owner: lease.owner.clone(),
+            counter_ttl,
         }
     }
-}
 
-/// Releases a lock counted lost at its deadline, as a dropped guard's is (compare the
-/// owner, delete, wake the waiters): a renewal the server applied but whose answer came
-/// late, or never within the timeout, may have moved the key's expiry up to a lease past
-/// the loss, and others must not wait that out for a key nobody holds. A key that
-/// expired meanwhile (or another owner's) is left as it is.
-fn release_lost(engine: &Arc<Engine>, id: u64, keys: LockKeys, owner: String) {
-    // Only while the guard lives: a released or dropped guard released the key itself.
-    let granted = engine.held().get(&id).map(|g| (g.token, g.election));
-    if let Some((token, election)) = granted {
-        tracing::debug!(key = %keys.lock, "a renewed lock passed its deadline; releasing its key");
-        engine.release_in_background(keys, owner, Some(token), election);
+    fn renew(self: &Arc<Self>, due: Vec<Due<Renewing>>) -> impl Future<Output = ()> + Send {
+        renew(self, due)
     }
-}
 
-/// Clears `running` when the renewal task ends.
-struct NotRunning(Weak<Engine>);
-
-impl Drop for NotRunning {
-    fn drop(&mut self) {
-        if let Some(engine) = self.0.upgrade() {
-            engine.renewals.stopped();
+    /// Releases a lock counted lost at its deadline, as a dropped guard's is (compare the
+    /// owner, delete, wake the waiters): a renewal the server applied but whose answer
+    /// came late, or never within the timeout, may have moved the key's expiry up to a
+    /// lease past the loss, and others must not wait that out for a key nobody holds. A
+    /// key that expired meanwhile (or another owner's) is left as it is.
+    fn abandon(self: &Arc<Self>, _key: u64, lease: Lease) {
+        // Only while the guard lives: a released or dropped guard released the key itself.
+        let granted = self.held().get(&lease.id).map(|g| (g.token, g.election));
+        if let Some((token, election)) = granted {
+            tracing::debug!(key = %lease.keys.lock, "a renewed lock passed its deadline; releasing its key");
+            self.release_in_background(lease.keys, lease.owner, Some(token), election);
         }
     }
 }
 
 /// Renews `due` on every node, one call per node and slot group of up to [`BATCH`] keys.
-async fn renew(engine: &Arc<Engine>, due: Vec<Due>) {
-    let mut groups: BTreeMap<u16, Vec<Due>> = BTreeMap::new();
+async fn renew(engine: &Arc<Engine>, due: Vec<Due<Renewing>>) {
+    let mut groups: BTreeMap<u16, Vec<Due<Renewing>>> = BTreeMap::new();
     let cluster = engine.nodes.iter().any(|n| n.is_cluster());
     for d in due {
         // The lock's own slot, carried with it: an entry released meanwhile is no
         // longer in the registry, and slot 0 would put its key in a CROSSSLOT call
         // that fails the whole chunk.
-        let slot = if cluster { d.keys.slot } else { 0 };
+        let slot = if cluster { d.data.keys.slot } else { 0 };
         groups.entry(slot).or_default().push(d);
     }
-    let mut chunks: Vec<Vec<Due>> = groups
+    let mut chunks: Vec<Vec<Due<Renewing>>> = groups
         .into_values()
         .flat_map(|mut group| {
             // The earliest deadlines first, within a slot and across chunks.
@@ -142,7 +154,7 @@ async fn renew(engine: &Arc<Engine>, due: Vec<Due>) {
     let Some(interval) = chunks.iter().flatten().map(|d| d.lease / 3).min() else {
         return;
     };
-    let widen = &engine.renewals.widen;
+    let widen = &engine.widen;
     let mut in_flight = widen.load(Ordering::Relaxed) + 1;
     let begun = Instant::now();
     let mut left = chunks.into_iter();
@@ -219,15 +231,15 @@ fn chunked<T>(items: Vec<T>) -> Vec<Vec<T>> {
 /// [`Engine::on_nodes_until`]): an instance that is silent (partitioned, stopped) does
 /// not hold the renewal of a majority up until its timeout, possibly past the deadline.
 #[tracing::instrument(name = "fencelock.redis.renew", level = "debug", skip_all, fields(locks = chunk.len()))]
-async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) -> Duration {
+async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due<Renewing>>) -> Duration {
     let mut invocation = scripts::RENEW.prepare_invoke();
     for d in &chunk {
-        invocation.key(&d.keys.lock);
-        invocation.arg(&d.owner).arg(millis(d.lease));
-        // Now and then the counter's TTL too (see `Entry::counter_due`).
-        match d.counter_ttl {
+        invocation.key(&d.data.keys.lock);
+        invocation.arg(&d.data.owner).arg(millis(d.lease));
+        // Now and then the counter's TTL too (see `Lease::counter_due`).
+        match d.data.counter_ttl {
             Some(ms) => {
-                invocation.key(&d.keys.token).arg(ms);
+                invocation.key(&d.data.keys.token).arg(ms);
             }
             None => {
                 invocation.arg("");
@@ -288,19 +300,17 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due>) -> Duration {
             .filter(|reply| reply.get(i).is_some_and(|r| *r != 1))
             .count();
         if renewed >= engine.quorum {
-            d.liveness.extend(sent + d.lease - drift(d.lease));
+            engine.renewals.renewed(d, sent + d.lease - drift(d.lease));
         } else if gone > nodes - engine.quorum {
-            // Only if still registered: a lock released while this call was in flight
-            // is gone because of its release (which removed it first), not lost.
-            if engine.renewals.remove(d.id) {
-                d.liveness.mark_lost(
-                    LossCause::KeyGone,
-                    "the lock key was gone or held by another owner at renewal",
-                );
-            }
+            // Lost only if still renewed: a lock released while this call was in flight
+            // is gone because of its release (which removed it first).
+            engine.renewals.gone(
+                d,
+                "the lock key was gone or held by another owner at renewal",
+            );
         } else {
-            tracing::debug!(key = %d.keys.lock, "lock renewal failed; retrying");
-            engine.renewals.retry_soon(d.id);
+            tracing::debug!(key = %d.data.keys.lock, "lock renewal failed; retrying");
+            engine.renewals.failed(d);
         }
     }
     latency
