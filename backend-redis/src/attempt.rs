@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use fencelock_core::kit::CLOCK_DRIFT;
 use fencelock_core::{Error, FencingToken};
 use redis::Value;
 use tokio::time::Instant;
@@ -15,7 +16,7 @@ use crate::call::millis;
 use crate::engine::Engine;
 use crate::error::BACKEND;
 use crate::keys::LockKeys;
-use crate::quorum::{drift, on_every_node, pending};
+use crate::quorum::{on_every_node, pending};
 use crate::replicas::{invoke_grant, replicas_acknowledged};
 use crate::scripts;
 
@@ -156,7 +157,7 @@ pub(crate) async fn try_once(
         }
     }
     let validity = lease
-        .checked_sub(sent.elapsed() + drift(lease))
+        .checked_sub(sent.elapsed() + CLOCK_DRIFT.of(lease))
         .unwrap_or_default();
     if granted.len() >= engine.quorum && !validity.is_zero() {
         // A refusing instance may be the only one of an earlier granting majority
@@ -178,7 +179,7 @@ pub(crate) async fn try_once(
                 // it.
                 let term = value.map(|value| (owner.as_str(), value));
                 raise_token(engine, keys, token, term, lease, per_node).await?;
-                if sent.elapsed() + drift(lease) >= lease {
+                if sent.elapsed() + CLOCK_DRIFT.of(lease) >= lease {
                     return Err(Error::unavailable(
                         BACKEND,
                         "the lease ran out while the token was being recorded",

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use fencelock_core::kit::CLOCK_DRIFT;
 use fencelock_core::kit::Renewals;
 use fencelock_core::{Error, LossCause};
 use futures_util::future::join_all;
@@ -18,7 +19,7 @@ use crate::config::RedisConfig;
 use crate::error::{BACKEND, invalid_name};
 use crate::keys::LockKeys;
 use crate::node::Node;
-use crate::quorum::{drift, on_every_node, pending, until_settled};
+use crate::quorum::{on_every_node, pending, until_settled};
 use crate::scripts;
 use crate::subscriber::Subscriber;
 
@@ -362,7 +363,7 @@ impl Engine {
             .filter(|r| matches!(r, Some(Ok(v)) if matches!(v.as_slice(), [n] if *n != 1)))
             .count();
         if renewed(&replies) >= quorum {
-            Ok(sent + lease - drift(lease))
+            Ok(sent + lease - CLOCK_DRIFT.of(lease))
         } else if gone > self.nodes.len() - self.quorum {
             Err(Error::lost(
                 name,

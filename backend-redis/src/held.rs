@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock_core::kit::{self, Deleted, Extension, Grant};
+use fencelock_core::kit::{self, CLOCK_DRIFT, Deleted, Extension, Grant};
 use fencelock_core::{Error, FencingToken, Lease, LockGuard};
 use tokio::time::Instant;
 
@@ -14,7 +14,6 @@ use crate::config::MIN_LEASE;
 use crate::engine::{Engine, Granted};
 use crate::error::BACKEND;
 use crate::keys::LockKeys;
-use crate::quorum::drift;
 use crate::renewal;
 
 /// Hands out the guard of a grant (of `name`, for `keys`, made by attempt `id` whose
@@ -38,7 +37,7 @@ pub(crate) fn guard(
     election: bool,
 ) -> Result<LockGuard, Error> {
     let duration = lease.duration();
-    let liveness = fencelock_core::Liveness::new(sent + duration - drift(duration));
+    let liveness = fencelock_core::Liveness::new(sent + duration - CLOCK_DRIFT.of(duration));
     let renewal = {
         let mut held = engine.held();
         if engine.closed.is_cancelled() {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use fencelock_core::kit::CLOCK_DRIFT;
 use fencelock_core::{
     AcquireOptions, Error, FencingToken, LockGuard, Permits, Wait, validate_name,
 };
@@ -321,7 +322,7 @@ async fn try_member(
             let token = number(token)
                 .and_then(|t| u64::try_from(t).ok())
                 .ok_or_else(bad)?;
-            if sent.elapsed() + crate::quorum::drift(lease) >= lease {
+            if sent.elapsed() + CLOCK_DRIFT.of(lease) >= lease {
                 // Armed until the release is answered: a drop during it, or a release
                 // that failed, releases again in the background.
                 undo(engine, &mut in_flight, engine.config.timeout).await;

@@ -1,20 +1,13 @@
 //! Calls on every node at once, and when their answers decide: one node for a single
-//! server, Sentinel and Cluster; N for Redlock, which needs a majority. Also the margin
-//! for clock drift that every local deadline subtracts.
-
-use std::time::Duration;
+//! server, Sentinel and Cluster; N for Redlock, which needs a majority.
+//! (The margin for clock drift every local deadline subtracts is core's
+//! [`CLOCK_DRIFT`](fencelock_core::kit::CLOCK_DRIFT).)
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
 use crate::node::Node;
-
-/// The margin for clock drift subtracted from every local deadline: 1 % of the lease
-/// plus 2 ms (as in the Redlock description).
-pub(crate) fn drift(lease: Duration) -> Duration {
-    lease / 100 + Duration::from_millis(2)
-}
 
 /// Runs `each` on every node at once and returns their results in node order. With one
 /// server (every topology but Redlock) the one future is awaited in place: `join_all`'s

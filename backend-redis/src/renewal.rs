@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fencelock_core::kit::{Due, Renew, Renewals};
+use fencelock_core::kit::{CLOCK_DRIFT, Due, Renew, Renewals};
 use fencelock_core::{Error, Liveness, RenewalOutcome, record_renewal};
 use futures_util::StreamExt;
 use tokio::time::Instant;
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::call::millis;
 use crate::engine::Engine;
 use crate::keys::LockKeys;
-use crate::quorum::{drift, pending};
+use crate::quorum::pending;
 use crate::scripts;
 
 /// Keys per renewal script call, at most.
@@ -300,7 +300,9 @@ async fn renew_chunk(engine: &Arc<Engine>, chunk: Vec<Due<Renewing>>) -> Duratio
             .filter(|reply| reply.get(i).is_some_and(|r| *r != 1))
             .count();
         if renewed >= engine.quorum {
-            engine.renewals.renewed(d, sent + d.lease - drift(d.lease));
+            engine
+                .renewals
+                .renewed(d, sent + d.lease - CLOCK_DRIFT.of(d.lease));
         } else if gone > nodes - engine.quorum {
             // Lost only if still renewed: a lock released while this call was in flight
             // is gone because of its release (which removed it first).

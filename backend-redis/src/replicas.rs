@@ -2,6 +2,7 @@
 //! pipeline, then `WAIT` on that same connection before the guard is handed out.
 
 use fencelock_core::Error;
+use fencelock_core::kit::CLOCK_DRIFT;
 use redis::Value;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -10,7 +11,6 @@ use crate::call::{Call, millis};
 use crate::engine::Engine;
 use crate::error::BACKEND;
 use crate::node::Node;
-use crate::quorum::drift;
 
 /// Runs a grant's script on `node`. With the replica check (`wait_replicas`) the
 /// id of the connection it went on (`CLIENT ID`, in one pipeline with it) comes
@@ -87,7 +87,7 @@ pub(crate) async fn replicas_acknowledged(
             ));
         }
     };
-    if sent.elapsed() + drift(lease) >= lease {
+    if sent.elapsed() + CLOCK_DRIFT.of(lease) >= lease {
         Err(Error::unavailable(
             BACKEND,
             "the lease ran out before the grant was confirmed (the replicas acknowledged \
