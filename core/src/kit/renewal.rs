@@ -229,6 +229,13 @@ impl<P: Renew> Renewals<P> {
         self.len() == 0
     }
 
+    /// Whether no lease is being renewed and no task runs: nothing refers to this
+    /// scheduler's runtime any more.
+    pub fn is_idle(&self) -> bool {
+        let state = self.state();
+        state.entries.is_empty() && !state.running
+    }
+
     /// Wakes the task, so that it sees the client closed and ends.
     pub fn wake(&self) {
         self.wake.notify_one();

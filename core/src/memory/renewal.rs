@@ -96,9 +96,11 @@ impl ClientRenewals {
             .by_runtime
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // Renewers with nothing left (their runtime shut down, or idle) are forgotten,
-        // so the map is as large as the runtimes renewing something.
-        by_runtime.retain(|_, renewer| !renewer.renewals.is_empty());
+        // Renewers whose task ended with nothing left to renew (idle, or their runtime
+        // shut down) are forgotten, so the map is as large as the runtimes renewing
+        // something. One whose task still runs is kept: forgetting it would start a
+        // task per acquire, each idling for a second, on a name locked in a loop.
+        by_runtime.retain(|_, renewer| !renewer.renewals.is_idle());
         let renewer = by_runtime
             .entry(handle.id())
             .or_insert_with(|| {

@@ -556,6 +556,35 @@ async fn closing_one_client_leaves_the_others_of_its_set_alone() {
     assert_eq!(c.active_names(), 0);
 }
 
+/// Locking one name in a loop with a renewing lease keeps one renewal task: the
+/// scheduler of the runtime is kept while its task runs, not forgotten (and a new task
+/// started) at each acquire once the last lock was released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_in_a_loop_starts_one_renewal_task() {
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = alive();
+    let locks = MemoryLock::new();
+    for _ in 0..100 {
+        let guard = locks
+            .acquire(
+                "looped",
+                AcquireOptions::new().lease(Duration::from_secs(3)),
+            )
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    assert!(
+        alive() <= before + 1,
+        "{} tasks alive after 100 acquires, {before} before",
+        alive()
+    );
+}
+
 /// Every renewing lock of a client is renewed by one task (per runtime), not one task
 /// each: 1,000 locks held over many renewals cost one task, none is lost, and the task
 /// ends once nothing is held.
