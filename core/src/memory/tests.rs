@@ -556,16 +556,19 @@ async fn closing_one_client_leaves_the_others_of_its_set_alone() {
     assert_eq!(c.active_names(), 0);
 }
 
+/// The tasks alive on the current runtime.
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
 /// Locking one name in a loop with a renewing lease keeps one renewal task: the
 /// scheduler of the runtime is kept while its task runs, not forgotten (and a new task
 /// started) at each acquire once the last lock was released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_taken_in_a_loop_starts_one_renewal_task() {
-    let alive = || {
-        tokio::runtime::Handle::current()
-            .metrics()
-            .num_alive_tasks()
-    };
+    let alive = alive_tasks;
     let before = alive();
     let locks = MemoryLock::new();
     for _ in 0..100 {
@@ -590,11 +593,7 @@ async fn a_lock_taken_in_a_loop_starts_one_renewal_task() {
 /// ends once nothing is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_task_renews_every_held_lock_of_a_client() {
-    let alive = || {
-        tokio::runtime::Handle::current()
-            .metrics()
-            .num_alive_tasks()
-    };
+    let alive = alive_tasks;
     let before = alive();
     let locks = MemoryLock::new();
     let lease = Duration::from_millis(300);
