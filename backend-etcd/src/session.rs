@@ -35,6 +35,8 @@ struct SessionState {
     /// guards on this lease, so a renewal moves one value however many are held.
     valid_until: SharedDeadline,
     guards: HashMap<u64, Liveness>,
+    /// Why the session ended, once it has: told to a guard registered after the end.
+    ended: Option<(LossCause, String)>,
 }
 
 /// The margin subtracted from every deadline for clock-rate drift between this client and
@@ -90,17 +92,11 @@ impl Session {
                 granted.ttl()
             )));
         }
-        let session = Arc::new(Session {
-            lease_id: granted.id(),
+        let session = Arc::new(Session::new(
+            granted.id(),
             ttl,
-            lost: CancellationToken::new(),
-            state: Mutex::new(SessionState {
-                valid_until: SharedDeadline::new(DRIFT_MARGIN.conservative_end(sent, ttl)),
-                guards: HashMap::new(),
-            }),
-            next_guard: AtomicU64::new(0),
-            keepalive: Mutex::new(None),
-        });
+            DRIFT_MARGIN.conservative_end(sent, ttl),
+        ));
         if keep_alive {
             // Opening the stream sends a keepalive and waits for its answer: etcd renewed
             // the lease on a request sent no earlier than `opening`, so that renewal is
@@ -125,6 +121,23 @@ impl Session {
         }
         unkept.keep();
         Ok(session)
+    }
+
+    /// A session of the granted lease `lease_id`, valid until `valid_until`, with no
+    /// guard and no keepalive yet.
+    fn new(lease_id: i64, ttl: Duration, valid_until: Instant) -> Self {
+        Session {
+            lease_id,
+            ttl,
+            lost: CancellationToken::new(),
+            state: Mutex::new(SessionState {
+                valid_until: SharedDeadline::new(valid_until),
+                guards: HashMap::new(),
+                ended: None,
+            }),
+            next_guard: AtomicU64::new(0),
+            keepalive: Mutex::new(None),
+        }
     }
 
     pub(crate) fn lease_id(&self) -> i64 {
@@ -168,10 +181,11 @@ impl Session {
     pub(crate) fn register(&self, liveness: Liveness) -> u64 {
         let id = self.next_guard.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state();
-        // `mark_lost` cancels before it drains the guards under this lock: a guard
-        // registered in between is told here.
-        if self.lost.is_cancelled() {
-            liveness.mark_lost(LossCause::SessionEnded, "the etcd session was lost");
+        // `mark_lost` records why under this lock as it drains the guards: a guard
+        // registered after is told the same (a lock granted while `close` ran is lost
+        // because the client closed, not to some session failure).
+        if let Some((cause, reason)) = &state.ended {
+            liveness.mark_lost(*cause, reason.as_str());
         } else {
             state.guards.insert(id, liveness);
         }
@@ -187,12 +201,21 @@ impl Session {
         self.state().guards.len()
     }
 
-    /// Declares the session lost and tells every guard on it.
+    /// Declares the session lost and tells every guard on it, and every guard
+    /// registered later, why: the first cause given.
     pub(crate) fn mark_lost(&self, cause: LossCause, reason: &str) {
-        self.lost.cancel();
-        let guards: Vec<Liveness> = self.state().guards.drain().map(|(_, l)| l).collect();
+        let (guards, (cause, reason)) = {
+            let mut state = self.state();
+            let ended = state
+                .ended
+                .get_or_insert_with(|| (cause, reason.to_owned()))
+                .clone();
+            self.lost.cancel();
+            let guards: Vec<Liveness> = state.guards.drain().map(|(_, l)| l).collect();
+            (guards, ended)
+        };
         for liveness in guards {
-            liveness.mark_lost(cause, reason);
+            liveness.mark_lost(cause, reason.as_str());
         }
         if let Some(task) = self
             .keepalive
@@ -514,5 +537,29 @@ impl Sessions {
                 session.lease_id
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guard registered after its session was ended reports the cause the session
+    /// ended with: a lock granted while `close` ran is lost because the client was
+    /// closed, not because of some session failure (the conformance case
+    /// `acquires_racing_close_are_given_up` met this race on a loaded machine).
+    #[test]
+    fn a_guard_registered_after_the_end_reports_the_cause_it_ended_with() {
+        let session = Session::new(7, Duration::from_secs(10), Instant::now());
+        let before = session.liveness();
+        session.register(before.clone());
+        session.mark_lost(LossCause::ClientClosed, "the client was closed");
+        let after = session.liveness();
+        session.register(after.clone());
+        for liveness in [before, after] {
+            assert_eq!(liveness.lost_cause(), Some(LossCause::ClientClosed));
+            assert_eq!(liveness.lost_reason(), Some("the client was closed"));
+        }
+        assert_eq!(session.registered(), 0);
     }
 }

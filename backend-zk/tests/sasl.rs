@@ -31,12 +31,13 @@ fn chain(err: &Error) -> String {
     text
 }
 
-/// Connects to `url`, which must fail, within 10 s (the connect timeout is 3 s).
+/// Connects to `url`, which must fail, within 30 s (the connect timeouts below are 3 s
+/// or 20 s; how quickly a refusal comes is asserted where it matters).
 async fn refused(url: &str) -> (Error, Duration) {
     let started = Instant::now();
-    let result = tokio::time::timeout(Duration::from_secs(10), fencelock_zk::connect(url))
+    let result = tokio::time::timeout(Duration::from_secs(30), fencelock_zk::connect(url))
         .await
-        .unwrap_or_else(|_| panic!("connect still running after 10 s"));
+        .unwrap_or_else(|_| panic!("connect still running after 30 s"));
     let err = match result {
         Ok(_) => panic!("connected without the right credentials"),
         Err(err) => err,
@@ -101,6 +102,10 @@ async fn wrong_or_missing_credentials_are_refused_quickly() {
 }
 
 /// SASL over TLS, with a client certificate.
+///
+/// What this asserts is that the two work together, not how fast: a fresh server's first
+/// TLS handshakes (a cold JVM, client certificates checked) took over the 3 s connect
+/// timeout this test had on a loaded CI run, so connects here may take 20 s.
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_over_mutual_tls() {
@@ -113,7 +118,7 @@ async fn sasl_over_mutual_tls() {
         sasl_users: vec![(USER.into(), PASSWORD.into())],
     });
     let base = format!(
-        "zks://{USER}:{{password}}@127.0.0.1:{}/sasl-tls?sasl=digest-md5&connect_timeout=3s&ca={}&cert={}&key={}",
+        "zks://{USER}:{{password}}@127.0.0.1:{}/sasl-tls?sasl=digest-md5&connect_timeout=20s&ca={}&cert={}&key={}",
         server.tls_port().unwrap(),
         certs.ca().display(),
         certs.client_cert().display(),
