@@ -9,15 +9,24 @@
 //! - [`delayed`]: the one delayed-watch mechanism ([`Delayed`]): a guard's loss watch
 //!   starts only once it has lived for a while, polled in one task per client.
 //! - [`drift`]: the one rule for the margin a local deadline keeps.
+//! - [`undo`]: the one undo-on-drop of an unfinished acquire ([`Undo`]): what the
+//!   backend's [`Abandon`] says is left is undone in the background on the client's
+//!   runtime, or inline for a short grace by a waiter that gives up.
+//! - [`grants`]: the one grant registry ([`Grants`]): the grants a client's `close()`
+//!   gives up, refusing grants once closed.
 //!
 //! For backend implementations; applications never need it.
 
 pub mod delayed;
 pub mod drift;
+pub mod grants;
 pub mod held;
 pub mod renewal;
+pub mod undo;
 
 pub use delayed::Delayed;
 pub use drift::{CLOCK_DRIFT, DriftMargin};
+pub use grants::Grants;
 pub use held::{Deleted, Extension, Grant, Held};
 pub use renewal::{Due, Renew, Renewals};
+pub use undo::{Abandon, Undo};
