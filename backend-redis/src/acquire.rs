@@ -1,13 +1,11 @@
 //! Acquiring a lock or campaigning for an election: the waiting loop around one try
-//! ([`attempt::try_once`]), the local waiting line's front, the subscriptions to the
-//! unlock channel, and the bound of the whole wait; a grant becomes a guard in
+//! ([`attempt::try_once`]), the local waiting line's front, the wait on the unlock
+//! channel ([`crate::waiting`]), and the bound of the whole wait; a grant becomes a guard in
 //! [`held::guard`].
 
 use std::sync::Arc;
 
 use fencelock_core::{AcquireOptions, Error, LockGuard, Wait, WaitDeadline, validate_name};
-use futures_util::future::join_all;
-use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::attempt::{self, Attempt};
@@ -16,6 +14,7 @@ use crate::engine::Engine;
 use crate::error::BACKEND;
 use crate::held;
 use crate::keys::LockKeys;
+use crate::waiting::{Waited, Waiting};
 
 /// Takes `name` (with a `value`: campaigns for it), waiting as `options` allow.
 pub(crate) async fn take(
@@ -57,8 +56,7 @@ async fn wait_for_grant(
     wait: WaitDeadline,
 ) -> Result<LockGuard, Error> {
     let lease = options.lease_kind();
-    let wake = Arc::new(Notify::new());
-    let mut subscriptions = Vec::new();
+    let mut waiting = Waiting::new();
     let will_wait = options.wait_kind() != Wait::NoWait;
     // A hand-written locker (raw layout) publishes nothing on release: look again
     // after a growing interval, as well as on a message or at the key's expiry.
@@ -101,28 +99,15 @@ async fn wait_for_grant(
                     () = wait.over() => return Err(wait.timed_out(name)),
                 }
             }
-            Attempt::Held(_) if subscriptions.is_empty() => {
-                // Subscribe, then try again at once: an unlock between the failed
-                // try and the subscription is caught by that second try.
-                let subscribing = join_all(
-                    engine
-                        .subscribers_for(keys.slot)
-                        .iter()
-                        .map(|s| s.subscribe(&keys.channel, wake.clone())),
-                );
-                tokio::select! {
-                    subscribed = subscribing => subscriptions = subscribed,
-                    () = wait.over() => return Err(wait.timed_out(name)),
-                }
-            }
             Attempt::Held(after) => {
                 let pause = poll.map_or(after, |poll| poll.min(after));
-                tokio::select! {
-                    () = wake.notified() => {}
-                    () = tokio::time::sleep(pause) => {}
-                    () = wait.over() => return Err(wait.timed_out(name)),
+                let channel = (keys.slot, keys.channel.as_str());
+                let waited = waiting
+                    .before_next_try(engine, channel, pause, &wait, name)
+                    .await?;
+                if waited == Waited::Slept {
+                    poll = poll.map(|poll| (poll * 2).min(config.poll_max));
                 }
-                poll = poll.map(|poll| (poll * 2).min(config.poll_max));
             }
         }
     }

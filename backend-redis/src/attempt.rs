@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fencelock_core::kit::CLOCK_DRIFT;
+use fencelock_core::kit::{Abandon, CLOCK_DRIFT, Undo};
 use fencelock_core::{Error, FencingToken};
 use redis::Value;
+use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::call::millis;
@@ -40,26 +41,38 @@ enum Reply {
     Held(i64, Option<u64>),
 }
 
-/// Releases an attempt's key in the background if the attempt is dropped before it has
-/// been turned into a guard or found not to have taken the lock.
+/// What a try may have taken and not turned into a guard: its key, released (owner
+/// compared) by the kit's [`Undo`] in the background if the try is dropped or fails
+/// before it is known whether the lock was taken.
 pub(crate) struct InFlight<'a> {
     pub(crate) engine: &'a Arc<Engine>,
     pub(crate) keys: &'a LockKeys,
     pub(crate) owner: String,
     pub(crate) election: bool,
-    pub(crate) armed: bool,
 }
 
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.engine.release_in_background(
-                self.keys.clone(),
-                std::mem::take(&mut self.owner),
-                None,
-                self.election,
-            );
-        }
+impl Abandon for InFlight<'_> {
+    fn runtime(&self) -> &Handle {
+        &self.engine.runtime
+    }
+
+    fn abandon(self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        Some(
+            self.engine
+                .release_later(self.keys.clone(), self.owner, None, self.election),
+        )
+    }
+
+    /// The release on every node (a compare-and-delete: sent again in the background,
+    /// it deletes nothing of anyone else's). Done once answered: the key deleted, or
+    /// found not ours. A release that failed (a connection reset, a reconnect that did
+    /// not get through) is not done: the key it left would otherwise stay, owned by
+    /// nobody, for its lease.
+    async fn undo_now(&mut self) -> bool {
+        self.engine
+            .release(self.keys, &self.owner, None, self.election)
+            .await
+            .is_ok()
     }
 }
 
@@ -83,13 +96,12 @@ pub(crate) async fn try_once(
     let id = engine.next_id.fetch_add(1, Ordering::Relaxed);
     let owner = format!("{}:{id}", engine.client_id);
     let election = value.is_some();
-    let mut in_flight = InFlight {
+    let in_flight = Undo::new(InFlight {
         engine,
         keys,
         owner: owner.clone(),
         election,
-        armed: true,
-    };
+    });
     let redlock = engine.nodes.len() > 1;
     let script = match (redlock, election) {
         (false, false) => &scripts::ACQUIRE,
@@ -190,10 +202,12 @@ pub(crate) async fn try_once(
             Ok::<_, Error>(())
         };
         if let Err(e) = checked.await {
-            undo(engine, &mut in_flight, per_node).await;
+            // Waited for no longer than an instance's answer to the acquire: the slow
+            // ones are why it failed, and the caller must not wait on them again.
+            in_flight.finish_now(per_node).await;
             return Err(e);
         }
-        in_flight.armed = false;
+        in_flight.disarm();
         return Ok(Attempt::Granted {
             token: FencingToken::new(token),
             owner,
@@ -203,7 +217,7 @@ pub(crate) async fn try_once(
     }
     if !granted.is_empty() {
         // Redlock without a majority (or too slow): undo the partial grant now.
-        undo(engine, &mut in_flight, per_node).await;
+        in_flight.finish_now(per_node).await;
         if granted.len() >= engine.quorum {
             // Granted, but the answer came after the lease had run out: the lock was
             // free, so this is the servers' slowness, not contention.
@@ -213,7 +227,7 @@ pub(crate) async fn try_once(
             ));
         }
     } else if errors.is_empty() {
-        in_flight.armed = false;
+        in_flight.disarm();
     }
     if errors.len() > engine.nodes.len() - engine.quorum {
         return Err(errors.swap_remove(0));
@@ -223,21 +237,6 @@ pub(crate) async fn try_once(
         granted.len(),
         engine.quorum,
     )))
-}
-
-/// Undoes an attempt that did not become a guard: its release on every node, waited
-/// for no longer than `bound` (an instance's answer to the acquire: the slow ones are
-/// why it failed, and the caller must not wait on them again). Unless the release
-/// was answered (the key deleted, or found not ours) within the bound, `in_flight`
-/// stays armed and its drop sends the release again in the background (a
-/// compare-and-delete: sent twice, it deletes nothing of anyone else's). A release
-/// that failed (a connection reset, a reconnect that did not get through) is not
-/// done: the key it left would otherwise stay, owned by nobody, for its lease.
-pub(crate) async fn undo(engine: &Engine, in_flight: &mut InFlight<'_>, bound: Duration) {
-    let release = engine.release(in_flight.keys, &in_flight.owner, None, in_flight.election);
-    if let Ok(Ok(_)) = tokio::time::timeout(bound, release).await {
-        in_flight.armed = false;
-    }
 }
 
 /// Redlock: makes a majority remember `token` (granted for `lease`) before the guard

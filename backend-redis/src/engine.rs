@@ -2,13 +2,12 @@
 //! granted locks) and what it does on every node: bounded calls, release, revoke,
 //! extend and close. One acquisition attempt is [`crate::attempt`].
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use fencelock_core::kit::CLOCK_DRIFT;
-use fencelock_core::kit::Renewals;
+use fencelock_core::kit::{Grants, Renewals};
 use fencelock_core::{Error, LossCause};
 use futures_util::future::join_all;
 use redis::FromRedisValue;
@@ -40,8 +39,9 @@ pub(crate) struct Engine {
     pub(crate) widen: AtomicUsize,
     /// The waiting lines of this client's tasks, by lock key.
     pub(crate) lines: Arc<fencelock_core::line::Lines>,
-    /// Every lock granted through this client and not yet released, for `close`.
-    pub(crate) held: Mutex<HashMap<u64, Granted>>,
+    /// Every lock granted through this client and not yet released, by attempt id, for
+    /// `close` (which closes it: a grant after that is refused).
+    pub(crate) held: Grants<Granted>,
     /// Cancelled by `close`: waiting acquires end, the renewal and subscription tasks stop.
     pub(crate) closed: CancellationToken,
     pub(crate) runtime: tokio::runtime::Handle,
@@ -88,7 +88,7 @@ impl Engine {
             renewals: Renewals::new(tokio::runtime::Handle::current()),
             widen: AtomicUsize::new(0),
             lines: Arc::default(),
-            held: Mutex::new(HashMap::new()),
+            held: Grants::new(),
             closed,
             runtime: tokio::runtime::Handle::current(),
             config,
@@ -380,23 +380,16 @@ impl Engine {
         }
     }
 
-    /// The locks granted through this client and not yet released.
-    pub(crate) fn held(&self) -> MutexGuard<'_, HashMap<u64, Granted>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Closes the client: nothing is granted any more, every lock granted through it is
     /// marked lost and released, and its tasks stop. Returns the first release that
     /// failed (that key expires with its lease).
     pub(crate) async fn close(&self) -> Result<(), Error> {
-        // Cancelled under the lock of `held`, which a new grant takes to register: a
-        // grant is either drained here or refused there.
-        let granted: Vec<(u64, Granted)> = {
-            let mut held = self.held();
-            self.closed.cancel();
-            held.drain().collect()
-        };
-        let releases = granted.iter().map(|(_, g)| {
+        // Drained under the registry's lock, which a new grant takes to register: a grant
+        // is either drained here or refused there. Then waiting acquires end and the
+        // tasks stop.
+        let granted = self.held.close(());
+        self.closed.cancel();
+        let releases = granted.iter().map(|g| {
             if let Some(key) = g.renewal {
                 self.renewals.remove(key);
             }
@@ -423,12 +416,25 @@ impl Engine {
         token: Option<u64>,
         election: bool,
     ) {
+        self.runtime
+            .spawn(self.release_later(keys, owner, token, election));
+    }
+
+    /// The release [`release_in_background`](Self::release_in_background) runs, bounded
+    /// by twice the command timeout, for a task of its own.
+    pub(crate) fn release_later(
+        self: &Arc<Self>,
+        keys: LockKeys,
+        owner: String,
+        token: Option<u64>,
+        election: bool,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let engine = self.clone();
         let timeout = self.config.timeout;
-        self.runtime.spawn(async move {
+        async move {
             let _ =
                 tokio::time::timeout(timeout * 2, engine.release(&keys, &owner, token, election))
                     .await;
-        });
+        }
     }
 }

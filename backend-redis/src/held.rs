@@ -38,16 +38,10 @@ pub(crate) fn guard(
 ) -> Result<LockGuard, Error> {
     let duration = lease.duration();
     let liveness = fencelock_core::Liveness::new(sent + duration - CLOCK_DRIFT.of(duration));
-    let renewal = {
-        let mut held = engine.held();
-        if engine.closed.is_cancelled() {
-            // Closed while granting: not handed out.
-            drop(held);
-            engine.release_in_background(keys.clone(), owner, Some(token.get()), election);
-            return Err(Error::Closed { backend: BACKEND });
-        }
-        // Under the lock of `held`: `close` drains the grant with its renewal.
-        let renewal = lease.is_renewing().then(|| {
+    // Started under the registry's lock: `close` drains the grant with its renewal.
+    let mut renewal = None;
+    let registered = engine.held.insert_with(id, || {
+        renewal = lease.is_renewing().then(|| {
             renewal::start(
                 engine,
                 id,
@@ -58,19 +52,20 @@ pub(crate) fn guard(
                 sent,
             )
         });
-        held.insert(
-            id,
-            Granted {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                token: token.get(),
-                liveness: liveness.clone(),
-                election,
-                renewal,
-            },
-        );
-        renewal
-    };
+        Granted {
+            keys: keys.clone(),
+            owner: owner.clone(),
+            token: token.get(),
+            liveness: liveness.clone(),
+            election,
+            renewal,
+        }
+    });
+    if registered.is_err() {
+        // Closed while granting: not handed out.
+        engine.release_in_background(keys.clone(), owner, Some(token.get()), election);
+        return Err(Error::Closed { backend: BACKEND });
+    }
     let grant = RedisGrant {
         engine: engine.clone(),
         id,
@@ -142,7 +137,7 @@ impl Grant for RedisGrant {
         if let Some(key) = self.renewal {
             self.engine.renewals.remove(key);
         }
-        self.engine.held().remove(&self.id);
+        self.engine.held.remove(self.id);
     }
 
     /// Compare-and-delete on every node (a quorum for Redlock). In the raw layout the

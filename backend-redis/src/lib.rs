@@ -86,6 +86,7 @@ mod subscriber;
 mod tls;
 mod topology;
 mod url;
+mod waiting;
 
 use std::sync::Arc;
 

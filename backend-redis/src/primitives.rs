@@ -17,17 +17,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fencelock_core::kit::CLOCK_DRIFT;
+use fencelock_core::kit::{Abandon, CLOCK_DRIFT, Undo};
 use fencelock_core::{
     AcquireOptions, Error, FencingToken, LockGuard, Permits, Wait, validate_name,
 };
-use futures_util::future::join_all;
 use redis::Value;
-use tokio::sync::Notify;
+use tokio::runtime::Handle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::attempt::{InFlight, undo};
+use crate::attempt::InFlight;
 use crate::call::millis;
 use crate::config::MIN_LEASE;
 use crate::engine::Engine;
@@ -36,6 +35,7 @@ use crate::held;
 use crate::keys::PrimitiveKeys;
 use crate::replicas::{invoke_grant, replicas_acknowledged};
 use crate::scripts;
+use crate::waiting::Waiting;
 
 /// What is asked for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -77,22 +77,21 @@ enum Reply {
     OtherLimit(i64),
 }
 
-/// A waiting writer's or semaphore request's intent: deleted in the background if the request ends without
-/// the grant having deleted it (the script compares the id, so this is harmless then).
+/// A waiting writer's or semaphore request's intent: deleted by the kit's [`Undo`] in the
+/// background if the request ends without the grant having deleted it (the script
+/// compares the id, so this is harmless then).
 struct Intent<'a> {
     engine: &'a Arc<Engine>,
     keys: &'a PrimitiveKeys,
     id: String,
-    /// Whether an intent may have been recorded: false once the very first try was
-    /// granted (only a refused try records one), which saves a script per grant.
-    armed: bool,
 }
 
-impl Drop for Intent<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
+impl Abandon for Intent<'_> {
+    fn runtime(&self) -> &Handle {
+        &self.engine.runtime
+    }
+
+    fn abandon(self) -> Option<impl Future<Output = ()> + Send + 'static> {
         let engine = self.engine.clone();
         let mut call = scripts::INTENT_CLEAR.prepare_invoke();
         call.key(&self.keys.intent)
@@ -100,9 +99,9 @@ impl Drop for Intent<'_> {
             .arg(&self.id)
             .arg(&self.keys.channel);
         let timeout = engine.config.timeout;
-        self.engine.runtime.spawn(async move {
+        Some(async move {
             let _ = tokio::time::timeout(timeout * 2, engine.nodes[0].invoke::<i64>(&call)).await;
-        });
+        })
     }
 }
 
@@ -174,15 +173,15 @@ async fn wait_member(
         engine.next_id.fetch_add(1, Ordering::Relaxed)
     );
     // Armed before the first try: the try may record the intent.
-    let mut intent = (ask != Ask::Read && will_wait).then(|| Intent {
-        engine,
-        keys,
-        id: intent_id.clone(),
-        armed: true,
+    let mut intent = (ask != Ask::Read && will_wait).then(|| {
+        Undo::new(Intent {
+            engine,
+            keys,
+            id: intent_id.clone(),
+        })
     });
     let mut first_try = true;
-    let wake = Arc::new(Notify::new());
-    let mut subscriptions = Vec::new();
+    let mut waiting = Waiting::new();
     loop {
         let reply = try_member(engine, keys, ask, lease.duration(), will_wait, &intent_id).await?;
         let was_first = std::mem::take(&mut first_try);
@@ -195,8 +194,8 @@ async fn wait_member(
             } => {
                 if was_first {
                     // Granted at once: no try of this request recorded an intent.
-                    if let Some(intent) = &mut intent {
-                        intent.armed = false;
+                    if let Some(intent) = intent.take() {
+                        intent.disarm();
                     }
                 }
                 let holder = keys.holder(&owner);
@@ -227,28 +226,13 @@ async fn wait_member(
                 });
             }
             Reply::Refused(_) if wait.is_over() => return Err(wait.timed_out(name)),
-            Reply::Refused(_) if subscriptions.is_empty() => {
-                // Subscribe, then try again at once: a release between the refused
-                // try and the subscription is seen by that second try.
-                let subscribing = join_all(
-                    engine
-                        .subscribers_for(keys.slot)
-                        .iter()
-                        .map(|s| s.subscribe(&keys.channel, wake.clone())),
-                );
-                tokio::select! {
-                    subscribed = subscribing => subscriptions = subscribed,
-                    () = wait.over() => return Err(wait.timed_out(name)),
-                }
-            }
             Reply::Refused(after) => {
                 // A writer refreshes its intent (3 s expiry) at least every second.
                 let pause = after.min(Duration::from_secs(1));
-                tokio::select! {
-                    () = wake.notified() => {}
-                    () = tokio::time::sleep(pause) => {}
-                    () = wait.over() => return Err(wait.timed_out(name)),
-                }
+                let channel = (keys.slot, keys.channel.as_str());
+                waiting
+                    .before_next_try(engine, channel, pause, &wait, name)
+                    .await?;
             }
         }
     }
@@ -267,13 +251,12 @@ async fn try_member(
     let owner = format!("{}:{id}", engine.client_id);
     let holder = keys.holder(&owner);
     // Dropped mid-call: the holder key may have been set; released in the background.
-    let mut in_flight = InFlight {
+    let in_flight = Undo::new(InFlight {
         engine,
         keys: &holder,
         owner: owner.clone(),
         election: false,
-        armed: true,
-    };
+    });
     let (count, limit) = match ask {
         Ask::Permits { count, limit } => (count, limit),
         Ask::Read | Ask::Write => (1, 0),
@@ -325,7 +308,7 @@ async fn try_member(
             if sent.elapsed() + CLOCK_DRIFT.of(lease) >= lease {
                 // Armed until the release is answered: a drop during it, or a release
                 // that failed, releases again in the background.
-                undo(engine, &mut in_flight, engine.config.timeout).await;
+                in_flight.finish_now(engine.config.timeout).await;
                 return Err(Error::unavailable(
                     BACKEND,
                     "the lease ran out before the grant was answered",
@@ -336,10 +319,10 @@ async fn try_member(
             if let Err(error) =
                 replicas_acknowledged(engine, node, acks.as_ref(), sent, lease).await
             {
-                undo(engine, &mut in_flight, engine.config.timeout).await;
+                in_flight.finish_now(engine.config.timeout).await;
                 return Err(error);
             }
-            in_flight.armed = false;
+            in_flight.disarm();
             Ok(Reply::Granted {
                 token,
                 owner,
@@ -348,14 +331,14 @@ async fn try_member(
             })
         }
         [Value::Int(0), retry] => {
-            in_flight.armed = false;
+            in_flight.disarm();
             let ms = number(retry).unwrap_or(100).max(1);
             Ok(Reply::Refused(Duration::from_millis(
                 u64::try_from(ms).unwrap_or(100) + 1,
             )))
         }
         [Value::Int(-1), limit] => {
-            in_flight.armed = false;
+            in_flight.disarm();
             Ok(Reply::OtherLimit(number(limit).unwrap_or(0)))
         }
         _ => Err(bad()),

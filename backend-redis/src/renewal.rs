@@ -123,7 +123,7 @@ impl Renew for Engine {
     /// key that expired meanwhile (or another owner's) is left as it is.
     fn abandon(self: &Arc<Self>, _key: u64, lease: Lease) {
         // Only while the guard lives: a released or dropped guard released the key itself.
-        let granted = self.held().get(&lease.id).map(|g| (g.token, g.election));
+        let granted = self.held.with(lease.id, |g| (g.token, g.election));
         if let Some((token, election)) = granted {
             tracing::debug!(key = %lease.keys.lock, "a renewed lock passed its deadline; releasing its key");
             self.release_in_background(lease.keys, lease.owner, Some(token), election);
