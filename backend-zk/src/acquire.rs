@@ -18,8 +18,9 @@
 
 use std::sync::Arc;
 
-use fencelock_core::kit::Held;
+use fencelock_core::kit::{Abandon, Held, Undo};
 use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
+use tokio::runtime::Handle;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -91,13 +92,12 @@ pub(crate) async fn acquire_in(
             None => Some(front.await),
         }
     };
-    let mut pending = Pending {
+    let mut pending = Undo::new(Pending {
         session: session.clone(),
         dir,
         prefix_name: names::protected_prefix(recipe),
         path: None,
-        armed: true,
-    };
+    });
     let created_at = Instant::now();
     let (path, mut stat, made_dir) =
         create_node(&session, &pending.dir, &pending.prefix_name, data).await?;
@@ -145,7 +145,7 @@ pub(crate) async fn acquire_in(
         children.retain(|child| names::recipe_node(child).is_some());
         names::sort_children(&mut children);
         let Some(index) = children.iter().position(|c| c == own) else {
-            pending.armed = false;
+            pending.disarm();
             return Err(Error::lost(
                 name,
                 "the lock node disappeared while waiting (session expired or node deleted)",
@@ -156,8 +156,9 @@ pub(crate) async fn acquire_in(
             .iter()
             .find_map(|c| names::recipe_node(c).filter(|r| !r.shares_dir(recipe)))
         {
-            let _ = tokio::time::timeout(GIVE_UP_DELETE, pending.delete_now()).await;
-            return Err(mixed_recipes(name, &pending.dir, other));
+            let refused = mixed_recipes(name, &pending.dir, other);
+            pending.finish_now(GIVE_UP_DELETE).await;
+            return Err(refused);
         }
         // The node to wait for: for a reader the nearest writer before it (readers share),
         // for everyone else the immediate predecessor.
@@ -176,12 +177,13 @@ pub(crate) async fn acquire_in(
                     "the lease ran out before the grant was confirmed (ZooKeeper answered too slowly)",
                 ));
             }
-            pending.armed = false;
-            let dir = alone.then(|| pending.dir.clone());
+            let pending = pending.disarm();
+            let dir = alone.then_some(pending.dir);
             return Ok(grant(session, name, path, stat, lease, sent, dir));
         };
         if no_wait {
-            pending.delete_now().await;
+            // Not bounded: a try that does not wait deletes its node before answering.
+            pending.finish_now(std::time::Duration::MAX).await;
             return Err(Error::Contended {
                 name: name.to_owned(),
             });
@@ -193,7 +195,7 @@ pub(crate) async fn acquire_in(
             }
         };
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(give_up_waiting(&mut pending, name).await);
+            return Err(give_up_waiting(pending, name).await);
         }
         let predecessor = format!("{}/{}", pending.dir, children[blocker]);
         // Not kept while waiting: a queue's listing is as large as the queue.
@@ -205,7 +207,7 @@ pub(crate) async fn acquire_in(
                     _ = session.ended() => {
                         return Err(Error::lost(name, "the ZooKeeper session ended while waiting"));
                     }
-                    _ = give_up => return Err(give_up_waiting(&mut pending, name).await),
+                    _ = give_up => return Err(give_up_waiting(pending, name).await),
                 }
             }
             Err(zk::Error::NoNode) => {}
@@ -504,8 +506,8 @@ fn delete_own_orphans(session: &ZkSession, pending: &Pending, own: &str, childre
     }
 }
 
-/// The node an unfinished acquire may own; deleted in the background if the acquire is
-/// dropped or gives up.
+/// The node an unfinished acquire may own; deleted by the kit's [`Undo`] in the
+/// background if the acquire is dropped or gives up.
 ///
 /// The background delete is repeated until it gets an answer or the session ends: a
 /// node left behind in a live session would block every later waiter for as long as
@@ -515,7 +517,6 @@ struct Pending {
     dir: String,
     prefix_name: String,
     path: Option<String>,
-    armed: bool,
 }
 
 /// Upper bound on deleting a waiter's node before returning a timeout; past it the
@@ -526,43 +527,32 @@ pub(crate) const GIVE_UP_DELETE: std::time::Duration = std::time::Duration::from
 /// A waiter whose time ran out deletes its node before returning, so a process that exits
 /// right after the timeout leaves nothing that would block the name until its session
 /// expires. Bounded by [`GIVE_UP_DELETE`]; past it the background clean-up takes over.
-async fn give_up_waiting(pending: &mut Pending, name: &str) -> Error {
-    let _ = tokio::time::timeout(GIVE_UP_DELETE, pending.delete_now()).await;
+async fn give_up_waiting(pending: Undo<Pending>, name: &str) -> Error {
+    pending.finish_now(GIVE_UP_DELETE).await;
     Error::Timeout {
         name: name.to_owned(),
         waited: std::time::Duration::ZERO,
     }
 }
 
-impl Pending {
-    /// Deletes the known node now (used when giving up without waiting).
-    async fn delete_now(&mut self) {
-        if let Some(path) = &self.path {
-            let deleted = retry(|| self.session.client.delete(path, None)).await;
-            if matches!(deleted, Ok(()) | Err(zk::Error::NoNode))
-                || deleted.as_ref().is_err_and(session_ended)
-            {
-                self.armed = false;
-            }
-        }
+impl Abandon for Pending {
+    fn runtime(&self) -> &Handle {
+        self.session.runtime()
     }
-}
 
-impl Drop for Pending {
     /// Deletes the known node first, then every other node of our uuid: a create sent
     /// again after a lost reply may have made two, and the first is deleted by the
     /// acquire only at its first listing, which a dropped future may never reach. The
     /// listing follows a `sync`, so that a server behind the leader cannot hide a node
     /// of ours.
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let session = self.session.clone();
-        let dir = std::mem::take(&mut self.dir);
-        let prefix_name = std::mem::take(&mut self.prefix_name);
-        let path = self.path.take();
-        self.session.runtime().spawn(async move {
+    fn abandon(self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let Pending {
+            session,
+            dir,
+            prefix_name,
+            path,
+        } = self;
+        Some(async move {
             if let Some(path) = &path {
                 if !delete_abandoned(&session, path).await {
                     return;
@@ -579,7 +569,18 @@ impl Drop for Pending {
                     return;
                 }
             }
-        });
+        })
+    }
+
+    /// Deletes the known node now (when giving up): done once it is gone, or the session
+    /// ended (and took it).
+    async fn undo_now(&mut self) -> bool {
+        let Some(path) = &self.path else {
+            return false;
+        };
+        let deleted = retry(|| self.session.client.delete(path, None)).await;
+        matches!(deleted, Ok(()) | Err(zk::Error::NoNode))
+            || deleted.as_ref().is_err_and(session_ended)
     }
 }
 

@@ -32,8 +32,9 @@
 
 use std::sync::Arc;
 
-use fencelock_core::kit::Held;
+use fencelock_core::kit::{Abandon, Held, Undo};
 use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
+use tokio::runtime::Handle;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -158,12 +159,13 @@ async fn take_leases(
             "the semaphore's mutex has no node",
         ));
     };
-    let mut pending = PendingLeases {
+    let ours = PendingLeases {
         session: session.clone(),
         dir: leases.to_owned(),
         prefix_name: format!("_c_{}-{LEASE_NAME}", uuid::Uuid::new_v4()),
-        armed: false,
     };
+    // Armed once a multi-op that may create our lease nodes is sent.
+    let mut pending = None;
     let give_up = || async {
         match ask.deadline {
             Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -205,7 +207,16 @@ async fn take_leases(
         }
         if children.len() as u64 + u64::from(count) <= u64::from(limit) {
             let sent = Instant::now();
-            match create_leases(session, &mut pending, stat.version, mutex_path, count).await {
+            let created = create_leases(
+                session,
+                &ours,
+                &mut pending,
+                stat.version,
+                mutex_path,
+                count,
+            )
+            .await;
+            match created {
                 Ok(Created::Nodes(nodes)) => {
                     if acquire::grant_deadline(session, ask.lease, sent) <= Instant::now() {
                         return Err(Error::unavailable(
@@ -214,7 +225,12 @@ async fn take_leases(
                         ));
                     }
                     let granted = grant(session, name, nodes, ask, sent);
-                    pending.armed = granted.is_err();
+                    if granted.is_ok() {
+                        // The guard owns the nodes now.
+                        if let Some(pending) = pending {
+                            pending.disarm();
+                        }
+                    }
                     return granted;
                 }
                 // The limit changed under us (or the directory went): read again.
@@ -278,23 +294,26 @@ enum Created {
 /// the mutex's holder may add leases, or two waiters could both see room for one.
 async fn create_leases(
     session: &ZkSession,
-    pending: &mut PendingLeases,
+    ours: &PendingLeases,
+    pending: &mut Option<Undo<PendingLeases>>,
     version: i32,
     mutex: &str,
     count: u32,
 ) -> Result<Created, zk::Error> {
-    let prefix = format!("{}/{}", pending.dir, pending.prefix_name);
+    let prefix = format!("{}/{}", ours.dir, ours.prefix_name);
     let options = zk::CreateMode::EphemeralSequential.with_acls(session.acls());
     loop {
         let mut multi = session.client.new_multi_writer();
-        multi.add_check_version(&pending.dir, version)?;
+        multi.add_check_version(&ours.dir, version)?;
         // Version -1: any version, the node must exist.
         multi.add_check_version(mutex, -1)?;
         for _ in 0..count {
             multi.add_create(&prefix, b"", &options)?;
         }
         // From here the nodes may exist: a dropped future deletes them by uuid.
-        pending.armed = true;
+        if pending.is_none() {
+            *pending = Some(Undo::new(ours.clone()));
+        }
         match multi.commit().await {
             Ok(results) => {
                 let mut nodes = Vec::new();
@@ -311,7 +330,10 @@ async fn create_leases(
                 return Ok(Created::Nodes(nodes));
             }
             Err(zk::MultiWriteError::OperationFailed { index, .. }) => {
-                pending.armed = false;
+                // Nothing was created: a multi-op is all or nothing.
+                if let Some(pending) = pending.take() {
+                    pending.disarm();
+                }
                 return Ok(if index == 1 {
                     Created::MutexLost
                 } else {
@@ -324,10 +346,10 @@ async fn create_leases(
                 // not applied the multi yet, and sending it again would then create a
                 // second set of leases (past the limit, the first set never released).
                 retry(|| session.client.sync("/")).await?;
-                let children = retry(|| session.client.list_children(&pending.dir)).await?;
+                let children = retry(|| session.client.list_children(&ours.dir)).await?;
                 let mut own: Vec<String> = children
                     .into_iter()
-                    .filter(|c| c.starts_with(&pending.prefix_name))
+                    .filter(|c| c.starts_with(&ours.prefix_name))
                     .collect();
                 if own.is_empty() {
                     tokio::time::sleep(RETRY_PAUSE).await;
@@ -336,7 +358,7 @@ async fn create_leases(
                 own.sort_unstable();
                 let mut nodes = Vec::new();
                 for child in own {
-                    let path = format!("{}/{child}", pending.dir);
+                    let path = format!("{}/{child}", ours.dir);
                     let stat = retry(|| session.client.get_data(&path)).await?.1;
                     nodes.push((path, stat));
                 }
@@ -381,24 +403,27 @@ fn grant(
     ))
 }
 
-/// Lease nodes a request may have created and not handed to a guard: deleted in the
-/// background (by uuid prefix) when dropped armed.
+/// Lease nodes a request may have created and not handed to a guard: deleted by the
+/// kit's [`Undo`] in the background (by uuid prefix) when dropped armed.
+#[derive(Clone)]
 struct PendingLeases {
     session: Arc<ZkSession>,
     dir: String,
     prefix_name: String,
-    armed: bool,
 }
 
-impl Drop for PendingLeases {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let session = self.session.clone();
-        let dir = std::mem::take(&mut self.dir);
-        let prefix_name = std::mem::take(&mut self.prefix_name);
-        self.session.runtime().spawn(async move {
+impl Abandon for PendingLeases {
+    fn runtime(&self) -> &Handle {
+        self.session.runtime()
+    }
+
+    fn abandon(self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let PendingLeases {
+            session,
+            dir,
+            prefix_name,
+        } = self;
+        Some(async move {
             // Repeated until answered or the session ends (see `acquire::Pending`). After
             // a `sync`, so that a server behind the leader cannot hide nodes of ours.
             if retry(|| session.client.sync("/")).await.is_err() {
@@ -418,7 +443,7 @@ impl Drop for PendingLeases {
                     }
                 }
             }
-        });
+        })
     }
 }
 

@@ -24,12 +24,11 @@
 //! (the client's connection, the monitor, the watcher, background clean-up) live as long
 //! as the client, whichever call opened them.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use fencelock_core::kit::{CLOCK_DRIFT, Delayed, DriftMargin};
+use fencelock_core::kit::{CLOCK_DRIFT, Delayed, DriftMargin, Grants};
 use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -72,11 +71,10 @@ pub(crate) struct ZkSession {
     root: String,
     runtime: Handle,
     ended: CancellationToken,
-    held: Mutex<HashMap<u64, Registered>>,
-    /// Set by [`give_up`](Self::give_up) (the client was closed), under the lock of
-    /// `held`, which [`register`](Self::register) takes too: a grant is either drained
-    /// there or refused here.
-    given_up: AtomicBool,
+    /// The locks held on this session, by id. Closed by [`give_up`](Self::give_up) (the
+    /// client was closed): a grant is either drained there or refused at
+    /// [`register`](Self::register).
+    held: Grants<Registered>,
     next_id: AtomicU64,
     /// Send times of the last two answered probes (older, latest): see
     /// [`anchor`](Self::anchor).
@@ -175,8 +173,7 @@ impl ZkSession {
             root: config.chroot().to_owned(),
             runtime: Handle::current(),
             ended: CancellationToken::new(),
-            held: Mutex::new(HashMap::new()),
-            given_up: AtomicBool::new(false),
+            held: Grants::new(),
             next_id: AtomicU64::new(0),
             lines: Arc::default(),
             watches: watches.clone(),
@@ -252,10 +249,6 @@ impl ZkSession {
         !self.ended.is_cancelled() && !self.client.state().is_terminated()
     }
 
-    fn held(&self) -> MutexGuard<'_, HashMap<u64, Registered>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Watches the nodes of a fresh grant, from [`WATCH_DELAY`] on (see
     /// [`crate::watcher`]).
     pub(crate) fn watch<W: Watched + 'static>(&self, tracked: &Arc<W>) {
@@ -276,44 +269,37 @@ impl ZkSession {
     ) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let liveness = tracked.liveness().clone();
-        let mut held = self.held();
-        if self.given_up.load(Ordering::Relaxed) {
-            drop(held);
-            liveness.mark_lost(LossCause::ClientClosed, "the client was closed");
-            tracked.give_up();
-            return id;
-        }
-        // Under the lock `end` takes after cancelling `ended`: a lock registered after
-        // `end` went through the held ones sees it ended.
-        if self.ended.is_cancelled() {
-            liveness.mark_lost(LossCause::SessionEnded, "the ZooKeeper session ended");
-        }
-        held.insert(
-            id,
+        let registered = self.held.insert_with(id, || {
+            // Under the registry's lock, which `end` takes after cancelling `ended`: a
+            // lock registered after `end` went through the held ones sees it ended.
+            if self.ended.is_cancelled() {
+                liveness.mark_lost(LossCause::SessionEnded, "the ZooKeeper session ended");
+            }
             Registered {
                 liveness,
                 cap,
                 tracked: Arc::downgrade(tracked) as Weak<dyn Watched>,
-            },
-        );
+            }
+        });
+        if registered.is_err() {
+            // Closed: given up here as `give_up` would have.
+            tracked
+                .liveness()
+                .mark_lost(LossCause::ClientClosed, "the client was closed");
+            tracked.give_up();
+        }
         id
     }
 
     /// Moves the end of registered lock `id`'s fixed lease to `cap` (an extension).
     /// Returns `false` when it is no longer registered (released, or the client closed).
     pub(crate) fn set_cap(&self, id: u64, cap: Instant) -> bool {
-        match self.held().get_mut(&id) {
-            Some(entry) => {
-                entry.cap = Some(cap);
-                true
-            }
-            None => false,
-        }
+        self.held.with(id, |entry| entry.cap = Some(cap)).is_some()
     }
 
     /// Stops tracking a released lock.
     pub(crate) fn unregister(&self, id: u64) {
-        self.held().remove(&id);
+        self.held.remove(id);
     }
 
     /// Gives up every lock held on this session (on close), at once: each guard reports
@@ -322,11 +308,10 @@ impl ZkSession {
     ///
     /// Locks registered later are given up at [`register`](Self::register).
     pub(crate) fn give_up(&self) -> Vec<String> {
-        let mut held = self.held();
-        // Relaxed: read and written only under the lock of `held`.
-        self.given_up.store(true, Ordering::Relaxed);
-        held.drain()
-            .flat_map(|(_, entry)| {
+        self.held
+            .close(())
+            .into_iter()
+            .flat_map(|entry| {
                 entry
                     .liveness
                     .mark_lost(LossCause::ClientClosed, "the client was closed");
@@ -366,16 +351,14 @@ impl ZkSession {
     }
 
     fn set_at_risk(&self, at_risk: bool) {
-        for entry in self.held().values() {
-            entry.liveness.set_at_risk(at_risk);
-        }
+        self.held
+            .for_each(|entry| entry.liveness.set_at_risk(at_risk));
     }
 
     fn end(&self, reason: &str) {
         self.ended.cancel();
-        for entry in self.held().values() {
-            entry.liveness.mark_lost(LossCause::SessionEnded, reason);
-        }
+        self.held
+            .for_each(|entry| entry.liveness.mark_lost(LossCause::SessionEnded, reason));
     }
 
     /// One renewal: a `sync` and an `exists /`, whose answers prove the leader heard
@@ -395,7 +378,7 @@ impl ZkSession {
             Ok(Err(err)) if session_ended(err) => RenewalOutcome::Gone,
             _ => RenewalOutcome::Failed,
         };
-        record_renewal(BACKEND, outcome, sent.elapsed(), self.held().len());
+        record_renewal(BACKEND, outcome, sent.elapsed(), self.held.len());
         match answer {
             Ok(Ok(_)) => {
                 let anchor = {
@@ -407,12 +390,12 @@ impl ZkSession {
                     confirmed.0
                 };
                 let deadline = self.deadline(anchor);
-                for entry in self.held().values() {
+                self.held.for_each(|entry| {
                     entry
                         .liveness
                         .extend(entry.cap.map_or(deadline, |cap| cap.min(deadline)));
                     entry.liveness.set_at_risk(false);
-                }
+                });
             }
             Ok(Err(err)) if session_ended(&err) => self.end(&format!("ZooKeeper session: {err}")),
             Ok(Err(_)) | Err(_) => {}
@@ -532,7 +515,7 @@ mod tests {
         );
         assert_eq!(liveness.lost_reason(), Some("the client was closed"));
         assert!(
-            session.held().is_empty(),
+            session.held.is_empty(),
             "a grant registered after give_up must not be kept"
         );
         let gone = async {
