@@ -7,7 +7,7 @@ use std::sync::Arc;
 use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait, WaitDeadline};
 use tracing::Instrument;
 
-use crate::cleanup::{Armed, Cleanup, KeyState};
+use crate::cleanup::{Armed, Cleanup, KeyState, give_up_now};
 use crate::keys::{name_prefix, own_key};
 use crate::lock::EtcdLock;
 use crate::session::Session;
@@ -108,7 +108,7 @@ impl EtcdLock {
             wait.run_until(wait.at(), name, inner.lines.front(&key))
                 .await?
         };
-        pending.get().permit = Some(permit);
+        pending.permit = Some(permit);
 
         let revision = if no_wait {
             self.create_if_free(&key, &names, session.lease_id(), value, &mut pending)
@@ -149,7 +149,7 @@ impl EtcdLock {
                     // Lost or failed while waiting: the key goes now too, as in the
                     // read-write and semaphore queues.
                     Ok(Err(error)) | Err(error) => {
-                        Box::pin(pending.finish_now()).await;
+                        Box::pin(give_up_now(pending)).await;
                         return Err(error);
                     }
                 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use fencelock_core::kit::{Abandon, Undo};
 use fencelock_core::line::{Front, Lines};
 use fencelock_core::{Error, LossCause};
 use tokio::runtime::Handle;
@@ -96,72 +97,11 @@ impl Cleanup {
     /// continue (with backoff) until one succeeds or the session is lost; if deleting keeps
     /// failing for three lease periods while the session stays alive, the session is
     /// abandoned so that its lease, and the key with it, expires.
-    pub(crate) fn spawn(mut self) {
-        if self.is_empty() {
-            return;
-        }
-        let permit = self.permit.take();
+    pub(crate) fn spawn(self) {
         let runtime = self.runtime.clone();
-        runtime.spawn(async move {
-            // A create etcd answered with an error may still be applied: its key is
-            // looked for after the deletion by name. (`Unknown` without a create running:
-            // the caller had the error.)
-            let mut late = self.state == KeyState::Unknown && self.create.is_none();
-            // A create still in flight would race a delete by name (etcd may apply it
-            // after the delete): wait for its answer and delete exactly what it made.
-            let mut create = self.create.take();
-            if let Some(running) = create.as_mut() {
-                match tokio::time::timeout(self.timeout, running).await {
-                    Ok(Ok(Ok(Some(revision)))) => {
-                        self.state = KeyState::Created(revision);
-                        create = None;
-                    }
-                    Ok(Ok(Ok(None))) => {
-                        self.state = KeyState::Absent;
-                        create = None;
-                    }
-                    // An error, whose outcome is unknown: the key is deleted by name, and
-                    // looked for afterwards.
-                    Ok(_) => {
-                        create = None;
-                        late = true;
-                    }
-                    // Still running (a partition, or queued behind a slow create in the
-                    // batcher's lane): deleted by name now, and by its answer later.
-                    Err(_) => {}
-                }
-            }
-            self.undo().await;
-            if let Some(running) = create {
-                // The create may be applied after the deletion by name, and its key would
-                // then hold the name for as long as the session lives: its answer says
-                // which incarnation to delete. Waited for while the session (the key's
-                // lease) lives; a dedicated lease expires by itself.
-                let answer = match &self.session {
-                    Some(session) => tokio::select! {
-                        answer = running => Some(answer),
-                        () = session.lost() => None,
-                    },
-                    None => None,
-                };
-                match answer {
-                    Some(Ok(Ok(Some(revision)))) => {
-                        self.state = KeyState::Created(revision);
-                        self.undo().await;
-                    }
-                    Some(Ok(Ok(None))) | None => {}
-                    // Answered with an error at last: it may still be applied.
-                    Some(_) => late = true,
-                }
-            }
-            // Our acquires of the name may go on; the sweep takes the line's front again
-            // only to delete a key it finds.
-            let reentry = permit.as_ref().map(|front| front.lines().clone());
-            drop(permit);
-            if late {
-                self.sweep(reentry).await;
-            }
-        });
+        if let Some(undo) = self.abandon() {
+            runtime.spawn(undo);
+        }
     }
 
     /// After the deletion by name of a key whose create etcd answered with an error
@@ -276,12 +216,6 @@ impl Cleanup {
         self.state == KeyState::Absent && self.fixed_lease.is_none() && self.moved_maybe.is_empty()
     }
 
-    /// One attempt right away, bounded by `limit`. Returns whether everything is undone;
-    /// the caller keeps the clean-up armed otherwise.
-    async fn try_once(&self, limit: Duration) -> bool {
-        self.is_empty() || matches!(tokio::time::timeout(limit, self.run()).await, Ok(Ok(())))
-    }
-
     async fn run(&self) -> Result<(), Error> {
         if let Some(lease) = self.fixed_lease {
             // Revoking a dedicated lease deletes exactly the keys attached to it: ours.
@@ -337,49 +271,100 @@ pub(crate) const LATE_CREATE_WINDOW: Duration = Duration::from_secs(10);
 pub(crate) const GIVE_UP_GRACE: Duration = Duration::from_millis(200);
 
 /// A clean-up that stays armed until its work is confirmed done: dropping it (an error,
-/// a timeout, a cancelled future at any await point) hands the clean-up to the background.
-/// Everything that can leave a key or lease behind holds its [`Cleanup`] through this,
-/// never as a bare local across an `.await`.
-pub(crate) struct Armed(Option<Cleanup>);
+/// a timeout, a cancelled future at any await point) hands the clean-up to the background
+/// (the kit's [`Undo`]). Everything that can leave a key or lease behind holds its
+/// [`Cleanup`] through this, never as a bare local across an `.await`.
+pub(crate) type Armed = Undo<Cleanup>;
 
-impl Armed {
-    pub(crate) fn new(cleanup: Cleanup) -> Self {
-        Armed(Some(cleanup))
-    }
-
-    /// The clean-up, to record what was done so far.
-    pub(crate) fn get(&mut self) -> &mut Cleanup {
-        self.0
-            .as_mut()
-            .expect("an armed clean-up is present until disarmed")
-    }
-
-    /// Undoes everything now, for at most [`GIVE_UP_GRACE`]: a waiter that gives up
-    /// deletes its key before returning (a healthy etcd answers in milliseconds), but
-    /// its wait timeout is not stretched by a server that hangs. If that attempt fails
-    /// (or this future is dropped first), the clean-up goes on in the background.
-    pub(crate) async fn finish_now(mut self) {
-        if let Some(cleanup) = &self.0 {
-            if cleanup.try_once(GIVE_UP_GRACE.min(cleanup.timeout)).await {
-                // Done: dropping it now gives the line's front up.
-                self.0 = None;
-            }
-        }
-    }
-
-    /// The clean-up, no longer armed: its work is done or now owned elsewhere.
-    pub(crate) fn disarm(mut self) -> Cleanup {
-        self.0
-            .take()
-            .expect("an armed clean-up is present until disarmed")
-    }
+/// Undoes everything now, for at most [`GIVE_UP_GRACE`] (or the clean-up timeout if
+/// shorter): a waiter that gives up deletes its key before returning (a healthy etcd
+/// answers in milliseconds), but its wait timeout is not stretched by a server that
+/// hangs. If that attempt fails (or this future is dropped first), the clean-up goes on
+/// in the background.
+pub(crate) async fn give_up_now(pending: Armed) {
+    let grace = GIVE_UP_GRACE.min(pending.timeout);
+    // Done inline, the clean-up is dropped here, giving the line's front up.
+    pending.finish_now(grace).await;
 }
 
-impl Drop for Armed {
-    fn drop(&mut self) {
-        if let Some(cleanup) = self.0.take() {
-            cleanup.spawn();
+impl Abandon for Cleanup {
+    fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    /// What [`Cleanup::spawn`] runs: see there. `None` when there is nothing to undo
+    /// (the line's front is then given up at once).
+    fn abandon(mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        if self.is_empty() {
+            return None;
         }
+        let permit = self.permit.take();
+        Some(async move {
+            // A create etcd answered with an error may still be applied: its key is
+            // looked for after the deletion by name. (`Unknown` without a create running:
+            // the caller had the error.)
+            let mut late = self.state == KeyState::Unknown && self.create.is_none();
+            // A create still in flight would race a delete by name (etcd may apply it
+            // after the delete): wait for its answer and delete exactly what it made.
+            let mut create = self.create.take();
+            if let Some(running) = create.as_mut() {
+                match tokio::time::timeout(self.timeout, running).await {
+                    Ok(Ok(Ok(Some(revision)))) => {
+                        self.state = KeyState::Created(revision);
+                        create = None;
+                    }
+                    Ok(Ok(Ok(None))) => {
+                        self.state = KeyState::Absent;
+                        create = None;
+                    }
+                    // An error, whose outcome is unknown: the key is deleted by name, and
+                    // looked for afterwards.
+                    Ok(_) => {
+                        create = None;
+                        late = true;
+                    }
+                    // Still running (a partition, or queued behind a slow create in the
+                    // batcher's lane): deleted by name now, and by its answer later.
+                    Err(_) => {}
+                }
+            }
+            self.undo().await;
+            if let Some(running) = create {
+                // The create may be applied after the deletion by name, and its key would
+                // then hold the name for as long as the session lives: its answer says
+                // which incarnation to delete. Waited for while the session (the key's
+                // lease) lives; a dedicated lease expires by itself.
+                let answer = match &self.session {
+                    Some(session) => tokio::select! {
+                        answer = running => Some(answer),
+                        () = session.lost() => None,
+                    },
+                    None => None,
+                };
+                match answer {
+                    Some(Ok(Ok(Some(revision)))) => {
+                        self.state = KeyState::Created(revision);
+                        self.undo().await;
+                    }
+                    Some(Ok(Ok(None))) | None => {}
+                    // Answered with an error at last: it may still be applied.
+                    Some(_) => late = true,
+                }
+            }
+            // Our acquires of the name may go on; the sweep takes the line's front again
+            // only to delete a key it finds.
+            let reentry = permit.as_ref().map(|front| front.lines().clone());
+            drop(permit);
+            if late {
+                self.sweep(reentry).await;
+            }
+        })
+    }
+
+    /// One attempt right away (the caller bounds it). Done when everything is undone;
+    /// the clean-up stays armed otherwise.
+    async fn undo_now(&mut self) -> bool {
+        self.is_empty() || self.run().await.is_ok()
     }
 }
 

@@ -52,7 +52,7 @@ impl EtcdLock {
             } => {
                 // Boxed, off the usual path (see `take`).
                 Box::pin(delete_incarnation(&self.inner().client, key, revision)).await?;
-                pending.get().state = KeyState::Absent;
+                pending.state = KeyState::Absent;
             }
             // Cannot happen (our own key is under the name); queue again below.
             Created::Queued { .. } | Created::Taken { .. } => {}
@@ -69,14 +69,14 @@ impl EtcdLock {
             let ops = response.op_responses();
             if !response.succeeded() {
                 if let Some(stale) = stale_of(&response) {
-                    pending.get().state = KeyState::Created(stale);
+                    pending.state = KeyState::Created(stale);
                     Box::pin(delete_incarnation(&self.inner().client, key, stale)).await?;
                 }
-                pending.get().state = KeyState::Absent;
+                pending.state = KeyState::Absent;
                 continue;
             }
             let revision = response.header().map_or(0, |h| h.revision());
-            pending.get().state = KeyState::Created(revision);
+            pending.state = KeyState::Created(revision);
             let first = get_first(&ops, 1)
                 .ok_or_else(|| internal("no key under the name after creating one"))?;
             return Ok((revision, first));
@@ -130,7 +130,7 @@ impl EtcdLock {
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
     {
-        pending.get().state = KeyState::Unknown;
+        pending.state = KeyState::Unknown;
         let (answer, answered) = tokio::sync::oneshot::channel();
         let create = self.inner().runtime.spawn(async move {
             let response = request().await;
@@ -145,13 +145,13 @@ impl EtcdLock {
             let _ = answer.send(response);
             made
         });
-        pending.get().create = Some(create);
+        pending.create = Some(create);
         let response = answered.await.unwrap_or_else(|_| {
             Err(etcd_client::Error::InvalidArgs(
                 "the create task ended without an answer".into(),
             ))
         });
-        pending.get().create = None;
+        pending.create = None;
         response.map_err(|e| stale(e, pending))
     }
 
@@ -211,7 +211,7 @@ impl EtcdLock {
                 },
             )
             .await?;
-        pending.get().state = match created {
+        pending.state = match created {
             Created::Granted(revision) | Created::Queued { revision, .. } => {
                 KeyState::Created(revision)
             }
@@ -230,10 +230,10 @@ fn stale(error: etcd_client::Error, pending: &mut Armed) -> Error {
         // Refused before anything was applied (RBAC, a lease etcd no longer knows, ...):
         // there is nothing to clean up (a delete RBAC refused would be refused the same
         // way).
-        pending.get().state = KeyState::Absent;
+        pending.state = KeyState::Absent;
     }
     if crate::error::is_lease_not_found(&error) {
-        if let Some(session) = &pending.get().session {
+        if let Some(session) = &pending.session {
             session.mark_lost(
                 LossCause::SessionEnded,
                 "etcd no longer knows the session lease",

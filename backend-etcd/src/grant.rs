@@ -78,7 +78,7 @@ impl EtcdLock {
     ) -> Result<Arc<Session>, Error> {
         let fixed = Session::grant(&self.inner().client, ttl, &self.inner().runtime, false).await?;
         // From here the clean-up revokes the fixed lease as well as deleting our key.
-        pending.get().fixed_lease = Some(fixed.lease_id());
+        pending.fixed_lease = Some(fixed.lease_id());
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
             .and_then([TxnOp::put(
@@ -101,7 +101,7 @@ impl EtcdLock {
             ));
         }
         // The key now lives and dies with the fixed lease alone.
-        pending.get().session = None;
+        pending.session = None;
         Ok(fixed)
     }
 }

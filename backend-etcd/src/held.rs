@@ -170,7 +170,7 @@ impl Grant for EtcdGrant {
         self.handed_off.store(true, Ordering::SeqCst);
         let mut armed = Armed::new(cleanup);
         let attempt = {
-            let cleanup = armed.get();
+            let cleanup = &*armed;
             tokio::time::timeout(
                 cleanup.timeout,
                 cleanup
@@ -181,7 +181,7 @@ impl Grant for EtcdGrant {
         };
         match attempt {
             Ok(Ok(true)) => {
-                let cleanup = armed.get();
+                let cleanup = &mut *armed;
                 let maybe = std::mem::take(&mut cleanup.moved_maybe);
                 for lease in cleanup.fixed_lease.take().into_iter().chain(maybe) {
                     let client = cleanup.client.clone();
@@ -196,7 +196,7 @@ impl Grant for EtcdGrant {
             Ok(Ok(false)) => {
                 // Gone already; only a dedicated lease may be left to revoke.
                 self.handed_off.store(false, Ordering::SeqCst);
-                armed.get().state = KeyState::Absent;
+                armed.state = KeyState::Absent;
                 Ok(Deleted::AlreadyGone)
             }
             // Unknown: dropping `armed` keeps trying in the background before anyone

@@ -22,7 +22,7 @@ use etcd_client::{
 };
 use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait, WaitDeadline};
 
-use crate::cleanup::{Armed, Cleanup, KeyState};
+use crate::cleanup::{Armed, Cleanup, KeyState, give_up_now};
 use crate::error::map;
 use crate::keys::encode;
 use crate::lock::EtcdLock;
@@ -117,7 +117,7 @@ impl EtcdLock {
             ));
         }
         let mine = created.header().map_or(0, |h| h.revision());
-        pending.get().state = KeyState::Created(mine);
+        pending.state = KeyState::Created(mine);
 
         // The keys a read or write request waits behind (none for permits, which count).
         let blockers = match ask {
@@ -138,12 +138,12 @@ impl EtcdLock {
         let granted_at_once = match wait.run_until(steps, name, first_look).await {
             Ok(Ok(granted)) => granted,
             Ok(Err(error)) | Err(error) => {
-                pending.finish_now().await;
+                give_up_now(pending).await;
                 return Err(error);
             }
         };
         if !granted_at_once && options.wait_kind() == Wait::NoWait {
-            pending.finish_now().await;
+            give_up_now(pending).await;
             return Err(Error::Contended {
                 name: name.to_owned(),
             });
@@ -170,7 +170,7 @@ impl EtcdLock {
         match wait.run_until(wait.at(), name, waiting).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) | Err(error) => {
-                pending.finish_now().await;
+                give_up_now(pending).await;
                 return Err(error);
             }
         }
