@@ -96,21 +96,25 @@ impl ClientRenewals {
             .by_runtime
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // Renewers whose task ended with nothing left to renew (idle, or their runtime
-        // shut down) are forgotten, so the map is as large as the runtimes renewing
-        // something. One whose task still runs is kept: forgetting it would start a
-        // task per acquire, each idling for a second, on a name locked in a loop.
-        by_runtime.retain(|_, renewer| !renewer.renewals.is_idle());
-        let renewer = by_runtime
-            .entry(handle.id())
-            .or_insert_with(|| {
-                Arc::new(Renewer {
+        // This runtime's renewer, kept while it exists (an idle one starts a new task at
+        // the insert below: it runs on this runtime, which is running).
+        let renewer = match by_runtime.get(&handle.id()) {
+            Some(renewer) => renewer.clone(),
+            None => {
+                // Renewers whose task ended with nothing left to renew (idle, or their
+                // runtime shut down) are forgotten when another runtime's is made, so the
+                // map is as large as the runtimes renewing something, plus this one. Not
+                // at every acquire: that looked at every renewer each time.
+                by_runtime.retain(|_, renewer| !renewer.renewals.is_idle());
+                let renewer = Arc::new(Renewer {
                     shared: shared.clone(),
                     closed: closed.clone(),
                     renewals: Renewals::new(handle.clone()),
-                })
-            })
-            .clone();
+                });
+                by_runtime.insert(handle.id(), renewer.clone());
+                renewer
+            }
+        };
         // Under the map's lock: a renewer is never forgotten between its lookup and the
         // insert that keeps it.
         let key = Renewals::insert(&renewer, lease, duration, liveness, Instant::now());
