@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use fencelock_core::kit::delayed::Work;
 use fencelock_core::kit::{Deleted, Extension, Grant};
 use fencelock_core::{Error, Liveness};
@@ -111,7 +110,6 @@ impl EtcdGrant {
     }
 }
 
-#[async_trait]
 impl Grant for EtcdGrant {
     fn backend(&self) -> &'static str {
         BACKEND

@@ -5,7 +5,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use fencelock_core::kit::{self, CLOCK_DRIFT, Deleted, Extension, Grant};
 use fencelock_core::{Error, FencingToken, Lease, LockGuard};
 use tokio::time::Instant;
@@ -103,7 +102,6 @@ pub(crate) struct RedisGrant {
     pub(crate) renewal: Option<u64>,
 }
 
-#[async_trait]
 impl Grant for RedisGrant {
     fn backend(&self) -> &'static str {
         BACKEND

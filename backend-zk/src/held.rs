@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use fencelock_core::kit::{Deleted, Extension, Grant};
 use fencelock_core::{Error, Liveness, LossCause};
 use zookeeper_client as zk;
@@ -166,7 +165,6 @@ fn worse(a: Deleted, b: Deleted) -> Deleted {
     if rank(b) > rank(a) { b } else { a }
 }
 
-#[async_trait]
 impl Grant for ZkGrant {
     fn backend(&self) -> &'static str {
         BACKEND

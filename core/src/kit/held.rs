@@ -16,6 +16,7 @@
 //! once lost, "could not be confirmed" once unconfirmed.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
@@ -61,7 +62,6 @@ pub enum Extension {
 /// - [`stop`](Self::stop) ends renewal and the loss watch at once: from then on a deletion
 ///   of the grant is this client's own, not a loss. It never blocks and may be called
 ///   again.
-#[async_trait]
 pub trait Grant: Send + Sync + fmt::Debug + 'static {
     /// The backend's short name, for errors.
     fn backend(&self) -> &'static str;
@@ -102,7 +102,7 @@ pub trait Grant: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     ///
     /// Backend errors when the backend could not be reached or answered otherwise.
-    async fn delete(&self) -> Result<Deleted, Error>;
+    fn delete(&self) -> impl Future<Output = Result<Deleted, Error>> + Send;
 
     /// Deletes in the background, best effort and bounded; returns at once.
     fn delete_in_background(&self);
@@ -117,12 +117,12 @@ pub trait Grant: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     ///
     /// As [`HeldLock::extend`].
-    async fn extend(&self, lease: Duration) -> Result<Instant, Error> {
+    fn extend(&self, lease: Duration) -> impl Future<Output = Result<Instant, Error>> + Send {
         let _ = lease;
-        Err(Error::Unsupported {
+        std::future::ready(Err(Error::Unsupported {
             backend: self.backend(),
             operation: "extending a fixed lease",
-        })
+        }))
     }
 }
 

@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use super::kind::Kind;
 use super::renewal::Renewer;
 use super::table::Renewal;
@@ -57,7 +55,6 @@ impl MemoryGrant {
     }
 }
 
-#[async_trait]
 impl Grant for MemoryGrant {
     fn backend(&self) -> &'static str {
         BACKEND

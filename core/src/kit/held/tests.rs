@@ -25,7 +25,6 @@ impl Scripted {
     }
 }
 
-#[async_trait]
 impl Grant for Scripted {
     fn backend(&self) -> &'static str {
         "test"
