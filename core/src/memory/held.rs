@@ -1,6 +1,7 @@
 //! A lock held in memory: the [`Grant`] of the kit's [`Held`](crate::kit::Held).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::kind::Kind;
@@ -21,6 +22,9 @@ pub(super) struct MemoryGrant {
     fixed: bool,
     /// A renewing lease's renewer and key.
     renewal: Option<(Arc<Renewer>, u64)>,
+    /// Whether renewal was stopped: a release stops it, and the drop after needs not
+    /// take the renewer's lock again.
+    stopped: AtomicBool,
 }
 
 impl MemoryGrant {
@@ -51,6 +55,7 @@ impl MemoryGrant {
             id,
             fixed: matches!(lease, Lease::Fixed(_)),
             renewal,
+            stopped: AtomicBool::new(false),
         }
     }
 }
@@ -76,7 +81,9 @@ impl Grant for MemoryGrant {
 
     fn stop(&self) {
         if let Some((renewer, key)) = &self.renewal {
-            renewer.remove(*key);
+            if !self.stopped.swap(true, Ordering::AcqRel) {
+                renewer.remove(*key);
+            }
         }
     }
 
