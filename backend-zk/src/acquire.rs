@@ -28,7 +28,7 @@ use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_e
 use crate::held::ZkGrant;
 use crate::names::{self, Recipe};
 use crate::node::Node;
-use crate::session::ZkSession;
+use crate::session::{ZkSession, fixed_cap};
 
 /// What to take and how long to wait.
 #[derive(Debug, Clone, Copy)]
@@ -169,9 +169,19 @@ pub(crate) async fn acquire_in(
             _ => index.checked_sub(1),
         };
         let Some(blocker) = blocker else {
-            if grant_deadline(&session, lease, sent) <= Instant::now() {
-                // Confirmed only after the lease ran out (slow replies): not a grant;
-                // the armed clean-up deletes our node.
+            let until = if no_wait {
+                Some(Instant::now())
+            } else {
+                deadline
+            };
+            if session
+                .confirmed_deadline(lease, sent, until)
+                .await
+                .is_none()
+            {
+                // Confirmed only after the lease ran out (slow replies, or a cut the
+                // session's next probes did not confirm in time): not a grant; the armed
+                // clean-up deletes our node.
                 return Err(Error::unavailable(
                     BACKEND,
                     "the lease ran out before the grant was confirmed (ZooKeeper answered too slowly)",
@@ -217,22 +227,6 @@ pub(crate) async fn acquire_in(
     }
 }
 
-/// The end of a fixed lease confirmed by a request sent at `sent`.
-pub(crate) fn fixed_cap(lease: Lease, sent: Instant) -> Option<Instant> {
-    match lease {
-        Lease::Fixed(duration) => Some(sent + duration),
-        Lease::Renewing(_) => None,
-    }
-}
-
-/// The guard's first deadline: the session's (from the probe the leader has surely
-/// heard, not this grant's requests: see [`ZkSession::anchor`]), or the fixed lease's
-/// end if earlier.
-pub(crate) fn grant_deadline(session: &ZkSession, lease: Lease, sent: Instant) -> Instant {
-    let deadline = session.deadline(session.anchor());
-    fixed_cap(lease, sent).map_or(deadline, |cap| cap.min(deadline))
-}
-
 /// Builds the guard for a granted node whose ownership was confirmed by a request sent
 /// at `sent`. Its release also removes `dir` if it leaves it empty (see
 /// [`Node::with_dir`]): `Some` only for a directory made by a recipe whose one child
@@ -258,7 +252,7 @@ fn grant(
     dir: Option<String>,
 ) -> LockGuard {
     let cap = fixed_cap(lease, sent);
-    let liveness = Liveness::new(grant_deadline(&session, lease, sent));
+    let liveness = Liveness::new(session.grant_deadline(lease, sent));
     let token = FencingToken::new(stat.czxid as u64);
     let grant = ZkGrant::start(
         name,

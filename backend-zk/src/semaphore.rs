@@ -43,7 +43,7 @@ use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_e
 use crate::held::ZkGrant;
 use crate::names::{self, Recipe};
 use crate::node::Node;
-use crate::session::ZkSession;
+use crate::session::{ZkSession, fixed_cap};
 
 /// The lease nodes' name after the protection prefix, as Curator names them.
 const LEASE_NAME: &str = "lease-";
@@ -218,7 +218,7 @@ async fn take_leases(
             .await;
             match created {
                 Ok(Created::Nodes(nodes)) => {
-                    if acquire::grant_deadline(session, ask.lease, sent) <= Instant::now() {
+                    if session.grant_deadline(ask.lease, sent) <= Instant::now() {
                         return Err(Error::unavailable(
                             BACKEND,
                             "the lease ran out before the grant was confirmed (ZooKeeper answered too slowly)",
@@ -377,8 +377,8 @@ fn grant(
     ask: Ask<'_>,
     sent: Instant,
 ) -> Result<LockGuard, Error> {
-    let cap = acquire::fixed_cap(ask.lease, sent);
-    let liveness = Liveness::new(acquire::grant_deadline(session, ask.lease, sent));
+    let cap = fixed_cap(ask.lease, sent);
+    let liveness = Liveness::new(session.grant_deadline(ask.lease, sent));
     let mut nodes = nodes
         .into_iter()
         .map(|(path, stat)| (Node::new(session.clone(), path, stat.version), stat.czxid));

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use fencelock_core::kit::{CLOCK_DRIFT, Delayed, DriftMargin, Grants};
-use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, record_renewal};
+use fencelock_core::{Error, Lease, Liveness, LossCause, RenewalOutcome, record_renewal};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -61,6 +61,14 @@ use crate::watcher::{self, Deadlines, TICK, WATCH_DELAY, Watched};
 /// alone); at 2 s, 40 + 50 = 90 ms.
 pub(crate) const DEADLINE_MARGIN: DriftMargin = CLOCK_DRIFT.plus(1, Duration::from_millis(48));
 
+/// The end of a fixed lease confirmed by a request sent at `sent`.
+pub(crate) fn fixed_cap(lease: Lease, sent: Instant) -> Option<Instant> {
+    match lease {
+        Lease::Fixed(duration) => Some(sent + duration),
+        Lease::Renewing(_) => None,
+    }
+}
+
 /// One ZooKeeper session and the locks held in it.
 pub(crate) struct ZkSession {
     pub(crate) client: zk::Client,
@@ -79,6 +87,8 @@ pub(crate) struct ZkSession {
     /// Send times of the last two answered probes (older, latest): see
     /// [`anchor`](Self::anchor).
     confirmed: Mutex<(Instant, Instant)>,
+    /// Woken at every answered probe (see [`confirmed_deadline`](Self::confirmed_deadline)).
+    probed: tokio::sync::Notify,
     /// The waiting lines of this session's tasks, by directory: one node per waiting
     /// (session, name), the other tasks wait locally (see [`fencelock_core::line`]).
     pub(crate) lines: Arc<fencelock_core::line::Lines>,
@@ -180,6 +190,7 @@ impl ZkSession {
             deadlines: Arc::new(Deadlines::new(watches)),
             // Creating a session is a write the leader commits: it heard from us then.
             confirmed: Mutex::new((connecting, connecting)),
+            probed: tokio::sync::Notify::new(),
         });
         spawn_monitor(&session);
         Ok(session)
@@ -237,6 +248,60 @@ impl ZkSession {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .0
+    }
+
+    /// The first deadline of a guard confirmed by a request sent at `sent`: the session's
+    /// (from the probe the leader has surely heard, not the grant's requests: see
+    /// [`anchor`](Self::anchor)), or the fixed lease's end if earlier.
+    pub(crate) fn grant_deadline(&self, lease: Lease, sent: Instant) -> Instant {
+        let deadline = self.deadline(self.anchor());
+        fixed_cap(lease, sent).map_or(deadline, |cap| cap.min(deadline))
+    }
+
+    /// [`grant_deadline`](Self::grant_deadline), once it is later than now: waits for the next answered probes while it is not, until `until` (an
+    /// acquire's give-up instant, `None` for never). `None` when `until` or the fixed
+    /// lease's end comes first or the session ends.
+    ///
+    /// After a cut that outlived the deadline while the session lived on, the anchor is
+    /// the older of the last two answered probes (see [`anchor`](Self::anchor)), from
+    /// before the cut, until the second probe after it is answered, a quarter of the
+    /// timeout later: an acquire with time left to wait is granted then, not failed.
+    pub(crate) async fn confirmed_deadline(
+        &self,
+        lease: Lease,
+        sent: Instant,
+        until: Option<Instant>,
+    ) -> Option<Instant> {
+        let cap = fixed_cap(lease, sent);
+        let limit = match (cap, until) {
+            (Some(cap), Some(until)) => Some(cap.min(until)),
+            (cap, until) => cap.or(until),
+        };
+        loop {
+            let probed = self.probed.notified();
+            tokio::pin!(probed);
+            // Registered before the deadline is read, so no probe is missed in between.
+            probed.as_mut().enable();
+            let deadline = self.grant_deadline(lease, sent);
+            let now = Instant::now();
+            if deadline > now {
+                return Some(deadline);
+            }
+            if limit.is_some_and(|limit| limit <= now) || !self.is_usable() {
+                return None;
+            }
+            let give_up = async {
+                match limit {
+                    Some(limit) => tokio::time::sleep_until(limit).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut probed => {}
+                () = self.ended() => return None,
+                () = give_up => return None,
+            }
+        }
     }
 
     /// Completes when the session has expired or was closed.
@@ -389,6 +454,7 @@ impl ZkSession {
                     *confirmed = (confirmed.1, sent);
                     confirmed.0
                 };
+                self.probed.notify_waiters();
                 let deadline = self.deadline(anchor);
                 self.held.for_each(|entry| {
                     entry
@@ -451,81 +517,4 @@ fn spawn_monitor(session: &Arc<ZkSession>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use fencelock_core::Liveness;
-    use fencelock_testkit::ZkServer;
-
-    use super::*;
-    use crate::held::ZkGrant;
-    use crate::node::Node;
-
-    /// The deadline's margin covers clock rates (2 %) and late leader pings (50 ms): at
-    /// the minimum session timeout (two ticks, 1 s here) 70 ms, where it was 20 ms.
-    #[test]
-    fn the_deadline_margin_covers_late_pings_at_the_minimum_session_timeout() {
-        let late_pings = Duration::from_millis(50);
-        assert_eq!(
-            DEADLINE_MARGIN.of(Duration::from_secs(1)),
-            Duration::from_millis(70)
-        );
-        assert_eq!(
-            DEADLINE_MARGIN.of(Duration::from_secs(2)),
-            Duration::from_millis(90)
-        );
-        assert!(
-            DEADLINE_MARGIN.of(Duration::from_secs(1))
-                > Duration::from_secs(1) / 50 + late_pings / 2
-        );
-        // The rule of every backend, and ZooKeeper's extra on top of it.
-        assert_eq!(
-            DEADLINE_MARGIN.of(Duration::from_secs(1)),
-            CLOCK_DRIFT.of(Duration::from_secs(1)) + Duration::from_millis(10 + 48)
-        );
-    }
-
-    /// A grant that registers after `close` gave up its session (it passed the
-    /// acquire's `closed` check just before) is given up too: its guard reports
-    /// [`LossCause::ClientClosed`], the session keeps no trace of it, and its node is
-    /// deleted, as for the grants `close` drained.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_grant_registered_after_give_up_is_given_up_too() {
-        let server = ZkServer::shared();
-        let config = ZkConfig::new(server.connect_string());
-        let transport = Transport::prepare(&config).unwrap();
-        let session = ZkSession::connect(&config, &transport, config.session_timeout())
-            .await
-            .unwrap();
-        let path = format!("/fencelock-late-grant-{:x}", std::process::id());
-        let options = zk::CreateMode::Ephemeral.with_acls(session.acls());
-        let (stat, _) = session.client.create(&path, b"", &options).await.unwrap();
-
-        // `close` went through: nothing was registered yet.
-        assert!(session.give_up().is_empty());
-
-        // The late grant, as `acquire::grant` builds it.
-        let liveness = Liveness::new(session.deadline(session.anchor()));
-        let node = Node::new(session.clone(), path.clone(), stat.version);
-        let held = ZkGrant::start("late", node, liveness.clone(), None);
-
-        assert_eq!(
-            liveness.lost_cause(),
-            Some(LossCause::ClientClosed),
-            "a grant registered after give_up must be lost (reason: {:?})",
-            liveness.lost_reason()
-        );
-        assert_eq!(liveness.lost_reason(), Some("the client was closed"));
-        assert!(
-            session.held.is_empty(),
-            "a grant registered after give_up must not be kept"
-        );
-        let gone = async {
-            while session.client.check_stat(&path).await.unwrap().is_some() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(5), gone)
-            .await
-            .expect("the node of a grant given up at registration is deleted");
-        drop(held);
-    }
-}
+mod tests;
