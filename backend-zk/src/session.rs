@@ -258,9 +258,10 @@ impl ZkSession {
         fixed_cap(lease, sent).map_or(deadline, |cap| cap.min(deadline))
     }
 
-    /// [`grant_deadline`](Self::grant_deadline), once it is later than now: waits for the next answered probes while it is not, until `until` (an
-    /// acquire's give-up instant, `None` for never). `None` when `until` or the fixed
-    /// lease's end comes first or the session ends.
+    /// [`grant_deadline`](Self::grant_deadline), once it is later than now: waits for
+    /// the next answered probes while it is not, until `until` (an acquire's give-up
+    /// instant, `None` for never). `None` when `until` or the fixed lease's end comes
+    /// first or the session ends.
     ///
     /// After a cut that outlived the deadline while the session lived on, the anchor is
     /// the older of the last two answered probes (see [`anchor`](Self::anchor)), from
