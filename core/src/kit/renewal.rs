@@ -16,6 +16,11 @@
 //! A lease whose guard is lost at its deadline (renewals were not confirmed in time) is
 //! never renewed again: it is handed to [`Renew::abandon`] instead, which frees it on the
 //! server.
+//!
+//! A backend whose renewal of one lease is a long exchange of its own (etcd's keepalive
+//! round, awaited until the lease's deadline) [times itself](Renew::TIMES_ITSELF): its
+//! `renew` starts each round and returns, and each round says when its lease is due
+//! next ([`Renewals::renew_at`]); until then the lease is not handed over again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -43,6 +48,14 @@ pub trait Renew: Send + Sync + Sized + 'static {
     /// Whether the task ends once nothing is left to renew (a new lease starts another),
     /// or goes on looking every second while the client lives.
     const ENDS_WHEN_IDLE: bool;
+
+    /// Whether the backend times each lease's renewals itself. A lease handed to
+    /// [`renew`](Self::renew) is then not due again until the backend says when
+    /// ([`Renewals::renew_at`]), however long its renewal takes: etcd's keepalive round
+    /// lasts until it is answered or the lease's deadline, and must not be begun a
+    /// second time meanwhile. Otherwise (the default) a lease is due again an interval
+    /// after it was handed over, whatever came of it.
+    const TIMES_ITSELF: bool = false;
 
     /// The client's scheduler.
     fn renewals(&self) -> &Renewals<Self>;
@@ -246,6 +259,23 @@ impl<P: Renew> Renewals<P> {
         due.liveness.extend(valid_until);
     }
 
+    /// Schedules `key`'s next renewal at `at`, waking the task if it would sleep past
+    /// it; nothing if `key` was removed. A backend that
+    /// [times itself](Renew::TIMES_ITSELF) calls it after each renewal, from wherever
+    /// the renewal ran.
+    pub fn renew_at(&self, key: u64, at: Instant) {
+        let mut state = self.state();
+        if !state.entries.contains_key(&key) {
+            return;
+        }
+        state.schedule(key, at);
+        let earlier = state.wake_at.is_none_or(|wake_at| at < wake_at);
+        drop(state);
+        if earlier {
+            self.wake.notify_one();
+        }
+    }
+
     /// Reports the renewal of `due` failed without an answer: it is tried again soon.
     pub fn failed<D>(&self, due: &Due<D>) {
         let at = Instant::now() + (due.lease / 10).max(Duration::from_millis(10));
@@ -292,8 +322,11 @@ impl<P: Renew> Renewals<P> {
                 continue;
             }
             let data = client.due(&mut entry.data, now);
-            entry.next_due = now + interval;
-            later.push((entry.next_due, key));
+            // A backend that times itself says when it is due next (`renew_at`).
+            if !P::TIMES_ITSELF {
+                entry.next_due = now + interval;
+                later.push((entry.next_due, key));
+            }
             due.push(Due {
                 key,
                 lease: entry.lease,

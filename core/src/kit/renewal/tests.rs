@@ -174,3 +174,77 @@ async fn the_task_ends_when_idle_or_closed_and_starts_again() {
     assert_eq!(alive(), before, "a closed client's task ends");
     drop(again);
 }
+
+/// A backend that times its own renewals: each round runs on its own and says when the
+/// lease is due next.
+struct SelfTimed {
+    renewals: Renewals<SelfTimed>,
+    /// The instant of every renewal begun.
+    begun: Mutex<Vec<Instant>>,
+    /// How long each round takes, and the pause it asks for before the next.
+    takes: Duration,
+    next: Duration,
+}
+
+impl Renew for SelfTimed {
+    type Lease = ();
+    type Due = ();
+    const ENDS_WHEN_IDLE: bool = true;
+    const TIMES_ITSELF: bool = true;
+
+    fn renewals(&self) -> &Renewals<Self> {
+        &self.renewals
+    }
+
+    fn is_closed(&self) -> bool {
+        false
+    }
+
+    fn due(&self, (): &mut (), _now: Instant) {}
+
+    fn renew(self: &Arc<Self>, due: Vec<Due<()>>) -> impl Future<Output = ()> + Send {
+        for due in due {
+            self.begun.lock().unwrap().push(Instant::now());
+            let this = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(this.takes).await;
+                this.renewals.renewed(&due, Instant::now() + due.lease);
+                this.renewals.renew_at(due.key, Instant::now() + this.next);
+            });
+        }
+        std::future::ready(())
+    }
+}
+
+/// A lease of a backend that times itself is not handed over again while its round
+/// runs, however long past its interval, and is due when the round said.
+#[tokio::test(start_paused = true)]
+async fn a_self_timed_lease_is_due_when_its_round_says() {
+    let backend = Arc::new(SelfTimed {
+        renewals: Renewals::new(Handle::current()),
+        begun: Mutex::default(),
+        // A round longer than the 3 s lease's interval.
+        takes: Duration::from_millis(1_500),
+        next: Duration::from_millis(500),
+    });
+    let start = Instant::now();
+    let lease = Duration::from_secs(3);
+    let key = Renewals::insert(&backend, (), lease, Liveness::new(start + lease), start);
+    tokio::time::sleep(Duration::from_millis(5_100)).await;
+    let begun: Vec<Duration> = backend
+        .begun
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|at| *at - start)
+        .collect();
+    // Due a third of the lease after the send, then each 1.5 s round plus 0.5 s.
+    let secs = |ms| Duration::from_millis(ms);
+    assert_eq!(begun, [secs(1_000), secs(3_000), secs(5_000)]);
+    assert!(backend.renewals.remove(key));
+    backend.renewals.renew_at(key, Instant::now());
+    assert!(
+        !backend.renewals.contains(key),
+        "a removed lease stays removed"
+    );
+}
