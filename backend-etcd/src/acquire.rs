@@ -61,7 +61,7 @@ impl EtcdLock {
         // waits for etcd's own request timeout).
         let (session, fixed_now) = match lease {
             Lease::Fixed(ttl) if no_wait => (
-                Box::pin(Session::grant(&inner.client, ttl, &inner.runtime, false)).await?,
+                Box::pin(Session::grant(&inner.client, ttl, &inner.runtime, None)).await?,
                 true,
             ),
             Lease::Fixed(_) => (

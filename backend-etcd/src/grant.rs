@@ -76,7 +76,7 @@ impl EtcdLock {
         value: &str,
         pending: &mut Armed,
     ) -> Result<Arc<Session>, Error> {
-        let fixed = Session::grant(&self.inner().client, ttl, &self.inner().runtime, false).await?;
+        let fixed = Session::grant(&self.inner().client, ttl, &self.inner().runtime, None).await?;
         // From here the clean-up revokes the fixed lease as well as deleting our key.
         pending.fixed_lease = Some(fixed.lease_id());
         let txn = Txn::new()

@@ -23,6 +23,7 @@ mod leases;
 mod lock;
 mod queue;
 mod session;
+mod sessions;
 mod tls;
 mod txn;
 mod wait;

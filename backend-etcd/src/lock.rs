@@ -19,7 +19,7 @@ use crate::batch::Batcher;
 use crate::config::EtcdConfig;
 use crate::error::{BACKEND, map, timed_out};
 use crate::leases::FixedLeases;
-use crate::session::Sessions;
+use crate::sessions::Sessions;
 use crate::watches::KeyWatches;
 
 /// Locks in etcd, with the algorithm of etcd's Go `concurrency.Mutex`, done right.
@@ -136,7 +136,7 @@ impl EtcdLock {
             let client = Client::connect(endpoints, Some(options))
                 .await
                 .map_err(map)?;
-            let sessions = Sessions::new(Handle::current());
+            let sessions = Sessions::new(&client, Handle::current());
             sessions.get(&client, config.lease).await?;
             Ok::<_, Error>((client, sessions))
         };

@@ -1,12 +1,15 @@
-//! One lease per client (per lease duration), kept alive by one keepalive stream.
+//! A session: one granted lease and the guards whose keys are on it, kept alive by
+//! keepalive rounds on one stream, each round begun by the client's renewal scheduler
+//! ([`Keepalives`], the kit's [`Renewals`]).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions, LeaseKeepAliveStream, LeaseKeeper};
-use fencelock_core::kit::{CLOCK_DRIFT, DriftMargin};
+use fencelock_core::kit::{CLOCK_DRIFT, DriftMargin, Due, Renew, Renewals};
 use fencelock_core::{Error, Liveness, LossCause, RenewalOutcome, SharedDeadline, record_renewal};
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
@@ -26,7 +29,43 @@ pub(crate) struct Session {
     lost: CancellationToken,
     state: Mutex<SessionState>,
     next_guard: AtomicU64,
-    keepalive: Mutex<Option<AbortHandle>>,
+    /// Its keepalive, when it is kept alive.
+    keeping: Mutex<Keeping>,
+}
+
+/// What keeps a session's lease alive.
+#[derive(Default)]
+struct Keeping {
+    /// The client's keepalives, and the lease's key in their scheduler.
+    renewal: Option<(Weak<Keepalives>, u64)>,
+    /// The stream the last round was answered on, kept for the next round.
+    channel: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The round in flight, stopped when the session ends.
+    round: Option<AbortHandle>,
+}
+
+impl std::fmt::Debug for Keeping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeping")
+            .field("key", &self.renewal.as_ref().map(|(_, key)| key))
+            .field("stream", &self.channel.is_some())
+            .field("in_flight", &self.round.is_some())
+            .finish()
+    }
+}
+
+impl Keeping {
+    /// Stops keeping the lease alive: the round in flight ends, the scheduler forgets it.
+    fn stop(self) {
+        if let Some(round) = self.round {
+            round.abort();
+        }
+        if let Some((keepalives, key)) = self.renewal {
+            if let Some(keepalives) = keepalives.upgrade() {
+                keepalives.renewals.remove(key);
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -53,8 +92,9 @@ struct SessionState {
 pub(crate) const DRIFT_MARGIN: DriftMargin = CLOCK_DRIFT.plus(0, Duration::from_millis(48));
 
 impl Session {
-    /// Grants a lease of `ttl` and, when `keep_alive`, starts its keepalive stream on
-    /// `runtime` (the client's), where a grant that is dropped or fails is also revoked.
+    /// Grants a lease of `ttl` and, given the client's `keepalives`, opens its keepalive
+    /// stream and hands it to them; a grant that is dropped or fails is revoked on
+    /// `runtime` (the client's).
     ///
     /// # Errors
     ///
@@ -64,7 +104,7 @@ impl Session {
         client: &Client,
         ttl: Duration,
         runtime: &Handle,
-        keep_alive: bool,
+        keepalives: Option<&Arc<Keepalives>>,
     ) -> Result<Arc<Self>, Error> {
         let mut lease = client.lease_client();
         let sent = Instant::now();
@@ -97,7 +137,7 @@ impl Session {
             ttl,
             DRIFT_MARGIN.conservative_end(sent, ttl),
         ));
-        if keep_alive {
+        if let Some(keepalives) = keepalives {
             // Opening the stream sends a keepalive and waits for its answer: etcd renewed
             // the lease on a request sent no earlier than `opening`, so that renewal is
             // credited (as `open` does for a reopened stream) and the first round is a
@@ -105,19 +145,9 @@ impl Session {
             // take most of a short lease; a first round a third of the lease after the
             // opening, against the grant's deadline, came too late and lost the session.
             let opening = Instant::now();
-            let (keeper, stream) = lease.keep_alive(granted.id()).await.map_err(map)?;
+            let channel = lease.keep_alive(granted.id()).await.map_err(map)?;
             session.renewed(DRIFT_MARGIN.conservative_end(opening, ttl));
-            let task = runtime.spawn(keep_alive_loop(
-                client.clone(),
-                Arc::downgrade(&session),
-                keeper,
-                stream,
-                opening + ttl / 3,
-            ));
-            *session
-                .keepalive
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
+            keepalives.keep(&session, channel, opening);
         }
         unkept.keep();
         Ok(session)
@@ -136,7 +166,7 @@ impl Session {
                 ended: None,
             }),
             next_guard: AtomicU64::new(0),
-            keepalive: Mutex::new(None),
+            keeping: Mutex::default(),
         }
     }
 
@@ -217,35 +247,30 @@ impl Session {
         for liveness in guards {
             liveness.mark_lost(cause, reason.as_str());
         }
-        if let Some(task) = self
-            .keepalive
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            task.abort();
-        }
+        std::mem::take(&mut *self.keeping()).stop();
     }
 
     fn renewed(&self, valid_until: Instant) {
         self.state().valid_until.extend(valid_until);
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+    fn state(&self) -> MutexGuard<'_, SessionState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn keeping(&self) -> MutexGuard<'_, Keeping> {
+        self.keeping.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if let Some(task) = self
-            .keepalive
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            task.abort();
-        }
+        std::mem::take(
+            self.keeping
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+        .stop();
     }
 }
 
@@ -300,10 +325,109 @@ fn answered(
     }
 }
 
-/// Sends a keepalive every third of the TTL, the first at `first` (a third of the TTL
-/// after the stream's opening, the last renewal credited), and moves the deadline to
-/// `sent + TTL − margin` on each answer. A broken stream is reopened until the deadline;
-/// past the deadline, or when etcd says the lease is gone, the session is lost.
+/// The keepalives of one client's sessions, on the kit's renewal scheduler: one task
+/// for the client begins each session's keepalive round when it is due (a third of the
+/// TTL after the request last credited), and each round says when the next is due.
+pub(crate) struct Keepalives {
+    client: Client,
+    renewals: Renewals<Keepalives>,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for Keepalives {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keepalives")
+            .field("renewals", &self.renewals)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Keepalives {
+    /// The keepalives of `client`'s sessions, run on `runtime` (the client's).
+    pub(crate) fn new(client: Client, runtime: Handle) -> Arc<Self> {
+        Arc::new(Keepalives {
+            client,
+            renewals: Renewals::new(runtime),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Begins keeping `session` alive on `channel`, a stream whose opening (begun at
+    /// `opening`) renewed the lease: its first round is a third of the TTL after.
+    fn keep(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        channel: (LeaseKeeper, LeaseKeepAliveStream),
+        opening: Instant,
+    ) {
+        let mut keeping = session.keeping();
+        keeping.channel = Some(channel);
+        let key = Renewals::insert(
+            self,
+            Arc::downgrade(session),
+            session.ttl,
+            session.liveness(),
+            opening,
+        );
+        keeping.renewal = Some((Arc::downgrade(self), key));
+    }
+
+    /// The client is closed (its sessions were ended): the task ends.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.renewals.wake();
+    }
+}
+
+impl Renew for Keepalives {
+    type Lease = Weak<Session>;
+    type Due = Weak<Session>;
+    const ENDS_WHEN_IDLE: bool = true;
+    const TIMES_ITSELF: bool = true;
+
+    fn renewals(&self) -> &Renewals<Self> {
+        &self.renewals
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    fn due(&self, session: &mut Weak<Session>, _now: Instant) -> Weak<Session> {
+        session.clone()
+    }
+
+    /// Begins each due session's round on its own: a round may last until the lease's
+    /// deadline, and must not hold up another session's.
+    fn renew(self: &Arc<Self>, due: Vec<Due<Weak<Session>>>) -> impl Future<Output = ()> + Send {
+        for due in due {
+            let Some(session) = due.data.upgrade() else {
+                self.renewals.remove(due.key);
+                continue;
+            };
+            let task = tokio::spawn(round(self.clone(), due.key, due.data));
+            session.keeping().round = Some(task.abort_handle());
+        }
+        std::future::ready(())
+    }
+
+    /// The lease's deadline passed before its next round was begun (the last one broke
+    /// and the reopening came too late).
+    fn abandon(self: &Arc<Self>, _key: u64, session: Weak<Session>) {
+        if let Some(session) = session.upgrade() {
+            session.mark_lost(LossCause::LeaseExpired, UNANSWERED);
+        }
+    }
+}
+
+/// Why a session whose keepalives went unanswered until its deadline was lost.
+const UNANSWERED: &str = "no keepalive answer from etcd before the lease deadline";
+
+/// One keepalive round of the session under `key`: sends a keepalive and moves the
+/// deadline to `sent + TTL − margin` on its answer, then schedules the next round a
+/// third of the TTL after `sent`. A broken stream is reopened at the next round (soon),
+/// until the deadline; past the deadline, or when etcd says the lease is gone, the
+/// session is lost.
 ///
 /// An answer is awaited until the deadline (a slow network still renews: etcd renews
 /// as each request arrives). If none came within a third of the TTL, a new stream is
@@ -312,231 +436,96 @@ fn answered(
 /// until etcd's request timeout, and one on a new stream can reach a new leader. A
 /// stream is never used again after a request on it went unanswered, so an answer is
 /// only ever credited to the request it answers.
-async fn keep_alive_loop(
-    client: Client,
-    session: std::sync::Weak<Session>,
-    keeper: LeaseKeeper,
-    stream: LeaseKeepAliveStream,
-    first: Instant,
-) {
-    let Some((id, ttl)) = session.upgrade().map(|s| (s.lease_id, s.ttl)) else {
+async fn round(keepalives: Arc<Keepalives>, key: u64, session: Weak<Session>) {
+    let Some((id, ttl, deadline, mut channel)) = session
+        .upgrade()
+        .filter(|session| !session.is_lost())
+        .map(|s| {
+            (
+                s.lease_id,
+                s.ttl,
+                s.valid_until(),
+                s.keeping().channel.take(),
+            )
+        })
+    else {
+        keepalives.renewals.remove(key);
         return;
     };
     let interval = ttl / 3;
-    let mut channel = Some((keeper, stream));
-    let mut next = first;
-    loop {
-        tokio::time::sleep_until(next).await;
-        let Some(deadline) = session.upgrade().map(|s| s.valid_until()) else {
-            return;
+    let client = &keepalives.client;
+    let sent = Instant::now();
+    let round = async {
+        let Some((keeper, stream)) = channel.as_mut() else {
+            return tokio::select! {
+                round = open(client, id, sent, ttl) => round,
+                () = tokio::time::sleep_until(deadline) => Round::Unanswered,
+            };
         };
-        let sent = Instant::now();
-        let round = async {
-            let Some((keeper, stream)) = channel.as_mut() else {
-                return tokio::select! {
-                    round = open(&client, id, sent, ttl) => round,
-                    () = tokio::time::sleep_until(deadline) => Round::Unanswered,
-                };
-            };
-            let old = async {
-                keeper.keep_alive().await?;
-                stream.message().await
-            };
-            tokio::pin!(old);
+        let old = async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        tokio::pin!(old);
+        tokio::select! {
+            answer = &mut old => return answered(sent, answer),
+            () = tokio::time::sleep_until(deadline.min(sent + interval)) => {}
+        }
+        let resent = Instant::now();
+        let new = open(client, id, resent, ttl);
+        tokio::pin!(new);
+        // Either may break while the other can still answer before the deadline.
+        let (mut waiting_old, mut opening) = (true, true);
+        loop {
             tokio::select! {
-                answer = &mut old => return answered(sent, answer),
-                () = tokio::time::sleep_until(deadline.min(sent + interval)) => {}
+                answer = &mut old, if waiting_old => match answered(sent, answer) {
+                    Round::Broken if opening => waiting_old = false,
+                    round => return round,
+                },
+                round = &mut new, if opening => match round {
+                    Round::Broken if waiting_old => opening = false,
+                    round => return round,
+                },
+                () = tokio::time::sleep_until(deadline) => return Round::Unanswered,
             }
-            let resent = Instant::now();
-            let new = open(&client, id, resent, ttl);
-            tokio::pin!(new);
-            // Either may break while the other can still answer before the deadline.
-            let (mut waiting_old, mut opening) = (true, true);
-            loop {
-                tokio::select! {
-                    answer = &mut old, if waiting_old => match answered(sent, answer) {
-                        Round::Broken if opening => waiting_old = false,
-                        round => return round,
-                    },
-                    round = &mut new, if opening => match round {
-                        Round::Broken if waiting_old => opening = false,
-                        round => return round,
-                    },
-                    () = tokio::time::sleep_until(deadline) => return Round::Unanswered,
-                }
-            }
-        }
-        .instrument(tracing::debug_span!("fencelock.etcd.renew", lease = id))
-        .await;
-        let Some(session) = session.upgrade() else {
-            return;
-        };
-        let outcome = match &round {
-            Round::Renewed { .. } => RenewalOutcome::Renewed,
-            Round::Gone => RenewalOutcome::Gone,
-            Round::Broken | Round::Unanswered => RenewalOutcome::Failed,
-        };
-        let locks = session.registered();
-        record_renewal(crate::error::BACKEND, outcome, sent.elapsed(), locks);
-        match round {
-            Round::Renewed {
-                sent,
-                ttl: granted,
-                opened,
-            } => {
-                if let Some(opened) = opened {
-                    // The old stream, with any answer still on its way, is dropped.
-                    channel = Some(*opened);
-                }
-                session.renewed(sent + granted.min(ttl) - DRIFT_MARGIN.of(ttl));
-                next = sent + interval;
-            }
-            Round::Gone => {
-                session.mark_lost(LossCause::SessionEnded, "the etcd session lease expired");
-                return;
-            }
-            Round::Broken if Instant::now() < deadline => {
-                // Reopened on the next round, until the deadline decides.
-                tracing::debug!(lease = id, "etcd keepalive stream broke; reopening");
-                channel = None;
-                next = Instant::now() + Duration::from_millis(100).min(interval);
-            }
-            Round::Broken | Round::Unanswered => {
-                session.mark_lost(
-                    LossCause::LeaseExpired,
-                    "no keepalive answer from etcd before the lease deadline",
-                );
-                return;
-            }
-        }
-        drop(session);
-    }
-}
-
-/// The most session leases (distinct lease durations) one client keeps at once, each
-/// with its own keepalive; leases nobody uses are revoked to make room.
-pub(crate) const MAX_SESSIONS: usize = 8;
-
-/// The client's sessions, one per lease duration, created on first use, at most
-/// [`MAX_SESSIONS`] at once.
-#[derive(Debug)]
-pub(crate) struct Sessions {
-    /// The client's runtime, where the sessions' keepalive tasks run (not the runtime of
-    /// whichever acquire granted a session: when that one ended, so would the keepalive,
-    /// and every lock on the session would be lost at its TTL).
-    runtime: Handle,
-    /// The live sessions, read without waiting on every acquire.
-    live: std::sync::RwLock<HashMap<Duration, Arc<Session>>>,
-    /// Serializes granting, so concurrent first acquisitions share one new session.
-    granting: tokio::sync::Mutex<()>,
-    /// Set once the client is closed (under `live`'s write lock): nothing is granted or
-    /// handed out any more.
-    closed: AtomicBool,
-}
-
-impl Sessions {
-    /// No sessions yet; their keepalive tasks will run on `runtime`.
-    pub(crate) fn new(runtime: Handle) -> Self {
-        Sessions {
-            runtime,
-            live: std::sync::RwLock::default(),
-            granting: tokio::sync::Mutex::default(),
-            closed: AtomicBool::new(false),
         }
     }
-
-    /// The live session for `ttl`, granting a new one if there is none or the last one was
-    /// lost.
-    pub(crate) async fn get(&self, client: &Client, ttl: Duration) -> Result<Arc<Session>, Error> {
-        if let Some(session) = self.live(ttl) {
-            return Ok(session);
+    .instrument(tracing::debug_span!("fencelock.etcd.renew", lease = id))
+    .await;
+    let Some(session) = session.upgrade() else {
+        keepalives.renewals.remove(key);
+        return;
+    };
+    let outcome = match &round {
+        Round::Renewed { .. } => RenewalOutcome::Renewed,
+        Round::Gone => RenewalOutcome::Gone,
+        Round::Broken | Round::Unanswered => RenewalOutcome::Failed,
+    };
+    let locks = session.registered();
+    record_renewal(crate::error::BACKEND, outcome, sent.elapsed(), locks);
+    match round {
+        Round::Renewed {
+            sent,
+            ttl: granted,
+            opened,
+        } => {
+            // On a new stream, the old one, with any answer still on its way, is dropped.
+            session.keeping().channel = opened.map(|opened| *opened).or(channel);
+            session.renewed(sent + granted.min(ttl) - DRIFT_MARGIN.of(ttl));
+            keepalives.renewals.renew_at(key, sent + interval);
         }
-        let _granting = self.granting.lock().await;
-        let closed = || Error::Closed {
-            backend: crate::error::BACKEND,
-        };
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(closed());
+        Round::Gone => {
+            session.mark_lost(LossCause::SessionEnded, "the etcd session lease expired");
         }
-        if let Some(session) = self.live(ttl) {
-            return Ok(session);
+        Round::Broken if Instant::now() < deadline => {
+            // Reopened on the next round, until the deadline decides.
+            tracing::debug!(lease = id, "etcd keepalive stream broke; reopening");
+            let soon = Instant::now() + Duration::from_millis(100).min(interval);
+            keepalives.renewals.renew_at(key, soon);
         }
-        self.make_room(client, ttl)?;
-        // Boxed: granting (a lease grant and a keepalive stream) is a future of several
-        // KiB that every acquire's future would otherwise carry for the cached path.
-        let session = Box::pin(Session::grant(client, ttl, &self.runtime, true)).await?;
-        let mut live = self.live.write().unwrap_or_else(PoisonError::into_inner);
-        if self.closed.load(Ordering::SeqCst) {
-            // Closed while granting: `close` did not see this session, so it is ended
-            // here.
-            drop(live);
-            session.mark_lost(LossCause::ClientClosed, "the client was closed");
-            let mut leases = client.lease_client();
-            let id = session.lease_id;
-            self.runtime.spawn(async move { leases.revoke(id).await });
-            return Err(closed());
+        Round::Broken | Round::Unanswered => {
+            session.mark_lost(LossCause::LeaseExpired, UNANSWERED);
         }
-        live.insert(ttl, session.clone());
-        Ok(session)
-    }
-
-    /// Before a session of a new duration is added: drops lost sessions, and when
-    /// [`MAX_SESSIONS`] are live, revokes those nobody uses (no guard, queued key or
-    /// acquire holds them). Fails when all are in use.
-    fn make_room(&self, client: &Client, ttl: Duration) -> Result<(), Error> {
-        let mut live = self.live.write().unwrap_or_else(PoisonError::into_inner);
-        live.retain(|_, s| !s.is_lost());
-        if live.contains_key(&ttl) || live.len() < MAX_SESSIONS {
-            return Ok(());
-        }
-        let idle: Vec<Duration> = live
-            .iter()
-            .filter(|(_, s)| Arc::strong_count(s) == 1)
-            .map(|(d, _)| *d)
-            .collect();
-        for duration in idle {
-            if let Some(session) = live.remove(&duration) {
-                session.mark_lost(
-                    LossCause::ClientClosed,
-                    "an idle session was closed to make room",
-                );
-                let mut leases = client.lease_client();
-                let id = session.lease_id;
-                // On the client's runtime: the acquire's may end before the revoke.
-                self.runtime.spawn(async move { leases.revoke(id).await });
-            }
-        }
-        if live.len() >= MAX_SESSIONS {
-            return Err(Error::InvalidConfig(format!(
-                "etcd: locks of more than {MAX_SESSIONS} distinct lease durations are held at \
-                 once on one client, and each duration is a lease with its own keepalive; use \
-                 fewer distinct leases"
-            )));
-        }
-        Ok(())
-    }
-
-    fn live(&self, ttl: Duration) -> Option<Arc<Session>> {
-        let sessions = self.live.read().unwrap_or_else(PoisonError::into_inner);
-        sessions.get(&ttl).filter(|s| !s.is_lost()).cloned()
-    }
-
-    /// Marks every session lost, so its guards are told and its keepalive stops, and
-    /// grants none any more (on close). Returns their leases, to revoke. Nothing is
-    /// awaited: a `close` dropped right after leaves no session renewed.
-    pub(crate) fn close(&self) -> Vec<i64> {
-        let sessions: Vec<Arc<Session>> = {
-            let mut live = self.live.write().unwrap_or_else(PoisonError::into_inner);
-            self.closed.store(true, Ordering::SeqCst);
-            live.drain().map(|(_, s)| s).collect()
-        };
-        sessions
-            .iter()
-            .map(|session| {
-                session.mark_lost(LossCause::ClientClosed, "the client was closed");
-                session.lease_id
-            })
-            .collect()
     }
 }
 
@@ -561,5 +550,53 @@ mod tests {
             assert_eq!(liveness.lost_reason(), Some("the client was closed"));
         }
         assert_eq!(session.registered(), 0);
+    }
+
+    /// Every session of a client is kept alive by the client's one renewal scheduler:
+    /// two sessions of different TTLs outlive several of their TTLs, each renewed a
+    /// third of its TTL after the last credited request; one that ends, and one that is
+    /// dropped, leave the scheduler, and its task then ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_are_kept_alive_by_the_clients_one_scheduler() {
+        let server = fencelock_testkit::EtcdServer::shared();
+        let client = Client::connect([server.endpoint()], None).await.unwrap();
+        let runtime = Handle::current();
+        let keepalives = Keepalives::new(client.clone(), runtime.clone());
+        let (two, three) = (Duration::from_secs(2), Duration::from_secs(3));
+        let short = Session::grant(&client, two, &runtime, Some(&keepalives))
+            .await
+            .unwrap();
+        let long = Session::grant(&client, three, &runtime, Some(&keepalives))
+            .await
+            .unwrap();
+        assert_eq!(keepalives.renewals.len(), 2);
+        let guards = [short.liveness(), long.liveness()];
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        for (session, guard) in [(&short, &guards[0]), (&long, &guards[1])] {
+            assert!(!session.is_lost(), "{session:?}");
+            assert!(!guard.is_lost());
+            // Renewed within the last third of its TTL (and some slack for a busy
+            // machine): the deadline is ahead by more than a third of the TTL.
+            let ahead = session.valid_until() - Instant::now();
+            assert!(ahead > session.ttl() / 3, "{ahead:?} ahead for {session:?}");
+            let left = client
+                .clone()
+                .lease_client()
+                .time_to_live(session.lease_id(), None)
+                .await
+                .unwrap()
+                .ttl();
+            assert!(left > 0, "etcd still has the lease");
+        }
+        short.mark_lost(LossCause::ClientClosed, "the test ended it");
+        assert_eq!(keepalives.renewals.len(), 1);
+        // Dropped: gone at once, or when a round in flight lets go of it.
+        drop(long);
+        let ended = Instant::now() + Duration::from_secs(5);
+        while !keepalives.renewals.is_idle() && Instant::now() < ended {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(keepalives.renewals.is_empty());
+        assert!(keepalives.renewals.is_idle(), "the task ended");
     }
 }

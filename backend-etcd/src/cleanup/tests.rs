@@ -10,12 +10,14 @@ use tokio::time::Instant;
 
 use super::{Cleanup, InFlightCreate, KeyState};
 use crate::batch::Batcher;
-use crate::session::Session;
+use crate::session::{Keepalives, Session};
 
 /// A client, its session, and a key of ours on the session lease.
 struct Setup {
     client: Arc<Client>,
     session: Arc<Session>,
+    /// Keeps the session alive while the test runs.
+    _keepalives: Arc<Keepalives>,
     lines: Arc<Lines>,
     key: Arc<str>,
 }
@@ -25,7 +27,8 @@ impl Setup {
         let server = fencelock_testkit::EtcdServer::shared();
         let client = Arc::new(Client::connect([server.endpoint()], None).await.unwrap());
         let ttl = Duration::from_secs(10);
-        let session = Session::grant(&client, ttl, &Handle::current(), true)
+        let keepalives = Keepalives::new((*client).clone(), Handle::current());
+        let session = Session::grant(&client, ttl, &Handle::current(), Some(&keepalives))
             .await
             .unwrap();
         let names = format!("held-unit-{test}-{:x}/x/", std::process::id());
@@ -33,6 +36,7 @@ impl Setup {
         Setup {
             client,
             session,
+            _keepalives: keepalives,
             lines: Arc::default(),
             key,
         }
