@@ -14,6 +14,8 @@
 //!   runtime, or inline for a short grace by a waiter that gives up.
 //! - [`grants`]: the one grant registry ([`Grants`]): the grants a client's `close()`
 //!   gives up, refusing grants once closed.
+//! - [`turn`]: the one claim/wait loop ([`until_turn`]): refusing, waiting, looking
+//!   again and giving up around the backend's [`Claim`].
 //!
 //! For backend implementations; applications never need it.
 
@@ -22,6 +24,7 @@ pub mod drift;
 pub mod grants;
 pub mod held;
 pub mod renewal;
+pub mod turn;
 pub mod undo;
 
 pub use delayed::Delayed;
@@ -29,4 +32,5 @@ pub use drift::{CLOCK_DRIFT, DriftMargin};
 pub use grants::Grants;
 pub use held::{Deleted, Extension, Grant, Held};
 pub use renewal::{Due, Renew, Renewals};
+pub use turn::{Claim, GiveUp, Turn, until_turn};
 pub use undo::{Abandon, Undo};
