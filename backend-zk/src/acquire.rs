@@ -13,17 +13,21 @@
 //!    recipe before ours (a lock in an election's directory or the reverse) makes us
 //!    give up with an error: see [`mixed_recipes`].
 //!
+//! Step 1 is [`create_node`]; step 2 is [`Queued`], the protocol's part of the kit's
+//! claim/wait loop ([`until_turn`]), which decides when to refuse, wait and give up.
+//!
 //! Dropping the future at any point deletes whatever node it may have created, in the
 //! background: by path when known, and every node with our uuid (listed after a `sync`).
 
 use std::sync::Arc;
 
-use fencelock_core::kit::{Abandon, Held, Undo};
-use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
+use fencelock_core::kit::{Abandon, Claim, GiveUp, Held, Turn, Undo, until_turn};
+use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard, WaitDeadline};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use crate::create::create_node;
 use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
 use crate::held::ZkGrant;
 use crate::names::{self, Recipe};
@@ -40,8 +44,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) lease: Lease,
     /// Give up with `Contended` instead of waiting.
     pub(crate) no_wait: bool,
-    /// Give up with `Timeout` at this instant (`None`: wait forever).
-    pub(crate) deadline: Option<Instant>,
+    /// Give up with `Timeout` at its end.
+    pub(crate) wait: WaitDeadline,
 }
 
 /// Acquires `name` on `session` (or campaigns for it, as `ask` says).
@@ -69,7 +73,7 @@ pub(crate) async fn acquire_in(
         data,
         lease,
         no_wait,
-        deadline,
+        wait,
     } = ask;
     // A request that may wait first waits behind this session's other waiters for
     // the directory: only the front has a node in the queue, so the one whose turn
@@ -78,50 +82,98 @@ pub(crate) async fn acquire_in(
     let _front = if no_wait {
         None
     } else {
-        let front = session.lines.front(&dir);
-        match deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline, front).await {
-                Ok(front) => Some(front),
-                Err(_) => {
-                    return Err(Error::Timeout {
-                        name: name.to_owned(),
-                        waited: std::time::Duration::ZERO,
-                    });
-                }
-            },
-            None => Some(front.await),
-        }
+        Some(
+            wait.run_until(wait.at(), name, session.lines.front(&dir))
+                .await?,
+        )
     };
     let mut pending = Undo::new(Pending {
         session: session.clone(),
         dir,
         prefix_name: names::protected_prefix(recipe),
         path: None,
+        gone: false,
     });
     let created_at = Instant::now();
-    let (path, mut stat, made_dir) =
+    let (path, stat, made_dir) =
         create_node(&session, &pending.dir, &pending.prefix_name, data).await?;
     pending.path = Some(path.clone());
-    let own = &path[pending.dir.len() + 1..];
-    let mut first = true;
-    loop {
+    let queued = Queued {
+        session: &session,
+        name,
+        recipe,
+        lease,
+        until: if no_wait { None } else { wait.at() },
+        no_wait,
+        pending,
+        path,
+        stat,
+        made_dir,
+        created_at: Some(created_at),
+    };
+    let (queued, (sent, alone)) = until_turn(queued, name, &wait, no_wait).await?;
+    let Queued {
+        path,
+        stat,
+        pending,
+        ..
+    } = queued;
+    let pending = pending.disarm();
+    let dir = alone.then_some(pending.dir);
+    Ok(grant(session, name, path, stat, lease, sent, dir))
+}
+
+/// Our node in the directory's queue, from its create to its grant: whose turn it is
+/// ([`Claim::turn`]: list the directory, find the node before ours) and the wait for
+/// it ([`Claim::wait`]: watch that node), in the kit's loop ([`until_turn`]).
+struct Queued<'a> {
+    session: &'a Arc<ZkSession>,
+    name: &'a str,
+    recipe: Recipe,
+    lease: Lease,
+    /// Until when a grant may wait for its session's deadline to be confirmed: the
+    /// end of the wait (`None`, for a request that does not wait: not at all).
+    until: Option<Instant>,
+    no_wait: bool,
+    /// Our node, deleted if the acquire does not end in a grant.
+    pending: Undo<Pending>,
+    path: String,
+    stat: zk::Stat,
+    /// The czxid of the directory, if our create made it.
+    made_dir: Option<i64>,
+    /// When the create was sent, until the first listing.
+    created_at: Option<Instant>,
+}
+
+impl Claim for Queued<'_> {
+    /// When the ownership of the node was confirmed, and whether it was the
+    /// directory's only child.
+    type Grant = (Instant, bool);
+    /// The path of the node to wait for.
+    type Blocker = String;
+
+    async fn turn(&mut self) -> Result<Turn<(Instant, bool), String>, Error> {
+        let (session, name) = (self.session, self.name);
         // The moment the session is proven alive at the leader: the create (a write the
         // leader committed for our session) on the first listing; later, a `sync` sent
         // before the listing. A follower cut off from the leader answers plain reads from
         // its old state for up to syncLimit × tickTime, possibly after the leader expired
         // our session and deleted our node; its `sync` fails instead.
-        let sent = if std::mem::take(&mut first) {
-            created_at
-        } else {
-            let sent = Instant::now();
-            if let Err(err) = retry(|| session.client.sync("/")).await {
-                return Err(waiting_error(name, err));
+        let sent = match self.created_at.take() {
+            Some(created_at) => created_at,
+            None => {
+                let sent = Instant::now();
+                if let Err(err) = retry(|| session.client.sync("/")).await {
+                    return Err(waiting_error(name, err));
+                }
+                sent
             }
-            sent
         };
+        let dir = &self.pending.dir;
+        let own = &self.path[dir.len() + 1..];
+        let stat = &mut self.stat;
         // With the directory's stat: whether the release may remove the directory.
-        let (mut children, alone) = match retry(|| session.client.get_children(&pending.dir)).await
-        {
+        let (mut children, alone) = match retry(|| session.client.get_children(dir)).await {
             Ok((children, dir)) => {
                 if stat.is_invalid() && children.iter().any(|child| child == own) {
                     // Made with `dir` in one multi-op by a server that answers a multi's
@@ -133,7 +185,7 @@ pub(crate) async fn acquire_in(
                 }
                 let removable = !session.root().is_empty()
                     || dir.czxid == stat.czxid
-                    || made_dir == Some(dir.czxid);
+                    || self.made_dir == Some(dir.czxid);
                 (children, removable && dir.num_children == 1)
             }
             Err(zk::Error::NoNode) => (Vec::new(), false),
@@ -145,85 +197,97 @@ pub(crate) async fn acquire_in(
         children.retain(|child| names::recipe_node(child).is_some());
         names::sort_children(&mut children);
         let Some(index) = children.iter().position(|c| c == own) else {
-            pending.disarm();
+            // Nothing of ours to delete.
+            self.pending.gone = true;
             return Err(Error::lost(
                 name,
                 "the lock node disappeared while waiting (session expired or node deleted)",
             ));
         };
-        delete_own_orphans(&session, &pending, own, &children);
+        delete_own_orphans(session, &self.pending, own, &children);
         if let Some(other) = children[..index]
             .iter()
-            .find_map(|c| names::recipe_node(c).filter(|r| !r.shares_dir(recipe)))
+            .find_map(|c| names::recipe_node(c).filter(|r| !r.shares_dir(self.recipe)))
         {
-            let refused = mixed_recipes(name, &pending.dir, other);
-            pending.finish_now(GIVE_UP_DELETE).await;
+            let refused = mixed_recipes(name, dir, other);
+            if tokio::time::timeout(GIVE_UP_DELETE, self.pending.undo_now())
+                .await
+                .unwrap_or(false)
+            {
+                self.pending.gone = true;
+            }
             return Err(refused);
         }
         // The node to wait for: for a reader the nearest writer before it (readers share),
         // for everyone else the immediate predecessor.
-        let blocker = match recipe {
+        let blocker = match self.recipe {
             Recipe::Read => children[..index]
                 .iter()
                 .rposition(|c| names::recipe_node(c) == Some(Recipe::Write)),
             _ => index.checked_sub(1),
         };
-        let Some(blocker) = blocker else {
-            let until = if no_wait {
-                Some(Instant::now())
-            } else {
-                deadline
-            };
-            if session
-                .confirmed_deadline(lease, sent, until)
-                .await
-                .is_none()
-            {
-                // Confirmed only after the lease ran out (slow replies, or a cut the
-                // session's next probes did not confirm in time): not a grant; the armed
-                // clean-up deletes our node.
-                return Err(Error::unavailable(
-                    BACKEND,
-                    "the lease ran out before the grant was confirmed (ZooKeeper answered too slowly)",
-                ));
-            }
-            let pending = pending.disarm();
-            let dir = alone.then_some(pending.dir);
-            return Ok(grant(session, name, path, stat, lease, sent, dir));
-        };
-        if no_wait {
-            // Not bounded: a try that does not wait deletes its node before answering.
-            pending.finish_now(std::time::Duration::MAX).await;
-            return Err(Error::Contended {
-                name: name.to_owned(),
-            });
+        if let Some(blocker) = blocker {
+            return Ok(Turn::Behind(format!("{dir}/{}", children[blocker])));
         }
-        let give_up = async {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
-                None => std::future::pending().await,
-            }
+        let until = if self.no_wait {
+            Some(Instant::now())
+        } else {
+            self.until
         };
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(give_up_waiting(pending, name).await);
+        if session
+            .confirmed_deadline(self.lease, sent, until)
+            .await
+            .is_none()
+        {
+            // Confirmed only after the lease ran out (slow replies, or a cut the
+            // session's next probes did not confirm in time): not a grant; the armed
+            // clean-up deletes our node.
+            return Err(Error::unavailable(
+                BACKEND,
+                "the lease ran out before the grant was confirmed (ZooKeeper answered too slowly)",
+            ));
         }
-        let predecessor = format!("{}/{}", pending.dir, children[blocker]);
-        // Not kept while waiting: a queue's listing is as large as the queue.
-        drop(children);
+        Ok(Turn::Granted((sent, alone)))
+    }
+
+    async fn wait(&mut self, predecessor: String) -> Result<(), Error> {
+        let session = self.session;
         match session.client.get_and_watch_data(&predecessor).await {
             Ok((_, _, watcher)) => {
                 tokio::select! {
-                    _ = watcher.changed() => {}
+                    _ = watcher.changed() => Ok(()),
                     _ = session.ended() => {
-                        return Err(Error::lost(name, "the ZooKeeper session ended while waiting"));
+                        Err(Error::lost(self.name, "the ZooKeeper session ended while waiting"))
                     }
-                    _ = give_up => return Err(give_up_waiting(pending, name).await),
                 }
             }
-            Err(zk::Error::NoNode) => {}
-            Err(err) if connection_broke(&err) => tokio::time::sleep(RETRY_PAUSE).await,
-            Err(err) => return Err(waiting_error(name, err)),
+            Err(zk::Error::NoNode) => Ok(()),
+            Err(err) if connection_broke(&err) => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                Ok(())
+            }
+            Err(err) => Err(waiting_error(self.name, err)),
         }
+    }
+
+    async fn give_up(self, why: GiveUp, error: Error) -> Error {
+        match why {
+            // Not bounded: a try that does not wait deletes its node before answering.
+            GiveUp::Refused => {
+                self.pending.finish_now(std::time::Duration::MAX).await;
+            }
+            // A waiter whose time ran out deletes its node before returning, so a
+            // process that exits right after the timeout leaves nothing that would
+            // block the name until its session expires. Bounded by
+            // [`GIVE_UP_DELETE`]; past it the background clean-up takes over.
+            GiveUp::TimedOut => {
+                self.pending.finish_now(GIVE_UP_DELETE).await;
+            }
+            // The session ended or the server failed: the clean-up goes on in the
+            // background.
+            GiveUp::Failed => {}
+        }
+        error
     }
 }
 
@@ -298,191 +362,6 @@ pub(crate) fn waiting_error(name: &str, err: zk::Error) -> Error {
     }
 }
 
-/// Creates the lock (or latch) node with `data`, returning its path, its stat and the
-/// czxid of `dir` if this call made the directory. The stat is invalid
-/// ([`zk::Stat::is_invalid`]) when the node was made with `dir` in one multi-op by a
-/// server that answers it without one: the caller's listing of `dir` gives it.
-///
-/// A `dir` removed by a release (see [`Node::with_dir`]) between our `ensure_dir` and our
-/// create fails the create with `NoNode` (nothing was created: no place in line is lost),
-/// and the directory is made again.
-async fn create_node(
-    session: &ZkSession,
-    dir: &str,
-    prefix_name: &str,
-    data: &[u8],
-) -> Result<(String, zk::Stat, Option<i64>), Error> {
-    let mut made_dir = None;
-    let prefix = format!("{dir}/{prefix_name}");
-    let acls = session.acls();
-    let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
-    let mut with_dir = true;
-    loop {
-        let from_multi = std::mem::take(&mut with_dir);
-        let created = if from_multi {
-            create_with_dir(session, dir, &prefix, data, &options).await
-        } else {
-            session
-                .client
-                .create(&prefix, data, &options)
-                .await
-                .map(|(stat, sequence)| (format!("{prefix}{sequence}"), stat))
-        };
-        match created {
-            // Servers before 3.7.2 and 3.8.2 answer a create inside a multi-op without its
-            // stat (ZOOKEEPER-4026): the listing that follows gives it (`acquire_in`), so
-            // the uncontended acquire stays two round trips.
-            Ok((path, stat)) if from_multi => return Ok((path, stat, made_dir)),
-            Ok((path, stat)) => {
-                if stat.is_invalid() {
-                    // Servers older than 3.5 return no stat from create.
-                    let (_, stat) = retry(|| session.client.get_data(&path))
-                        .await
-                        .map_err(map)?;
-                    return Ok((path, stat, made_dir));
-                }
-                return Ok((path, stat, made_dir));
-            }
-            // From `create_with_dir`: the directory is there, create in it.
-            Err(zk::Error::NodeExists) => {}
-            Err(zk::Error::NoNode) => made_dir = ensure_dir(session, dir).await?,
-            // The create may have been applied: look for the node by its uuid.
-            Err(err) if connection_broke(&err) => {
-                if let Some((path, stat)) = find_own(session, dir, prefix_name).await? {
-                    return Ok((path, stat, made_dir));
-                }
-            }
-            Err(err) => return Err(map(err)),
-        }
-    }
-}
-
-/// Creates `dir` (a container) and our node in it in one multi-op: the usual case once
-/// the last release removed the directory, in the round trip a create alone takes. The
-/// node's czxid is then the directory's (one transaction), which is how the grant knows
-/// the directory is this acquire's. `NodeExists` when the directory is there or may not
-/// be made by us (nothing was created), `NoNode` when its parent is missing (or the
-/// server has no containers).
-async fn create_with_dir(
-    session: &ZkSession,
-    dir: &str,
-    prefix: &str,
-    data: &[u8],
-    options: &zk::CreateOptions<'_>,
-) -> Result<(String, zk::Stat), zk::Error> {
-    let mut multi = session.client.new_multi_writer();
-    multi.add_create(
-        dir,
-        &[],
-        &zk::CreateMode::Container.with_acls(session.acls()),
-    )?;
-    multi.add_create(prefix, data, options)?;
-    let results = match multi.commit().await {
-        Ok(results) => results,
-        // A server without containers: `ensure_dir` makes a persistent directory.
-        Err(zk::MultiWriteError::OperationFailed {
-            index: 0,
-            source: zk::Error::Unimplemented,
-        }) => return Err(zk::Error::NoNode),
-        Err(zk::MultiWriteError::OperationFailed {
-            index: 0,
-            source: zk::Error::NoNode,
-        }) => return Err(zk::Error::NoNode),
-        // The directory is there, or may not be made by us (no CREATE right on the
-        // root, where an operator made the directories): the plain create decides.
-        Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => {
-            return Err(zk::Error::NodeExists);
-        }
-        Err(err) => return Err(err.into()),
-    };
-    match results.into_iter().nth(1) {
-        Some(zk::MultiWriteResult::Create { path, stat }) => Ok((path, stat)),
-        _ => Err(zk::Error::UnexpectedError(
-            "a multi-op of two creates answered without the second".into(),
-        )),
-    }
-}
-
-/// Creates the lock directory as a container node (and the root above it, persistent;
-/// the directories between them, such as `{root}/%sem/{name}`, as containers). The czxid
-/// of `dir` when this call created it (`None`: it was there, or the answer was lost).
-pub(crate) async fn ensure_dir(session: &ZkSession, dir: &str) -> Result<Option<i64>, Error> {
-    ensure_dir_with(session, dir, &[]).await
-}
-
-/// [`ensure_dir`] with `data` on `dir` when this call creates it.
-pub(crate) async fn ensure_dir_with(
-    session: &ZkSession,
-    dir: &str,
-    data: &[u8],
-) -> Result<Option<i64>, Error> {
-    let acls = session.acls();
-    let mut mode = zk::CreateMode::Container;
-    loop {
-        match session
-            .client
-            .create(dir, data, &mode.with_acls(acls))
-            .await
-        {
-            // An invalid stat (servers older than 3.5) has czxid -1, no node's.
-            Ok((stat, _)) => return Ok(Some(stat.czxid)),
-            Err(zk::Error::NodeExists) => return Ok(None),
-            Err(zk::Error::NoNode) if parent_below_root(session.root(), dir).is_some() => {
-                if let Some(parent) = parent_below_root(session.root(), dir) {
-                    Box::pin(ensure_dir(session, parent)).await?;
-                }
-            }
-            Err(zk::Error::NoNode) if !session.root().is_empty() => {
-                let root_options = zk::CreateMode::Persistent.with_acls(acls);
-                match session.client.mkdir(session.root(), &root_options).await {
-                    Ok(()) | Err(zk::Error::NodeExists) => {}
-                    Err(err) if connection_broke(&err) => {}
-                    Err(err) => return Err(map(err)),
-                }
-            }
-            Err(zk::Error::Unimplemented) if mode == zk::CreateMode::Container => {
-                mode = zk::CreateMode::Persistent;
-            }
-            Err(err) if connection_broke(&err) => tokio::time::sleep(RETRY_PAUSE).await,
-            Err(err) => return Err(map(err)),
-        }
-    }
-}
-
-/// The parent of `dir` when it lies strictly below `root` (`None` for a lock's own
-/// directory, whose parent is the root).
-fn parent_below_root<'a>(root: &str, dir: &'a str) -> Option<&'a str> {
-    let parent = &dir[..dir.rfind('/')?];
-    (parent.len() > root.len() && parent.starts_with(root)).then_some(parent)
-}
-
-/// Finds the node a create with a lost reply may have made, by its uuid prefix.
-///
-/// After a `sync`: the session may have reconnected to a server that has not applied
-/// the create yet, and creating again would then leave the first node, unknown to us,
-/// in the queue for as long as the session lives.
-async fn find_own(
-    session: &ZkSession,
-    dir: &str,
-    prefix_name: &str,
-) -> Result<Option<(String, zk::Stat)>, Error> {
-    retry(|| session.client.sync("/")).await.map_err(map)?;
-    let children = match retry(|| session.client.list_children(dir)).await {
-        Ok(children) => children,
-        Err(zk::Error::NoNode) => return Ok(None),
-        Err(err) => return Err(map(err)),
-    };
-    let Some(child) = children.iter().find(|c| c.starts_with(prefix_name)) else {
-        return Ok(None);
-    };
-    let path = format!("{dir}/{child}");
-    match retry(|| session.client.get_data(&path)).await {
-        Ok((_, stat)) => Ok(Some((path, stat))),
-        Err(zk::Error::NoNode) => Ok(None),
-        Err(err) => Err(map(err)),
-    }
-}
-
 /// A create that was retried after connection loss may have been applied twice: delete
 /// every node with our uuid except the one we use.
 fn delete_own_orphans(session: &ZkSession, pending: &Pending, own: &str, children: &[String]) {
@@ -511,23 +390,14 @@ struct Pending {
     dir: String,
     prefix_name: String,
     path: Option<String>,
+    /// Known gone (the session took it, or it was deleted already): nothing to undo.
+    gone: bool,
 }
 
 /// Upper bound on deleting a waiter's node before returning a timeout; past it the
 /// deletion continues in the background. A healthy server answers in milliseconds; a
 /// hung one must not stretch the caller's wait timeout by more than this.
 pub(crate) const GIVE_UP_DELETE: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// A waiter whose time ran out deletes its node before returning, so a process that exits
-/// right after the timeout leaves nothing that would block the name until its session
-/// expires. Bounded by [`GIVE_UP_DELETE`]; past it the background clean-up takes over.
-async fn give_up_waiting(pending: Undo<Pending>, name: &str) -> Error {
-    pending.finish_now(GIVE_UP_DELETE).await;
-    Error::Timeout {
-        name: name.to_owned(),
-        waited: std::time::Duration::ZERO,
-    }
-}
 
 impl Abandon for Pending {
     fn runtime(&self) -> &Handle {
@@ -545,7 +415,11 @@ impl Abandon for Pending {
             dir,
             prefix_name,
             path,
+            gone,
         } = self;
+        if gone {
+            return None;
+        }
         Some(async move {
             if let Some(path) = &path {
                 if !delete_abandoned(&session, path).await {

@@ -41,6 +41,7 @@
 
 mod acquire;
 mod config;
+mod create;
 mod election;
 mod error;
 mod fence;

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use fencelock_core::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, HolderInfo, Leader,
     LeaderChanges, Lease, ListedLock, LockGuard, LockInfo, LossDetection, Permits, Wait,
-    validate_name, validate_prefix,
+    WaitDeadline, validate_name, validate_prefix,
 };
 use tracing::Instrument;
 use zookeeper_client as zk;
@@ -207,16 +207,12 @@ impl ZkLock {
             Lease::Fixed(_) => self.config().session_timeout(),
         };
         let wait = options.wait_kind();
-        let deadline = match wait {
-            Wait::Timeout(limit) => tokio::time::Instant::now().checked_add(limit),
-            Wait::NoWait | Wait::Forever => None,
-        };
         let ask = Ask {
             recipe,
             data,
             lease,
             no_wait: wait == Wait::NoWait,
-            deadline,
+            wait: WaitDeadline::new(wait),
         };
         let attempt = async {
             let session = self.pool.get(session_timeout).await?;

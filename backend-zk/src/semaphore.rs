@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::acquire::{self, Ask};
+use crate::create;
 use crate::error::{BACKEND, RETRY_PAUSE, connection_broke, map, retry, session_ended};
 use crate::held::ZkGrant;
 use crate::names::{self, Recipe};
@@ -166,17 +167,12 @@ async fn take_leases(
     };
     // Armed once a multi-op that may create our lease nodes is sent.
     let mut pending = None;
-    let give_up = || async {
-        match ask.deadline {
-            Some(deadline) => tokio::time::sleep_until(deadline).await,
-            None => std::future::pending().await,
-        }
-    };
+    let give_up = || ask.wait.over();
     loop {
         let (data, stat) = match retry(|| session.client.get_data(leases)).await {
             Ok(found) => found,
             Err(zk::Error::NoNode) => {
-                acquire::ensure_dir_with(session, leases, &limit_data(limit)).await?;
+                create::ensure_dir_with(session, leases, &limit_data(limit)).await?;
                 continue;
             }
             Err(err) => return Err(acquire::waiting_error(name, err)),
@@ -244,7 +240,7 @@ async fn take_leases(
                 name: name.to_owned(),
             });
         }
-        if ask.deadline.is_some_and(|d| Instant::now() >= d) {
+        if ask.wait.is_over() {
             return Err(timed_out(name));
         }
         tokio::select! {

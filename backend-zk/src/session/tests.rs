@@ -83,7 +83,7 @@ async fn a_grant_registered_after_give_up_is_given_up_too() {
 /// not wait still fails at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_on_a_session_behind_its_deadline_waits_for_the_next_probes() {
-    use fencelock_core::Lease;
+    use fencelock_core::{Lease, Wait, WaitDeadline};
 
     use crate::acquire::{self, Ask};
     use crate::names::Recipe;
@@ -96,12 +96,12 @@ async fn a_grant_on_a_session_behind_its_deadline_waits_for_the_next_probes() {
         .await
         .unwrap();
     let name = format!("behind-{:016x}", fastrand::u64(..));
-    let ask = |no_wait, deadline| Ask {
+    let ask = |wait| Ask {
         recipe: Recipe::Lock,
         data: b"",
         lease: Lease::Renewing(timeout),
-        no_wait,
-        deadline,
+        no_wait: wait == Wait::NoWait,
+        wait: WaitDeadline::new(wait),
     };
     // As after a cut: both answered probes older than the timeout.
     let behind = |session: &ZkSession| {
@@ -111,7 +111,7 @@ async fn a_grant_on_a_session_behind_its_deadline_waits_for_the_next_probes() {
     };
 
     behind(&session);
-    let refused = acquire::acquire(session.clone(), &name, ask(true, None)).await;
+    let refused = acquire::acquire(session.clone(), &name, ask(Wait::NoWait)).await;
     assert!(
         matches!(&refused, Err(Error::Unavailable { .. })),
         "a try that does not wait fails at once: {:?}",
@@ -119,11 +119,10 @@ async fn a_grant_on_a_session_behind_its_deadline_waits_for_the_next_probes() {
     );
 
     behind(&session);
-    let asked = Instant::now();
     let granted = acquire::acquire(
         session.clone(),
         &name,
-        ask(false, Some(asked + Duration::from_secs(10))),
+        ask(Wait::Timeout(Duration::from_secs(10))),
     )
     .await
     .expect("granted once the session is confirmed again");
