@@ -1,9 +1,12 @@
 //! A lock's acquire path: the session, this client's waiting line, our key, the wait
-//! for our turn, the grant. Read top to bottom; the steps it calls follow in
-//! [`crate::create`], [`crate::wait`] and [`crate::grant`].
+//! for our turn, the grant. Read top to bottom; the create and the wait are
+//! [`Queued`], the protocol's part of the kit's claim/wait loop ([`until_turn`]), and
+//! the steps they call follow in [`crate::create`], [`crate::wait`] and
+//! [`crate::grant`].
 
 use std::sync::Arc;
 
+use fencelock_core::kit::{Claim, GiveUp, Turn, until_turn};
 use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait, WaitDeadline};
 use tracing::Instrument;
 
@@ -110,52 +113,20 @@ impl EtcdLock {
         };
         pending.permit = Some(permit);
 
-        let revision = if no_wait {
-            self.create_if_free(&key, &names, session.lease_id(), value, &mut pending)
-                .await?
-                .ok_or_else(|| Error::Contended {
-                    name: name.to_owned(),
-                })?
-        } else {
-            // The create's own bound starts now, after the wait in this client's line: a
-            // waiter let through the line at its deadline would otherwise have its
-            // create cut in flight and return while the key is still being made (the
-            // background clean-up deletes it a moment later). Created, it is granted if
-            // the lock is free (the wait bounds only time behind holders), and otherwise
-            // finds its deadline passed below and deletes its key before returning.
-            let (mine, first) = wait
-                .run_until(
-                    wait.bound_from_now(),
-                    name,
-                    self.create_and_read_first(
-                        &key,
-                        &names,
-                        session.lease_id(),
-                        value,
-                        &mut pending,
-                    ),
-                )
-                .await??;
-            if first != mine {
-                // Boxed, as are the other steps off the uncontended path below: their
-                // futures (watch streams, lease grants) are several KiB each, which
-                // every acquire's future would otherwise carry and copy.
-                let waiting = Box::pin(
-                    wait::for_turn(&inner.client, (&names, &key), mine, &session, name)
-                        .instrument(tracing::debug_span!("fencelock.etcd.wait", lock = name)),
-                );
-                match wait.run_until(wait.at(), name, waiting).await {
-                    Ok(Ok(())) => {}
-                    // Lost or failed while waiting: the key goes now too, as in the
-                    // read-write and semaphore queues.
-                    Ok(Err(error)) | Err(error) => {
-                        Box::pin(give_up_now(pending)).await;
-                        return Err(error);
-                    }
-                }
-            }
-            mine
+        let queued = Queued {
+            lock: self,
+            name,
+            names: &names,
+            key: &key,
+            session: &session,
+            value,
+            no_wait,
+            wait: &wait,
+            pending,
+            cleared: None,
         };
+        let (queued, revision) = until_turn(queued, name, &wait, no_wait).await?;
+        let mut pending = queued.pending;
 
         // The holder's session: the renewing one, or the fixed lease the key is on.
         let (session, fixed) = match lease {
@@ -167,5 +138,97 @@ impl EtcdLock {
             _ => (session, fixed_now),
         };
         self.grant(name, session, fixed, revision, pending)
+    }
+}
+
+/// Our key in the name's queue, from its create to its grant: whose turn it is
+/// ([`Claim::turn`]: the create, which reads the first key; then the wait's own
+/// finding) and the wait for it ([`Claim::wait`]: [`wait::for_turn`]), in the kit's
+/// loop ([`until_turn`]).
+struct Queued<'a> {
+    lock: &'a EtcdLock,
+    name: &'a str,
+    names: &'a str,
+    key: &'a str,
+    session: &'a Arc<Session>,
+    value: &'a str,
+    no_wait: bool,
+    wait: &'a WaitDeadline,
+    /// Our key's clean-up, until the guard owns it.
+    pending: Armed,
+    /// Our key's create revision, once the wait found no key created before it.
+    cleared: Option<i64>,
+}
+
+impl Claim for Queued<'_> {
+    /// Our key's create revision.
+    type Grant = i64;
+    /// Our key's create revision, behind the first key's.
+    type Blocker = i64;
+
+    async fn turn(&mut self) -> Result<Turn<i64, i64>, Error> {
+        if let Some(mine) = self.cleared {
+            return Ok(Turn::Granted(mine));
+        }
+        let lease_id = self.session.lease_id();
+        let (key, names, value) = (self.key, self.names, self.value);
+        if self.no_wait {
+            // Granted or refused by its create: a refused one made no key.
+            let created = self
+                .lock
+                .create_if_free(key, names, lease_id, value, &mut self.pending)
+                .await?;
+            return Ok(created.map_or(Turn::Behind(0), Turn::Granted));
+        }
+        // The create's own bound starts now, after the wait in this client's line: a
+        // waiter let through the line at its deadline would otherwise have its create
+        // cut in flight and return while the key is still being made (the background
+        // clean-up deletes it a moment later). Created, it is granted if the lock is
+        // free (the wait bounds only time behind holders), and otherwise finds its
+        // deadline passed in the kit's loop and deletes its key before returning.
+        let creating =
+            self.lock
+                .create_and_read_first(key, names, lease_id, value, &mut self.pending);
+        let (mine, first) = self
+            .wait
+            .run_until(self.wait.bound_from_now(), self.name, creating)
+            .await??;
+        Ok(if first == mine {
+            Turn::Granted(mine)
+        } else {
+            Turn::Behind(mine)
+        })
+    }
+
+    async fn wait(&mut self, mine: i64) -> Result<(), Error> {
+        // Boxed, as are the other steps off the uncontended path: their futures (watch
+        // streams, lease grants) are several KiB each, which every acquire's future
+        // would otherwise carry and copy.
+        let client = &self.lock.inner().client;
+        let waiting = Box::pin(
+            wait::for_turn(
+                client,
+                (self.names, self.key),
+                mine,
+                self.session,
+                self.name,
+            )
+            .instrument(tracing::debug_span!(
+                "fencelock.etcd.wait",
+                lock = self.name
+            )),
+        );
+        waiting.await?;
+        self.cleared = Some(mine);
+        Ok(())
+    }
+
+    async fn give_up(self, why: GiveUp, error: Error) -> Error {
+        // A waiter that gives up or fails while waiting deletes its key now, as in the
+        // read-write and semaphore queues; a refused try made none.
+        if why != GiveUp::Refused {
+            Box::pin(give_up_now(self.pending)).await;
+        }
+        error
     }
 }

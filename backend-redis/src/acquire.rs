@@ -1,6 +1,7 @@
-//! Acquiring a lock or campaigning for an election: the waiting loop around one try
-//! ([`attempt::try_once`]), the local waiting line's front, the wait on the unlock
-//! channel ([`crate::waiting`]), and the bound of the whole wait; a grant becomes a guard in
+//! Acquiring a lock or campaigning for an election: the kit's claim/wait loop
+//! ([`until_turn`]) around one try ([`attempt::try_once`]) and the waits between tries
+//! ([`Trying`]: the local waiting line's front, then the unlock channel,
+//! [`crate::waiting`]), and the bound of the whole wait; a grant becomes a guard in
 //! [`held::guard`].
 
 use std::sync::Arc;
