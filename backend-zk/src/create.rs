@@ -13,9 +13,9 @@ use crate::session::ZkSession;
 /// ([`zk::Stat::is_invalid`]) when the node was made with `dir` in one multi-op by a
 /// server that answers it without one: the caller's listing of `dir` gives it.
 ///
-/// A `dir` removed by a release (see [`Node::with_dir`](crate::node::Node::with_dir)) between our `ensure_dir` and our
-/// create fails the create with `NoNode` (nothing was created: no place in line is lost),
-/// and the directory is made again.
+/// A `dir` removed by a release (see [`Node::with_dir`](crate::node::Node::with_dir))
+/// between our `ensure_dir` and our create fails the create with `NoNode` (nothing was
+/// created: no place in line is lost), and the directory is made again.
 pub(crate) async fn create_node(
     session: &ZkSession,
     dir: &str,
