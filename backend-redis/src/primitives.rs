@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fencelock_core::kit::{Abandon, CLOCK_DRIFT, Undo};
+use fencelock_core::kit::{Abandon, CLOCK_DRIFT, Claim, GiveUp, Turn, Undo, until_turn};
 use fencelock_core::{
     AcquireOptions, Error, FencingToken, LockGuard, Permits, Wait, validate_name,
 };
@@ -163,8 +163,8 @@ async fn wait_member(
     options: AcquireOptions,
     wait: fencelock_core::WaitDeadline,
 ) -> Result<LockGuard, Error> {
-    // As for a lock: the wait is looked at where this waits; the caller bounds the
-    // whole request.
+    // As for a lock: the wait is looked at where this waits (the kit's loop around
+    // `Members`); the caller bounds the whole request.
     let lease = options.lease_kind();
     let will_wait = options.wait_kind() != Wait::NoWait;
     let intent_id = format!(
@@ -173,18 +173,88 @@ async fn wait_member(
         engine.next_id.fetch_add(1, Ordering::Relaxed)
     );
     // Armed before the first try: the try may record the intent.
-    let mut intent = (ask != Ask::Read && will_wait).then(|| {
+    let intent = (ask != Ask::Read && will_wait).then(|| {
         Undo::new(Intent {
             engine,
             keys,
             id: intent_id.clone(),
         })
     });
-    let mut first_try = true;
-    let mut waiting = Waiting::new();
-    loop {
-        let reply = try_member(engine, keys, ask, lease.duration(), will_wait, &intent_id).await?;
-        let was_first = std::mem::take(&mut first_try);
+    let members = Members {
+        engine,
+        name,
+        keys,
+        ask,
+        lease: lease.duration(),
+        will_wait,
+        intent_id,
+        intent,
+        first_try: true,
+        waiting: Waiting::new(),
+        wait: &wait,
+    };
+    let (_members, granted) = until_turn(members, name, &wait, !will_wait).await?;
+    let Granted {
+        token,
+        owner,
+        id,
+        sent,
+    } = granted;
+    let holder = keys.holder(&owner);
+    held::guard(
+        engine,
+        name,
+        &holder,
+        lease,
+        FencingToken::new(token),
+        owner,
+        id,
+        sent,
+        false,
+    )
+}
+
+/// A granted try: its token, owner value, id, and when it was sent.
+struct Granted {
+    token: u64,
+    owner: String,
+    id: u64,
+    sent: Instant,
+}
+
+/// A request's tries ([`Claim::turn`]: one [`try_member`]) and the waits between them
+/// ([`Claim::wait`]: on the name's unlock channel, or for the soonest holder's expiry).
+struct Members<'a> {
+    engine: &'a Arc<Engine>,
+    name: &'a str,
+    keys: &'a PrimitiveKeys,
+    ask: Ask,
+    lease: Duration,
+    will_wait: bool,
+    intent_id: String,
+    /// A waiting writer's or semaphore request's intent, cleared unless the grant did.
+    intent: Option<Undo<Intent<'a>>>,
+    first_try: bool,
+    waiting: Waiting,
+    wait: &'a fencelock_core::WaitDeadline,
+}
+
+impl Claim for Members<'_> {
+    type Grant = Granted;
+    /// How long until the soonest holder's lease ends, at most.
+    type Blocker = Duration;
+
+    async fn turn(&mut self) -> Result<Turn<Granted, Duration>, Error> {
+        let reply = try_member(
+            self.engine,
+            self.keys,
+            self.ask,
+            self.lease,
+            self.will_wait,
+            &self.intent_id,
+        )
+        .await?;
+        let was_first = std::mem::take(&mut self.first_try);
         match reply {
             Reply::Granted {
                 token,
@@ -194,47 +264,42 @@ async fn wait_member(
             } => {
                 if was_first {
                     // Granted at once: no try of this request recorded an intent.
-                    if let Some(intent) = intent.take() {
+                    if let Some(intent) = self.intent.take() {
                         intent.disarm();
                     }
                 }
-                let holder = keys.holder(&owner);
-                return held::guard(
-                    engine,
-                    name,
-                    &holder,
-                    lease,
-                    FencingToken::new(token),
+                Ok(Turn::Granted(Granted {
+                    token,
                     owner,
                     id,
                     sent,
-                    false,
-                );
+                }))
             }
-            Reply::OtherLimit(limit) => {
-                return Err(Error::InvalidConfig(format!(
-                    "semaphore {name:?} is held or awaited with a limit of {limit}, not {}",
-                    match ask {
-                        Ask::Permits { limit, .. } => limit,
-                        _ => 0,
-                    }
-                )));
-            }
-            Reply::Refused(_) if !will_wait => {
-                return Err(Error::Contended {
-                    name: name.to_owned(),
-                });
-            }
-            Reply::Refused(_) if wait.is_over() => return Err(wait.timed_out(name)),
-            Reply::Refused(after) => {
-                // A writer refreshes its intent (3 s expiry) at least every second.
-                let pause = after.min(Duration::from_secs(1));
-                let channel = (keys.slot, keys.channel.as_str());
-                waiting
-                    .before_next_try(engine, channel, pause, &wait, name)
-                    .await?;
-            }
+            Reply::OtherLimit(limit) => Err(Error::InvalidConfig(format!(
+                "semaphore {:?} is held or awaited with a limit of {limit}, not {}",
+                self.name,
+                match self.ask {
+                    Ask::Permits { limit, .. } => limit,
+                    _ => 0,
+                }
+            ))),
+            Reply::Refused(after) => Ok(Turn::Behind(after)),
         }
+    }
+
+    async fn wait(&mut self, after: Duration) -> Result<(), Error> {
+        // A writer refreshes its intent (3 s expiry) at least every second.
+        let pause = after.min(Duration::from_secs(1));
+        let channel = (self.keys.slot, self.keys.channel.as_str());
+        self.waiting
+            .before_next_try(self.engine, channel, pause, self.wait, self.name)
+            .await?;
+        Ok(())
+    }
+
+    /// The intent, if any, is cleared in the background as the request ends.
+    async fn give_up(self, _why: GiveUp, error: Error) -> Error {
+        error
     }
 }
 
