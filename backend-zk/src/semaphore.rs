@@ -32,7 +32,7 @@
 
 use std::sync::Arc;
 
-use fencelock_core::kit::{Abandon, Held, Undo};
+use fencelock_core::kit::{Abandon, Claim, GiveUp, Held, Turn, Undo, until_turn};
 use fencelock_core::{Error, FencingToken, Lease, Liveness, LockGuard};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -165,69 +165,112 @@ async fn take_leases(
         dir: leases.to_owned(),
         prefix_name: format!("_c_{}-{LEASE_NAME}", uuid::Uuid::new_v4()),
     };
-    // Armed once a multi-op that may create our lease nodes is sent.
-    let mut pending = None;
-    let give_up = || ask.wait.over();
-    loop {
-        let (data, stat) = match retry(|| session.client.get_data(leases)).await {
-            Ok(found) => found,
-            Err(zk::Error::NoNode) => {
-                create::ensure_dir_with(session, leases, &limit_data(limit)).await?;
-                continue;
-            }
-            Err(err) => return Err(acquire::waiting_error(name, err)),
-        };
-        let (children, watcher) =
-            match retry(|| session.client.list_and_watch_children(leases)).await {
-                Ok(listed) => listed,
-                Err(zk::Error::NoNode) => continue,
+    let room = Room {
+        session,
+        name,
+        leases,
+        mutex,
+        mutex_path,
+        count,
+        limit,
+        lease: ask.lease,
+        ours,
+        pending: None,
+    };
+    let (room, (nodes, sent)) = until_turn(room, name, &ask.wait, ask.no_wait).await?;
+    let granted = grant(session, name, nodes, ask, sent);
+    if granted.is_ok() {
+        // The guard owns the nodes now.
+        if let Some(pending) = room.pending {
+            pending.disarm();
+        }
+    }
+    granted
+}
+
+/// Room for our leases under the semaphore's mutex: whether `count` more fit, creating
+/// them if so ([`Claim::turn`]), and the wait for a lease to go ([`Claim::wait`]), in
+/// the kit's loop ([`until_turn`]).
+struct Room<'a> {
+    session: &'a Arc<ZkSession>,
+    name: &'a str,
+    leases: &'a str,
+    mutex: &'a LockGuard,
+    mutex_path: &'a str,
+    count: u32,
+    limit: u32,
+    lease: Lease,
+    ours: PendingLeases,
+    /// Armed once a multi-op that may create our lease nodes is sent.
+    pending: Option<Undo<PendingLeases>>,
+}
+
+impl Claim for Room<'_> {
+    /// The lease nodes, and when the multi-op that made them was sent.
+    type Grant = (Vec<(String, zk::Stat)>, Instant);
+    /// The watch on the leases directory's children.
+    type Blocker = zk::OneshotWatcher;
+
+    async fn turn(&mut self) -> Result<Turn<Self::Grant, zk::OneshotWatcher>, Error> {
+        let (session, name, leases, limit) = (self.session, self.name, self.leases, self.limit);
+        loop {
+            let (data, stat) = match retry(|| session.client.get_data(leases)).await {
+                Ok(found) => found,
+                Err(zk::Error::NoNode) => {
+                    create::ensure_dir_with(session, leases, &limit_data(limit)).await?;
+                    continue;
+                }
                 Err(err) => return Err(acquire::waiting_error(name, err)),
             };
-        match stored_limit(&data) {
-            Some(stored) if stored == limit => {}
-            Some(stored) if !children.is_empty() => return Err(other_limit(name, stored, limit)),
-            // No limit stored (Curator made the directory) or another one with no lease
-            // held: ours becomes the semaphore's. Holding the mutex, nobody else adds.
-            _ => {
-                match retry(|| {
-                    session
-                        .client
-                        .set_data(leases, &limit_data(limit), Some(stat.version))
-                })
-                .await
-                {
-                    Ok(_) | Err(zk::Error::BadVersion) | Err(zk::Error::NoNode) => continue,
+            let (children, watcher) =
+                match retry(|| session.client.list_and_watch_children(leases)).await {
+                    Ok(listed) => listed,
+                    Err(zk::Error::NoNode) => continue,
                     Err(err) => return Err(acquire::waiting_error(name, err)),
+                };
+            match stored_limit(&data) {
+                Some(stored) if stored == limit => {}
+                Some(stored) if !children.is_empty() => {
+                    return Err(other_limit(name, stored, limit));
+                }
+                // No limit stored (Curator made the directory) or another one with no
+                // lease held: ours becomes the semaphore's. Holding the mutex, nobody
+                // else adds.
+                _ => {
+                    match retry(|| {
+                        session
+                            .client
+                            .set_data(leases, &limit_data(limit), Some(stat.version))
+                    })
+                    .await
+                    {
+                        Ok(_) | Err(zk::Error::BadVersion) | Err(zk::Error::NoNode) => continue,
+                        Err(err) => return Err(acquire::waiting_error(name, err)),
+                    }
                 }
             }
-        }
-        if children.len() as u64 + u64::from(count) <= u64::from(limit) {
+            if children.len() as u64 + u64::from(self.count) > u64::from(limit) {
+                return Ok(Turn::Behind(watcher));
+            }
             let sent = Instant::now();
             let created = create_leases(
                 session,
-                &ours,
-                &mut pending,
+                &self.ours,
+                &mut self.pending,
                 stat.version,
-                mutex_path,
-                count,
+                self.mutex_path,
+                self.count,
             )
             .await;
             match created {
                 Ok(Created::Nodes(nodes)) => {
-                    if session.grant_deadline(ask.lease, sent) <= Instant::now() {
+                    if session.grant_deadline(self.lease, sent) <= Instant::now() {
                         return Err(Error::unavailable(
                             BACKEND,
                             "the lease ran out before the grant was confirmed (ZooKeeper answered too slowly)",
                         ));
                     }
-                    let granted = grant(session, name, nodes, ask, sent);
-                    if granted.is_ok() {
-                        // The guard owns the nodes now.
-                        if let Some(pending) = pending {
-                            pending.disarm();
-                        }
-                    }
-                    return granted;
+                    return Ok(Turn::Granted((nodes, sent)));
                 }
                 // The limit changed under us (or the directory went): read again.
                 Ok(Created::Changed) => continue,
@@ -235,25 +278,25 @@ async fn take_leases(
                 Err(err) => return Err(acquire::waiting_error(name, err)),
             }
         }
-        if ask.no_wait {
-            return Err(Error::Contended {
-                name: name.to_owned(),
-            });
-        }
-        if ask.wait.is_over() {
-            return Err(timed_out(name));
-        }
+    }
+
+    async fn wait(&mut self, watcher: zk::OneshotWatcher) -> Result<(), Error> {
         tokio::select! {
-            _ = watcher.changed() => {}
-            _ = session.ended() => {
-                return Err(Error::lost(name, "the ZooKeeper session ended while waiting"));
+            _ = watcher.changed() => Ok(()),
+            _ = self.session.ended() => {
+                Err(Error::lost(self.name, "the ZooKeeper session ended while waiting"))
             }
             // Not only seen by the next multi-op (which checks the mutex node): with no
             // permit changing hands there would be none, and the request would wait for
             // ever outside the mutex's queue.
-            () = mutex.lost() => return Err(mutex_lost()),
-            _ = give_up() => return Err(timed_out(name)),
+            () = self.mutex.lost() => Err(mutex_lost()),
         }
+    }
+
+    /// Nothing of ours was created while there was no room; leases a failed request
+    /// may have made go in the background.
+    async fn give_up(self, _why: GiveUp, error: Error) -> Error {
+        error
     }
 }
 
@@ -264,13 +307,6 @@ fn mutex_lost() -> Error {
         "the semaphore's internal lock was lost while waiting (its node was deleted, or the \
          session's deadline passed); nothing was granted",
     )
-}
-
-fn timed_out(name: &str) -> Error {
-    Error::Timeout {
-        name: name.to_owned(),
-        waited: std::time::Duration::ZERO,
-    }
 }
 
 /// What [`create_leases`] did.
