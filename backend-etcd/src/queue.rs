@@ -14,12 +14,14 @@
 //! `%rw` and `%sem` cannot be the encoding of a lock name (an encoded `%` is `%25`), so
 //! these ranges never meet a lock's.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchFilterType, WatchOptions,
 };
+use fencelock_core::kit::{Claim, GiveUp, Turn, until_turn};
 use fencelock_core::{AcquireOptions, Error, Lease, LockGuard, Wait, WaitDeadline};
 
 use crate::cleanup::{Armed, Cleanup, KeyState, give_up_now};
@@ -142,38 +144,21 @@ impl EtcdLock {
                 return Err(error);
             }
         };
-        if !granted_at_once && options.wait_kind() == Wait::NoWait {
-            give_up_now(pending).await;
-            return Err(Error::Contended {
-                name: name.to_owned(),
-            });
-        }
-        let waiting = async {
-            if granted_at_once {
-                return Ok(());
-            }
-            match ask {
-                Ask::Read | Ask::Write => {
-                    // Confirms our key too: no separate check after it.
-                    crate::wait::for_turn(&inner.client, (&blockers, &key), mine, &session, name)
-                        .await
-                }
-                Ask::Permits { count, limit } => {
-                    self.wait_for_permits(&dir, mine, (count, limit), &session, name)
-                        .await?;
-                    // Our key must have survived the wait (a request granted at its first
-                    // read needs no such check, as a lock's first try).
-                    self.check_still_queued(&key, mine, name).await
-                }
-            }
+        let queued = Queued {
+            lock: self,
+            name,
+            ask,
+            dir: &dir,
+            blockers: &blockers,
+            key: &key,
+            mine,
+            session: &session,
+            pending,
+            cleared: granted_at_once,
         };
-        match wait.run_until(wait.at(), name, waiting).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) | Err(error) => {
-                give_up_now(pending).await;
-                return Err(error);
-            }
-        }
+        let no_wait = options.wait_kind() == Wait::NoWait;
+        let (queued, ()) = until_turn(queued, name, &wait, no_wait).await?;
+        let mut pending = queued.pending;
 
         let (session, fixed) = match lease {
             Lease::Fixed(ttl) => (
@@ -310,6 +295,66 @@ fn parse_permits(value: &[u8]) -> (u32, u32) {
         .and_then(|v| v.split_once('/'))
         .and_then(|(c, l)| Some((c.parse().ok()?, l.parse().ok()?)))
         .unwrap_or((0, 0))
+}
+
+/// Our key in a read-write lock's or semaphore's queue, after the first look found it
+/// behind: the wait until its turn ([`Claim::wait`]) in the kit's loop
+/// ([`until_turn`]); its turn has come once a wait ended ([`Claim::turn`]).
+struct Queued<'a> {
+    lock: &'a EtcdLock,
+    name: &'a str,
+    ask: Ask,
+    dir: &'a str,
+    /// The keys a read or write request waits behind (none for permits, which count).
+    blockers: &'a str,
+    key: &'a str,
+    mine: i64,
+    session: &'a Arc<Session>,
+    /// Our key's clean-up, until the guard owns it.
+    pending: Armed,
+    /// Whether our turn has come: at the first look, or after a wait.
+    cleared: bool,
+}
+
+impl Claim for Queued<'_> {
+    type Grant = ();
+    type Blocker = ();
+
+    async fn turn(&mut self) -> Result<Turn<(), ()>, Error> {
+        Ok(if self.cleared {
+            Turn::Granted(())
+        } else {
+            Turn::Behind(())
+        })
+    }
+
+    async fn wait(&mut self, (): ()) -> Result<(), Error> {
+        let (name, mine, session) = (self.name, self.mine, self.session);
+        match self.ask {
+            Ask::Read | Ask::Write => {
+                // Confirms our key too: no separate check after it.
+                let client = &self.lock.inner().client;
+                crate::wait::for_turn(client, (self.blockers, self.key), mine, session, name)
+                    .await?;
+            }
+            Ask::Permits { count, limit } => {
+                self.lock
+                    .wait_for_permits(self.dir, mine, (count, limit), session, name)
+                    .await?;
+                // Our key must have survived the wait (a request granted at its first
+                // read needs no such check, as a lock's first try).
+                self.lock.check_still_queued(self.key, mine, name).await?;
+            }
+        }
+        self.cleared = true;
+        Ok(())
+    }
+
+    /// Refused, timed out or failed while waiting: the key goes now.
+    async fn give_up(self, _why: GiveUp, error: Error) -> Error {
+        give_up_now(self.pending).await;
+        error
+    }
 }
 
 #[cfg(test)]
