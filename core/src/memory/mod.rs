@@ -7,6 +7,7 @@ mod permits;
 mod renewal;
 mod semaphore;
 mod table;
+mod waiting;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,11 +21,13 @@ use tokio_util::sync::CancellationToken;
 use self::held::MemoryGrant;
 use self::kind::Kind;
 use self::semaphore::Semaphores;
-use self::table::{Attempt, Table};
+use self::table::Table;
+use self::waiting::Ticket;
+use crate::kit::until_turn;
 use crate::{
     AcquireOptions, Capabilities, DistributedLock, Error, FencingStrength, HolderInfo, Leader,
     LeaderChange, LeaderChanges, ListedLock, LockGuard, LockInfo, LossDetection, Permits, Wait,
-    validate_name, validate_prefix,
+    WaitDeadline, validate_name, validate_prefix,
 };
 
 const BACKEND: &str = "mem";
@@ -212,41 +215,6 @@ impl std::fmt::Debug for MemoryLock {
     }
 }
 
-/// Runs `waiting` within the wait `options` allow: [`Error::Timeout`] when it runs out.
-async fn within_wait(
-    name: &str,
-    options: AcquireOptions,
-    waiting: impl std::future::Future<Output = Result<LockGuard, Error>>,
-) -> Result<LockGuard, Error> {
-    match options.wait_kind() {
-        Wait::Timeout(limit) => tokio::time::timeout(limit, waiting)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    name: name.to_owned(),
-                    waited: limit,
-                })
-            }),
-        Wait::NoWait | Wait::Forever => waiting.await,
-    }
-}
-
-/// A waiter's place in a queue; leaving it (by drop) removes the place.
-struct Ticket<'a> {
-    shared: &'a Shared,
-    name: &'a Arc<str>,
-    id: u64,
-    queued: bool,
-}
-
-impl Drop for Ticket<'_> {
-    fn drop(&mut self) {
-        if self.queued {
-            self.shared.table().leave(self.name, self.id);
-        }
-    }
-}
-
 /// The shortest renewing lease: renewed every third of it on timers that tick in whole
 /// milliseconds, a shorter one would be renewed only after it ran out.
 const SHORTEST_RENEWING_LEASE: Duration = Duration::from_millis(10);
@@ -331,65 +299,21 @@ impl MemoryLock {
         validate_name(name)?;
         check_options(options)?;
         let key: Arc<str> = Arc::from(name);
-        let waiting = self.wait_for_grant(&key, options, value.as_ref());
-        within_wait(name, options, waiting).await
-    }
-
-    async fn wait_for_grant(
-        &self,
-        name: &Arc<str>,
-        options: AcquireOptions,
-        value: Option<&Arc<str>>,
-    ) -> Result<LockGuard, Error> {
         let lease = options.lease_kind();
-        let queue = options.wait_kind() != Wait::NoWait;
-        let wake = Arc::new(Notify::new());
-        let id = self.shared.table().next_id();
-        let mut ticket = Ticket {
-            shared: &self.shared,
-            name,
-            id,
+        let wait = WaitDeadline::new(options.wait_kind());
+        let no_wait = options.wait_kind() == Wait::NoWait;
+        let ticket = Ticket {
+            lock: self,
+            name: &key,
+            id: self.shared.table().next_id(),
+            value: value.as_ref(),
+            lease: lease.duration(),
+            queue: !no_wait,
+            wake: Arc::new(Notify::new()),
             queued: false,
         };
-        loop {
-            let attempt = self.shared.table().attempt(
-                name,
-                (id, &self.client),
-                value,
-                &wake,
-                lease.duration(),
-                queue,
-            );
-            match attempt {
-                Attempt::Granted(token, liveness) => {
-                    // The table took us off the queue when it granted the lock.
-                    ticket.queued = false;
-                    return Ok(self.guard(Kind::Lock, name, id, lease, (token, liveness)));
-                }
-                Attempt::Contended => {
-                    return Err(Error::Contended {
-                        name: name.to_string(),
-                    });
-                }
-                Attempt::Closed => {
-                    // Closing emptied the queue.
-                    ticket.queued = false;
-                    return Err(Error::Closed { backend: BACKEND });
-                }
-                Attempt::Queued { wake_at } => {
-                    ticket.queued = true;
-                    match wake_at {
-                        Some(at) => {
-                            tokio::select! {
-                                _ = wake.notified() => {}
-                                _ = tokio::time::sleep_until(at) => {}
-                            }
-                        }
-                        None => wake.notified().await,
-                    }
-                }
-            }
-        }
+        let (ticket, granted) = until_turn(ticket, name, &wait, no_wait).await?;
+        Ok(self.guard(Kind::Lock, &key, ticket.id, lease, granted))
     }
 }
 
