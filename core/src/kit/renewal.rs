@@ -53,8 +53,9 @@ pub trait Renew: Send + Sync + Sized + 'static {
     /// [`renew`](Self::renew) is then not due again until the backend says when
     /// ([`Renewals::renew_at`]), however long its renewal takes: etcd's keepalive round
     /// lasts until it is answered or the lease's deadline, and must not be begun a
-    /// second time meanwhile. Otherwise (the default) a lease is due again an interval
-    /// after it was handed over, whatever came of it.
+    /// second time meanwhile. It is handed over at the instant said, not a quarter
+    /// interval early as leases are batched otherwise. Otherwise (the default) a lease is
+    /// due again an interval after it was handed over, whatever came of it.
     const TIMES_ITSELF: bool = false;
 
     /// The client's scheduler.
@@ -306,7 +307,15 @@ impl<P: Renew> Renewals<P> {
                 continue;
             };
             let interval = crate::Lease::Renewing(entry.lease).renew_interval();
-            if at > now + interval / 4 {
+            // Taken a quarter interval early, so that leases due close together are
+            // renewed together; a backend that times itself is taken when it said (its
+            // pause after a failed round is kept).
+            let early = if P::TIMES_ITSELF {
+                Duration::ZERO
+            } else {
+                interval / 4
+            };
+            if at > now + early {
                 break;
             }
             state.by_due.remove(&(at, key));

@@ -104,7 +104,9 @@ pub async fn until_turn<C: Claim>(
         } else if wait.is_over() {
             (GiveUp::TimedOut, wait.timed_out(name))
         } else {
+            // The wait first: one that ends at the deadline's instant is not lost.
             let waited = tokio::select! {
+                biased;
                 waited = claim.wait(blocker) => Some(waited),
                 () = wait.over() => None,
             };

@@ -248,3 +248,30 @@ async fn a_self_timed_lease_is_due_when_its_round_says() {
         "a removed lease stays removed"
     );
 }
+
+/// A self-timed lease is begun when its round said, not earlier: the quarter interval
+/// by which other leases are taken early (to batch them) does not apply, so a short
+/// pause asked for after a failed round is kept.
+#[tokio::test(start_paused = true)]
+async fn a_self_timed_lease_is_not_begun_early() {
+    let backend = Arc::new(SelfTimed {
+        renewals: Renewals::new(Handle::current()),
+        begun: Mutex::default(),
+        takes: Duration::from_millis(1_500),
+        // Shorter than a quarter of the 3 s lease's interval.
+        next: Duration::from_millis(100),
+    });
+    let start = Instant::now();
+    let lease = Duration::from_secs(3);
+    Renewals::insert(&backend, (), lease, Liveness::new(start + lease), start);
+    tokio::time::sleep(Duration::from_millis(4_300)).await;
+    let begun: Vec<Duration> = backend
+        .begun
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|at| *at - start)
+        .collect();
+    let secs = |ms| Duration::from_millis(ms);
+    assert_eq!(begun, [secs(1_000), secs(2_600), secs(4_200)]);
+}
