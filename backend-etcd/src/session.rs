@@ -36,8 +36,10 @@ pub(crate) struct Session {
 /// What keeps a session's lease alive.
 #[derive(Default)]
 struct Keeping {
-    /// The client's keepalives, and the lease's key in their scheduler.
-    renewal: Option<(Weak<Keepalives>, u64)>,
+    /// The client's keepalives, and the lease's key in their scheduler. Held strongly:
+    /// a guard keeps its session, and so its keepalive, when the client that granted it
+    /// was dropped without `close`.
+    renewal: Option<(Arc<Keepalives>, u64)>,
     /// The stream the last round was answered on, kept for the next round.
     channel: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     /// The round in flight, stopped when the session ends.
@@ -61,9 +63,7 @@ impl Keeping {
             round.abort();
         }
         if let Some((keepalives, key)) = self.renewal {
-            if let Some(keepalives) = keepalives.upgrade() {
-                keepalives.renewals.remove(key);
-            }
+            keepalives.renewals.remove(key);
         }
     }
 }
@@ -360,16 +360,20 @@ impl Keepalives {
         channel: (LeaseKeeper, LeaseKeepAliveStream),
         opening: Instant,
     ) {
+        // The scheduler's record of the session's deadline, never a guard's: ended, so
+        // that its passing the deadline warns of no lock lost.
+        let deadline = session.liveness();
+        deadline.end();
         let mut keeping = session.keeping();
         keeping.channel = Some(channel);
         let key = Renewals::insert(
             self,
             Arc::downgrade(session),
             session.ttl,
-            session.liveness(),
+            deadline,
             opening,
         );
-        keeping.renewal = Some((Arc::downgrade(self), key));
+        keeping.renewal = Some((self.clone(), key));
     }
 
     /// The client is closed (its sessions were ended): the task ends.
@@ -405,8 +409,16 @@ impl Renew for Keepalives {
                 self.renewals.remove(due.key);
                 continue;
             };
+            // Begun under the session's lock, so that a session ended meanwhile begins
+            // no round, and one ended after aborts it.
+            let mut keeping = session.keeping();
+            if keeping.renewal.is_none() {
+                drop(keeping);
+                self.renewals.remove(due.key);
+                continue;
+            }
             let task = tokio::spawn(round(self.clone(), due.key, due.data));
-            session.keeping().round = Some(task.abort_handle());
+            keeping.round = Some(task.abort_handle());
         }
         std::future::ready(())
     }
@@ -437,21 +449,19 @@ const UNANSWERED: &str = "no keepalive answer from etcd before the lease deadlin
 /// stream is never used again after a request on it went unanswered, so an answer is
 /// only ever credited to the request it answers.
 async fn round(keepalives: Arc<Keepalives>, key: u64, session: Weak<Session>) {
-    let Some((id, ttl, deadline, mut channel)) = session
-        .upgrade()
-        .filter(|session| !session.is_lost())
-        .map(|s| {
-            (
-                s.lease_id,
-                s.ttl,
-                s.valid_until(),
-                s.keeping().channel.take(),
-            )
-        })
-    else {
+    let Some(live) = session.upgrade() else {
         keepalives.renewals.remove(key);
         return;
     };
+    if live.is_lost() {
+        // Past its deadline before this round began (the last stream broke and the
+        // pause ran past it), or ended: the first cause given stands.
+        live.mark_lost(LossCause::LeaseExpired, UNANSWERED);
+        return;
+    }
+    let (id, ttl, deadline) = (live.lease_id, live.ttl, live.valid_until());
+    let mut channel = live.keeping().channel.take();
+    drop(live);
     let interval = ttl / 3;
     let client = &keepalives.client;
     let sent = Instant::now();
@@ -510,7 +520,11 @@ async fn round(keepalives: Arc<Keepalives>, key: u64, session: Weak<Session>) {
             opened,
         } => {
             // On a new stream, the old one, with any answer still on its way, is dropped.
-            session.keeping().channel = opened.map(|opened| *opened).or(channel);
+            let mut keeping = session.keeping();
+            if keeping.renewal.is_some() {
+                keeping.channel = opened.map(|opened| *opened).or(channel);
+            }
+            drop(keeping);
             session.renewed(sent + granted.min(ttl) - DRIFT_MARGIN.of(ttl));
             keepalives.renewals.renew_at(key, sent + interval);
         }

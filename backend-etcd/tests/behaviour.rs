@@ -795,3 +795,27 @@ async fn a_release_retried_after_a_dropped_one_is_not_a_loss() {
         .await
         .unwrap();
 }
+
+/// A guard outlives the client it was acquired through: dropped without `close`, the
+/// client's session is still kept alive for the guards on it, which stay held past
+/// several leases and release normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_outlives_its_dropped_client() {
+    let lock = client("outlives-client").await;
+    let other = client("outlives-client").await;
+    let guard = lock.lock("kept").await.unwrap();
+    let first_deadline = guard.valid_until();
+    drop(lock);
+    // The lease is 2 s: three leases without a renewal would lose it.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(!guard.is_lost(), "lost: {:?}", guard.lost_reason());
+    assert!(guard.valid_until() > first_deadline, "never renewed");
+    assert!(other.try_lock("kept").await.unwrap().is_none());
+    guard.release().await.unwrap();
+    let next = other
+        .try_lock("kept")
+        .await
+        .unwrap()
+        .expect("free once released");
+    next.release().await.unwrap();
+}
