@@ -121,6 +121,48 @@ pub async fn renewing_lease_outlives_its_duration(lock: &dyn DistributedLock) {
     guard.release().await.expect("release");
 }
 
+/// A guard outlives the client it was acquired through: with that client dropped
+/// (without `close`), the renewing lease is still renewed past several of its
+/// durations, the lock stays held for `other` (another client of the deployment), and
+/// the guard releases normally.
+///
+/// # Errors
+///
+/// None: a violation of the contract panics with a message saying what went wrong.
+///
+/// # Cancel safety
+///
+/// Dropping it drops the case's guard, which the backend cleans up as its own
+/// cancellation safety promises.
+pub async fn a_guard_outlives_its_dropped_client<L>(lock: L, other: &dyn DistributedLock)
+where
+    L: std::ops::Deref + Send,
+    L::Target: DistributedLock,
+{
+    let name = unique_name("outlives-client");
+    let lease = short_lease(other);
+    let guard = lock
+        .acquire(&name, AcquireOptions::new().lease(lease))
+        .await
+        .expect("acquire");
+    let first_deadline = guard.valid_until();
+    drop(lock);
+    tokio::time::sleep(lease * 3).await;
+    assert!(
+        !guard.is_lost(),
+        "a guard of a dropped client was lost: {:?}",
+        guard.lost_reason()
+    );
+    assert!(guard.valid_until() > first_deadline, "deadline never moved");
+    assert!(other.try_lock(&name).await.expect("try_lock").is_none());
+    guard.release().await.expect("release");
+    let next = other.try_lock(&name).await.expect("try_lock");
+    next.expect("free once released")
+        .release()
+        .await
+        .expect("release");
+}
+
 /// `with_lock` stops the work and returns `Lost` when the lock is lost mid-way.
 ///
 /// # Errors

@@ -44,8 +44,9 @@ pub use exclusion::{
     try_lock_under_contention, wait_timeout_is_honoured, with_lock_runs_and_releases,
 };
 pub use expiry::{
-    fixed_lease_expires_and_reports_loss, fixed_leases_can_be_extended,
-    renewing_lease_outlives_its_duration, with_lock_cancels_work_on_loss,
+    a_guard_outlives_its_dropped_client, fixed_lease_expires_and_reports_loss,
+    fixed_leases_can_be_extended, renewing_lease_outlives_its_duration,
+    with_lock_cancels_work_on_loss,
 };
 pub use handoff::{
     cancelled_give_up_leaves_no_waiter, cancelled_release_frees_the_name,
@@ -135,6 +136,18 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@crowd $setup;
             observers_report_each_grant_once,
         );
+        $crate::conformance_suite!(@owned $setup;
+            a_guard_outlives_its_dropped_client,
+        );
+    };
+    (@owned $setup:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (a, b) = ($setup, $setup);
+                $crate::conformance::$case(a, &*b).await;
+            }
+        )+
     };
     (@crowd $setup:expr; $($case:ident),+ $(,)?) => {
         $(
