@@ -50,6 +50,10 @@ pub trait Claim: Send {
     /// Looks whether the claim's turn has come (for a backend that claims by trying,
     /// tries again).
     ///
+    /// # Cancel safety
+    ///
+    /// Dropped, it leaves the claim to undo whatever the look may have made.
+    ///
     /// # Errors
     ///
     /// The backend's: the acquire fails with it, and the dropped claim undoes itself.
@@ -58,7 +62,11 @@ pub trait Claim: Send {
     ) -> impl Future<Output = Result<Turn<Self::Grant, Self::Blocker>, Error>> + Send;
 
     /// Waits until `blocker` may have moved on; [`turn`](Self::turn) then looks again.
-    /// Dropped when the wait ends first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be: it is dropped when the caller's wait ends first, and the claim is then
+    /// given up.
     ///
     /// # Errors
     ///
@@ -69,6 +77,14 @@ pub trait Claim: Send {
     /// Ends the claim without a grant, for `why`: undoes what it left on the server (at
     /// once, or in the background, as the backend's clean-up bounds allow) and returns
     /// the error the acquire reports, `error` unless the backend knows better.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped, the claim's undo goes on in the background.
+    ///
+    /// # Errors
+    ///
+    /// None: it returns the error to report.
     fn give_up(self, why: GiveUp, error: Error) -> impl Future<Output = Error> + Send;
 }
 
