@@ -1,6 +1,6 @@
 //! The TLS material of a deployment reached over TLS, and the clients built with it.
 use fencelock_core::Error;
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
 use crate::config::RedisConfig;
@@ -112,7 +112,7 @@ pub(crate) fn tls_sentinel_client(
     tls: &Tls,
 ) -> Result<SentinelClient, Error> {
     use redis::TlsMode;
-    use redis::sentinel::SentinelClientBuilder;
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 
     let mut builder = SentinelClientBuilder::new(
         sentinels.iter().map(|e| address(e, Some(tls))),
