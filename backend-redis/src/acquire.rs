@@ -119,12 +119,13 @@ struct Trying<'a> {
     name: &'a str,
 }
 
-/// A granted try: its token, owner value, id, and when it was sent.
-struct Granted {
-    token: FencingToken,
-    owner: String,
-    id: u64,
-    sent: Instant,
+/// A granted try (a lock's or a primitive's): its token, owner value, id, and when it
+/// was sent.
+pub(crate) struct Granted {
+    pub(crate) token: FencingToken,
+    pub(crate) owner: String,
+    pub(crate) id: u64,
+    pub(crate) sent: Instant,
 }
 
 impl Claim for Trying<'_> {

@@ -26,6 +26,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::acquire::Granted;
 use crate::attempt::InFlight;
 use crate::call::millis;
 use crate::config::MIN_LEASE;
@@ -201,25 +202,7 @@ async fn wait_member(
         sent,
     } = granted;
     let holder = keys.holder(&owner);
-    held::guard(
-        engine,
-        name,
-        &holder,
-        lease,
-        FencingToken::new(token),
-        owner,
-        id,
-        sent,
-        false,
-    )
-}
-
-/// A granted try: its token, owner value, id, and when it was sent.
-struct Granted {
-    token: u64,
-    owner: String,
-    id: u64,
-    sent: Instant,
+    held::guard(engine, name, &holder, lease, token, owner, id, sent, false)
 }
 
 /// A request's tries ([`Claim::turn`]: one [`try_member`]) and the waits between them
@@ -269,7 +252,7 @@ impl Claim for Members<'_> {
                     }
                 }
                 Ok(Turn::Granted(Granted {
-                    token,
+                    token: FencingToken::new(token),
                     owner,
                     id,
                     sent,

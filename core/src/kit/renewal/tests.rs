@@ -186,6 +186,14 @@ struct SelfTimed {
     next: Duration,
 }
 
+impl SelfTimed {
+    /// When each renewal was begun, from `start`.
+    fn begun_since(&self, start: Instant) -> Vec<Duration> {
+        let begun = self.begun.lock().unwrap();
+        begun.iter().map(|at| *at - start).collect()
+    }
+}
+
 impl Renew for SelfTimed {
     type Lease = ();
     type Due = ();
@@ -231,13 +239,7 @@ async fn a_self_timed_lease_is_due_when_its_round_says() {
     let lease = Duration::from_secs(3);
     let key = Renewals::insert(&backend, (), lease, Liveness::new(start + lease), start);
     tokio::time::sleep(Duration::from_millis(5_100)).await;
-    let begun: Vec<Duration> = backend
-        .begun
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|at| *at - start)
-        .collect();
+    let begun = backend.begun_since(start);
     // Due a third of the lease after the send, then each 1.5 s round plus 0.5 s.
     let secs = |ms| Duration::from_millis(ms);
     assert_eq!(begun, [secs(1_000), secs(3_000), secs(5_000)]);
@@ -265,13 +267,7 @@ async fn a_self_timed_lease_is_not_begun_early() {
     let lease = Duration::from_secs(3);
     Renewals::insert(&backend, (), lease, Liveness::new(start + lease), start);
     tokio::time::sleep(Duration::from_millis(4_300)).await;
-    let begun: Vec<Duration> = backend
-        .begun
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|at| *at - start)
-        .collect();
+    let begun = backend.begun_since(start);
     let secs = |ms| Duration::from_millis(ms);
     assert_eq!(begun, [secs(1_000), secs(2_600), secs(4_200)]);
 }
