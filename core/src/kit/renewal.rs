@@ -6,7 +6,8 @@
 //! due, takes every lease due within a quarter of its interval (so that leases due close
 //! together are renewed together), and hands them to the backend's [`Renew::renew`] in
 //! one call: the backend pipelines them (Redis: one script per node and slot per
-//! hundred keys), or renews them one by one (memory). The backend reports each lease's
+//! hundred keys), or renews them one by one (memory: a few hundred per call, see
+//! [`Renew::TAKEN_AT_ONCE`]). The backend reports each lease's
 //! outcome as soon as it knows it ([`Renewals::renewed`], [`Renewals::failed`],
 //! [`Renewals::gone`]).
 //!
@@ -57,6 +58,14 @@ pub trait Renew: Send + Sync + Sized + 'static {
     /// interval early as leases are batched otherwise. Otherwise (the default) a lease is
     /// due again an interval after it was handed over, whatever came of it.
     const TIMES_ITSELF: bool = false;
+
+    /// The most leases handed to one [`renew`](Self::renew) call. The scheduler's lock is
+    /// held while it takes them, and an acquire that inserts its lease waits behind it:
+    /// a backend that renews lease by lease (memory) takes a few hundred at a time, and
+    /// the task yields between calls. A backend that plans a whole round (Redis, which
+    /// widens its calls in flight to fit the round in a quarter interval) takes every
+    /// lease due, the default.
+    const TAKEN_AT_ONCE: usize = usize::MAX;
 
     /// The client's scheduler.
     fn renewals(&self) -> &Renewals<Self>;
@@ -291,8 +300,9 @@ impl<P: Renew> Renewals<P> {
         }
     }
 
-    /// Takes the leases due within a quarter interval (rescheduled an interval from now)
-    /// and the lost ones, and records when the task must wake next.
+    /// Takes the leases due within a quarter interval (rescheduled an interval from now),
+    /// at most [`Renew::TAKEN_AT_ONCE`], and the lost ones, and records when the task
+    /// must wake next.
     #[allow(clippy::type_complexity)]
     fn take_due(&self, client: &P) -> (Vec<Due<P::Due>>, Vec<(u64, P::Lease)>, Option<Instant>) {
         let now = Instant::now();
@@ -301,7 +311,10 @@ impl<P: Renew> Renewals<P> {
         let mut due = Vec::new();
         let mut lost = Vec::new();
         let mut later = Vec::new();
-        while let Some((&(at, key), ())) = state.by_due.first_key_value() {
+        while due.len() < P::TAKEN_AT_ONCE {
+            let Some((&(at, key), ())) = state.by_due.first_key_value() else {
+                break;
+            };
             let Some(entry) = state.entries.get_mut(&key) else {
                 state.by_due.remove(&(at, key));
                 continue;

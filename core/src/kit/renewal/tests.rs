@@ -14,8 +14,9 @@ enum Answer {
     Gone,
 }
 
-struct Scripted {
-    renewals: Renewals<Scripted>,
+/// `AT_ONCE`: its [`Renew::TAKEN_AT_ONCE`].
+struct Scripted<const AT_ONCE: usize = { usize::MAX }> {
+    renewals: Renewals<Scripted<AT_ONCE>>,
     answers: Mutex<HashMap<u64, Answer>>,
     /// (lease id, instant) of every renewal asked for.
     asked: Mutex<Vec<(u64, Instant)>>,
@@ -24,7 +25,7 @@ struct Scripted {
     calls: AtomicUsize,
 }
 
-impl Scripted {
+impl<const AT_ONCE: usize> Scripted<AT_ONCE> {
     fn new() -> Arc<Self> {
         Arc::new(Scripted {
             renewals: Renewals::new(Handle::current()),
@@ -55,10 +56,11 @@ impl Scripted {
     }
 }
 
-impl Renew for Scripted {
+impl<const AT_ONCE: usize> Renew for Scripted<AT_ONCE> {
     type Lease = u64;
     type Due = u64;
     const ENDS_WHEN_IDLE: bool = true;
+    const TAKEN_AT_ONCE: usize = AT_ONCE;
 
     fn renewals(&self) -> &Renewals<Self> {
         &self.renewals
@@ -95,7 +97,7 @@ impl Renew for Scripted {
 /// renewed in one call.
 #[tokio::test(start_paused = true)]
 async fn leases_are_renewed_every_third_in_batches() {
-    let backend = Scripted::new();
+    let backend = <Scripted>::new();
     let lease = Duration::from_secs(3);
     let start = Instant::now();
     let (a, _) = backend.hold(1, lease, Answer::Renew);
@@ -110,11 +112,33 @@ async fn leases_are_renewed_every_third_in_batches() {
     assert_eq!(backend.calls.load(Ordering::SeqCst), asked.len());
 }
 
+/// A backend that takes few leases at once gets a round in several calls, all at the
+/// instant the round is due.
+#[tokio::test(start_paused = true)]
+async fn a_round_is_handed_over_at_most_so_many_at_once() {
+    let backend = Scripted::<2>::new();
+    let lease = Duration::from_secs(3);
+    let start = Instant::now();
+    let held: Vec<_> = (1..=5)
+        .map(|id| backend.hold(id, lease, Answer::Renew))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    for id in 1..=5 {
+        assert_eq!(
+            backend.asked(id),
+            [start + Duration::from_secs(1)],
+            "lease {id}"
+        );
+    }
+    assert_eq!(backend.calls.load(Ordering::SeqCst), 3, "2 + 2 + 1");
+    assert!(held.iter().all(|(liveness, _)| !liveness.is_lost()));
+}
+
 /// A failed renewal is tried again after a tenth of the lease; a lease the server says
 /// is gone marks its guard lost and is renewed no more.
 #[tokio::test(start_paused = true)]
 async fn failures_are_retried_soon_and_gone_leases_are_lost() {
-    let backend = Scripted::new();
+    let backend = <Scripted>::new();
     let lease = Duration::from_secs(10);
     let (failing, failing_key) = backend.hold(1, lease, Answer::Fail);
     let (gone, gone_key) = backend.hold(2, lease, Answer::Gone);
@@ -133,7 +157,7 @@ async fn failures_are_retried_soon_and_gone_leases_are_lost() {
 /// a removed one is neither.
 #[tokio::test(start_paused = true)]
 async fn lost_leases_are_abandoned_and_removed_ones_forgotten() {
-    let backend = Scripted::new();
+    let backend = <Scripted>::new();
     let lease = Duration::from_secs(3);
     let (lost, _) = backend.hold(1, lease, Answer::Renew);
     let (_, removed) = backend.hold(2, lease, Answer::Renew);
@@ -152,7 +176,7 @@ async fn lost_leases_are_abandoned_and_removed_ones_forgotten() {
 async fn the_task_ends_when_idle_or_closed_and_starts_again() {
     let alive = || Handle::current().metrics().num_alive_tasks();
     let before = alive();
-    let backend = Scripted::new();
+    let backend = <Scripted>::new();
     let (_, key) = backend.hold(1, Duration::from_millis(300), Answer::Renew);
     assert_eq!(alive(), before + 1);
     tokio::time::sleep(Duration::from_millis(350)).await;
