@@ -125,7 +125,13 @@ impl Delayed {
             let due = {
                 let mut queue = self.lock();
                 let mut due = Vec::new();
+                // Whether grants came since the last look: the task then looks again a
+                // tick later even if they all ended meanwhile, rather than ending and
+                // being spawned again by the next grant (a spawn, from outside the
+                // runtime, every tick of a run of short critical sections).
+                let mut granted = false;
                 if next_look.is_some_and(|at| at <= now) || next_look.is_none() {
+                    granted = !queue.entries.is_empty();
                     while queue.entries.front().is_some_and(|e| e.due <= now) {
                         due.extend(queue.entries.pop_front());
                     }
@@ -133,14 +139,14 @@ impl Delayed {
                     queue.entries.retain(|e| !e.liveness.is_ended());
                     next_look = None;
                 }
-                if due.is_empty() && queue.entries.is_empty() && running.is_empty() {
+                if !granted && due.is_empty() && queue.entries.is_empty() && running.is_empty() {
                     queue.running = false;
                     task.ended = true;
                     return;
                 }
-                // Looked at once per tick while grants wait; otherwise woken by the
-                // next grant.
-                if !queue.entries.is_empty() && next_look.is_none() {
+                // Looked at once per tick while grants wait or came; otherwise woken by
+                // the next grant.
+                if (granted || !queue.entries.is_empty()) && next_look.is_none() {
                     next_look = Some(now + self.tick);
                 }
                 due
@@ -251,5 +257,38 @@ mod tests {
             !delayed.lock().running,
             "the task ends once nothing is left"
         );
+    }
+
+    /// Grants that all end before their delay, one after another (a run of short
+    /// critical sections), keep the one task: it ends only after a tick without grants,
+    /// rather than ending at each look and being spawned again by the next grant.
+    #[tokio::test(start_paused = true)]
+    async fn the_task_lives_through_a_run_of_short_grants() {
+        let delayed = Arc::new(Delayed::new(
+            Handle::current(),
+            Duration::from_millis(50),
+            Duration::from_millis(10),
+        ));
+        let far = Instant::now() + Duration::from_secs(60);
+        let short_grant = || {
+            let liveness = Liveness::new(far);
+            delayed.schedule(liveness.clone(), || -> Work {
+                Box::pin(async { unreachable!("the guard ended before its delay") })
+            });
+            liveness.end();
+        };
+        short_grant();
+        // The first look (10 ms) finds it ended: the task looks again a tick later.
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        assert!(
+            delayed.lock().running,
+            "alive after a look that found grants"
+        );
+        short_grant();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(delayed.lock().running, "alive while grants come");
+        // A tick with no grant (30 ms), and it ends.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!delayed.lock().running, "ended after a tick without grants");
     }
 }
