@@ -278,6 +278,11 @@ impl ZkSession {
             (Some(cap), Some(until)) => Some(cap.min(until)),
             (cap, until) => cap.or(until),
         };
+        // Usually confirmed already: no need to listen for probes then.
+        let deadline = self.grant_deadline(lease, sent);
+        if deadline > Instant::now() {
+            return Some(deadline);
+        }
         loop {
             let probed = self.probed.notified();
             tokio::pin!(probed);
