@@ -49,8 +49,9 @@ impl EtcdLock {
         }
         let registration = (!fixed).then(|| session.register(liveness.clone()));
         let cleanup = pending.disarm();
+        let name: Arc<str> = name.into();
         let grant = EtcdGrant::start(
-            name,
+            name.clone(),
             session,
             registration,
             fixed,
@@ -60,7 +61,7 @@ impl EtcdLock {
         );
         let held = Arc::new(Held::new(grant, liveness.clone()));
         let token = FencingToken::new(u64::try_from(revision).unwrap_or_default());
-        Ok(LockGuard::new(name, token, BACKEND, liveness, held))
+        Ok(LockGuard::with_name(name, token, BACKEND, liveness, held))
     }
 
     /// Our turn came for a fixed-lease lock queued on the renewing session: grants the

@@ -23,7 +23,8 @@ use watch::watch_held;
 /// The backend side of an etcd guard: what only etcd knows of one held grant.
 #[derive(Debug)]
 pub(crate) struct EtcdGrant {
-    name: String,
+    /// Shared with the guard.
+    name: Arc<str>,
     /// What the guard shares with its key watch.
     shared: Arc<Shared>,
     session: Arc<Session>,
@@ -69,7 +70,7 @@ impl EtcdGrant {
     /// Wraps a fresh grant (`fixed`: on its own fixed lease, which may be extended) of
     /// `client` and starts watching its key for deletion by anyone else.
     pub(crate) fn start(
-        name: &str,
+        name: Arc<str>,
         session: Arc<Session>,
         registration: Option<u64>,
         fixed: bool,
@@ -99,7 +100,7 @@ impl EtcdGrant {
         };
         client.delayed.schedule(shared.liveness.clone(), work);
         EtcdGrant {
-            name: name.to_owned(),
+            name,
             shared,
             session,
             registration,

@@ -65,17 +65,18 @@ pub(crate) fn guard(
         engine.release_in_background(keys.clone(), owner, Some(token.get()), election);
         return Err(Error::Closed { backend: BACKEND });
     }
+    let name: Arc<str> = name.into();
     let grant = RedisGrant {
         engine: engine.clone(),
         id,
-        name: name.to_owned(),
+        name: name.clone(),
         keys: keys.clone(),
         owner,
         token: token.get(),
         election,
         renewal,
     };
-    Ok(LockGuard::new(
+    Ok(LockGuard::with_name(
         name,
         token,
         BACKEND,
@@ -90,7 +91,8 @@ pub(crate) fn guard(
 pub(crate) struct RedisGrant {
     pub(crate) engine: Arc<Engine>,
     pub(crate) id: u64,
-    pub(crate) name: String,
+    /// Shared with the guard.
+    pub(crate) name: Arc<str>,
     pub(crate) keys: LockKeys,
     pub(crate) owner: String,
     /// The guard's token: a release that finds the key gone and the counter still at it

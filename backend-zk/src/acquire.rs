@@ -318,14 +318,15 @@ fn grant(
     let cap = fixed_cap(lease, sent);
     let liveness = Liveness::new(session.grant_deadline(lease, sent));
     let token = FencingToken::new(stat.czxid as u64);
+    let name: Arc<str> = name.into();
     let grant = ZkGrant::start(
-        name,
+        name.clone(),
         Node::new(session, path, stat.version).with_dir(dir),
         liveness.clone(),
         cap,
     );
     let held = Arc::new(Held::new(grant, liveness.clone()));
-    LockGuard::new(name, token, BACKEND, liveness, held)
+    LockGuard::with_name(name, token, BACKEND, liveness, held)
 }
 
 /// Why a lock and an election never share a name: the directory of `name` already holds

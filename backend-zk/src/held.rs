@@ -18,7 +18,8 @@ use crate::watcher::Watched;
 /// The backend side of a ZooKeeper guard.
 #[derive(Debug)]
 pub(crate) struct ZkGrant {
-    name: String,
+    /// Shared with the guard.
+    name: Arc<str>,
     /// The grant's nodes and liveness, shared with the session's watcher.
     tracked: Arc<Tracked>,
     registration: u64,
@@ -117,7 +118,7 @@ impl ZkGrant {
     /// the lock is lost (at the end of a fixed lease, or when the session deadline
     /// passed).
     pub(crate) fn start(
-        name: &str,
+        name: Arc<str>,
         node: Node,
         liveness: Liveness,
         cap: Option<tokio::time::Instant>,
@@ -128,7 +129,7 @@ impl ZkGrant {
     /// [`ZkGrant::start`] for a grant of several nodes (a semaphore's permits): each is
     /// watched, the loss of any loses the grant, and release deletes them all.
     pub(crate) fn start_many(
-        name: &str,
+        name: Arc<str>,
         node: Node,
         extra: Vec<Node>,
         liveness: Liveness,
@@ -140,7 +141,7 @@ impl ZkGrant {
         let registration = session.register(&tracked, cap);
         session.watch(&tracked);
         ZkGrant {
-            name: name.to_owned(),
+            name,
             tracked,
             registration,
             fixed: cap.is_some(),
@@ -252,7 +253,7 @@ impl Grant for ZkGrant {
                     "the lock node was gone when extending its lease".into(),
                 );
                 return Err(Error::lost(
-                    &self.name,
+                    &*self.name,
                     "the lock node was gone when extending its lease",
                 ));
             }
@@ -262,7 +263,7 @@ impl Grant for ZkGrant {
                     format!("the ZooKeeper session ended: {err}"),
                 );
                 return Err(Error::lost(
-                    &self.name,
+                    &*self.name,
                     format!("the ZooKeeper session ended: {err}"),
                 ));
             }
@@ -271,7 +272,7 @@ impl Grant for ZkGrant {
         let cap = sent + lease;
         if !session.set_cap(self.registration, cap) {
             return Err(Error::lost(
-                &self.name,
+                &*self.name,
                 "the lock was released or closed while extending",
             ));
         }

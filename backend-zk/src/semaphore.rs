@@ -424,9 +424,10 @@ fn grant(
         ));
     };
     let extra = nodes.map(|(node, _)| node).collect();
-    let grant = ZkGrant::start_many(name, first, extra, liveness.clone(), cap);
+    let name: Arc<str> = name.into();
+    let grant = ZkGrant::start_many(name.clone(), first, extra, liveness.clone(), cap);
     let held = Arc::new(Held::new(grant, liveness.clone()));
-    Ok(LockGuard::new(
+    Ok(LockGuard::with_name(
         name,
         FencingToken::new(czxid as u64),
         BACKEND,

@@ -146,7 +146,18 @@ impl LockGuard {
         liveness: Liveness,
         held: Arc<dyn HeldLock>,
     ) -> Self {
-        let name: Arc<str> = Arc::from(name.into());
+        Self::with_name(Arc::from(name.into()), token, backend, liveness, held)
+    }
+
+    /// [`new`](Self::new) with a name the backend shares already (its grant's record of
+    /// the lock, say): one copy of the name per held lock.
+    pub fn with_name(
+        name: Arc<str>,
+        token: FencingToken,
+        backend: &'static str,
+        liveness: Liveness,
+        held: Arc<dyn HeldLock>,
+    ) -> Self {
         liveness.set_shared_identity(name.clone(), token.get(), backend);
         LockGuard {
             name,

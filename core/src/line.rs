@@ -33,13 +33,14 @@ pub struct Front {
 }
 
 impl Lines {
-    /// `key`'s line, made if there is none, and the key as the map holds it.
-    fn line(&self, key: &str) -> (Arc<str>, Arc<FifoMutex<()>>) {
+    /// `key`'s line, made if there is none, and the key as the map holds it (the
+    /// caller's own if it made the line and gave an `Arc<str>`: one copy of the key).
+    fn line(&self, key: impl LineKey) -> (Arc<str>, Arc<FifoMutex<()>>) {
         let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((key, line)) = lines.get_key_value(key) {
+        if let Some((key, line)) = lines.get_key_value(key.as_str()) {
             return (key.clone(), line.clone());
         }
-        let (key, line): (Arc<str>, Arc<FifoMutex<()>>) = (key.into(), Arc::default());
+        let (key, line): (Arc<str>, Arc<FifoMutex<()>>) = (key.into_shared(), Arc::default());
         lines.insert(key.clone(), line.clone());
         (key, line)
     }
@@ -53,7 +54,7 @@ impl Lines {
     /// # Errors
     ///
     /// None: it only waits.
-    pub async fn front(self: &Arc<Self>, key: &str) -> Front {
+    pub async fn front(self: &Arc<Self>, key: impl LineKey) -> Front {
         let (key, line) = self.line(key);
         let mut front = Front {
             lines: self.clone(),
@@ -66,7 +67,7 @@ impl Lines {
 
     /// Takes the front of `key`'s line if nobody holds it, without waiting: for a try
     /// that must not queue, or to come back to a line later (see [`Front::lines`]).
-    pub fn try_front(self: &Arc<Self>, key: &str) -> Option<Front> {
+    pub fn try_front(self: &Arc<Self>, key: impl LineKey) -> Option<Front> {
         let (key, line) = self.line(key);
         // Made before the try, so dropped after it: a failed try finds the map's
         // reference the only one left and forgets an idle line.
@@ -116,6 +117,42 @@ impl Lines {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+}
+
+/// A line's key: a string (copied if the line is new), or an `Arc<str>` the caller keeps
+/// anyway (then shared as the line's key if the line is new: one copy of the key).
+pub trait LineKey {
+    /// The key.
+    fn as_str(&self) -> &str;
+    /// The key as the line keeps it.
+    fn into_shared(self) -> Arc<str>;
+}
+
+impl LineKey for &str {
+    fn as_str(&self) -> &str {
+        self
+    }
+    fn into_shared(self) -> Arc<str> {
+        self.into()
+    }
+}
+
+impl LineKey for &String {
+    fn as_str(&self) -> &str {
+        self
+    }
+    fn into_shared(self) -> Arc<str> {
+        self.as_str().into()
+    }
+}
+
+impl LineKey for &Arc<str> {
+    fn as_str(&self) -> &str {
+        self
+    }
+    fn into_shared(self) -> Arc<str> {
+        self.clone()
     }
 }
 
@@ -248,5 +285,21 @@ mod tests {
             }
             assert_eq!(lines.len(), 0, "turn came: {turn_came}");
         }
+    }
+
+    /// A key the caller keeps as an `Arc<str>` is the line's key too, not a copy.
+    #[test]
+    fn a_shared_key_is_not_copied() {
+        let lines = Arc::new(Lines::default());
+        let key: Arc<str> = Arc::from("fencelock/a/1");
+        let front = lines.try_front(&key).expect("a free line");
+        assert_eq!(
+            Arc::strong_count(&key),
+            3,
+            "the caller's, the map's, the front's"
+        );
+        drop(front);
+        assert_eq!(lines.len(), 0);
+        assert_eq!(Arc::strong_count(&key), 1);
     }
 }

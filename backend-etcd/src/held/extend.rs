@@ -40,7 +40,7 @@ impl EtcdGrant {
                     old,
                     c.moved_maybe.clone(),
                 ),
-                None => return Err(Error::lost(&self.name, "the lock was already given up")),
+                None => return Err(Error::lost(&*self.name, "the lock was already given up")),
             }
         };
         let shared = self.shared.clone();
@@ -218,7 +218,7 @@ impl EtcdGrant {
         };
         match runtime.spawn(work).await {
             // The task marked the guard lost.
-            Ok(Err(Error::Lost { reason, .. })) => Err(Error::lost(&self.name, reason)),
+            Ok(Err(Error::Lost { reason, .. })) => Err(Error::lost(&*self.name, reason)),
             Ok(outcome) => outcome,
             Err(_) => Err(Error::unavailable(
                 crate::error::BACKEND,

@@ -50,7 +50,7 @@ async fn a_grant_registered_after_give_up_is_given_up_too() {
     // The late grant, as `acquire::grant` builds it.
     let liveness = Liveness::new(session.deadline(session.anchor()));
     let node = Node::new(session.clone(), path.clone(), stat.version);
-    let held = ZkGrant::start("late", node, liveness.clone(), None);
+    let held = ZkGrant::start("late".into(), node, liveness.clone(), None);
 
     assert_eq!(
         liveness.lost_cause(),

@@ -187,7 +187,7 @@ impl MemoryLock {
             liveness.clone(),
         );
         let held = crate::kit::Held::new(grant, liveness.clone());
-        LockGuard::new(name.as_ref(), token, BACKEND, liveness, Arc::new(held))
+        LockGuard::with_name(name.clone(), token, BACKEND, liveness, Arc::new(held))
     }
 
     /// Fails with [`Error::Closed`] once this client is closed.
