@@ -23,8 +23,6 @@ pub(crate) struct ZkGrant {
     /// The grant's nodes and liveness, shared with the session's watcher.
     tracked: Arc<Tracked>,
     registration: u64,
-    /// Whether the grant has a fixed lease (and so may be extended).
-    fixed: bool,
     /// Serializes deletes so that a repeated release sees the first one's outcome (each
     /// node keeps what a delete of ours learned).
     deleting: tokio::sync::Mutex<()>,
@@ -43,16 +41,26 @@ pub(crate) struct Tracked {
     stopped: AtomicBool,
     /// Set once the nodes were handed to background deletes after a loss by deadline.
     given_up: AtomicBool,
+    /// Whether the grant has a fixed lease (and so may be extended). Kept here, in
+    /// padding, rather than in the grant, whose `kit::Held` then fits a smaller
+    /// allocation (16 B less per held lock).
+    fixed: bool,
 }
 
 impl Tracked {
-    pub(crate) fn new(node: Arc<Node>, extra: Vec<Arc<Node>>, liveness: Liveness) -> Self {
+    pub(crate) fn new(
+        node: Arc<Node>,
+        extra: Vec<Arc<Node>>,
+        liveness: Liveness,
+        fixed: bool,
+    ) -> Self {
         Tracked {
             node,
             extra,
             liveness,
             stopped: AtomicBool::new(false),
             given_up: AtomicBool::new(false),
+            fixed,
         }
     }
 
@@ -136,7 +144,7 @@ impl ZkGrant {
         cap: Option<tokio::time::Instant>,
     ) -> Self {
         let extra: Vec<Arc<Node>> = extra.into_iter().map(Arc::new).collect();
-        let tracked = Arc::new(Tracked::new(Arc::new(node), extra, liveness));
+        let tracked = Arc::new(Tracked::new(Arc::new(node), extra, liveness, cap.is_some()));
         let session = &tracked.node.session;
         let registration = session.register(&tracked, cap);
         session.watch(&tracked);
@@ -144,7 +152,6 @@ impl ZkGrant {
             name,
             tracked,
             registration,
-            fixed: cap.is_some(),
             deleting: tokio::sync::Mutex::new(()),
         }
     }
@@ -180,7 +187,7 @@ impl Grant for ZkGrant {
     }
 
     fn extension(&self) -> Extension {
-        if self.fixed {
+        if self.tracked.fixed {
             // As `acquire` checks it, before anything is sent.
             Extension::Fixed {
                 min_lease: self.node().session.min_lease(),
