@@ -536,6 +536,71 @@ async fn f10_etcd_partitioned_waiter_is_lost_never_granted() {
     .await;
 }
 
+/// F10 cut between etcd applying the waiter's create and the waiter hearing of it: its
+/// replies are slow, and the partition holds the create's answer on its way back. The
+/// waiter's session is lost at its deadline, and so is its acquire, then; not at the
+/// heal, when the held answer arrives (it used to await the create alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f10_etcd_waiter_cut_off_before_its_create_is_answered_is_lost() {
+    if std::env::var(WAITER_ENV).is_ok() {
+        return;
+    }
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let prefix = unique("f10-etcd-create");
+    let name = "stock";
+    let holder = fencelock::connect(&etcd_url(&server.endpoint(), &prefix))
+        .await
+        .unwrap();
+    let waiter = fencelock::connect(&etcd_url(&proxy.addr(), &prefix))
+        .await
+        .unwrap();
+    let held = holder
+        .acquire(name, options().no_wait())
+        .await
+        .expect("holder acquires");
+    // Every answer to the waiter from now on comes half a second late, its create's too.
+    proxy.set(Fault::DelayReplies(Duration::from_millis(500)));
+    let waiting = async {
+        let result = waiter
+            .acquire(
+                name,
+                options().wait_timeout(PARTITION + Duration::from_secs(10)),
+            )
+            .await;
+        (result.map(|_| ()), Instant::now())
+    };
+    let script = async {
+        // The key is on the server: its create's answer is on its way, and held.
+        Queue::Etcd.wait_for_waiters(&*holder, name, 1).await;
+        proxy.set(Fault::Blackhole);
+        let cut = Instant::now();
+        tokio::time::sleep(PARTITION).await;
+        proxy.set(Fault::Pass);
+        cut
+    };
+    let ((outcome, ended), cut) = tokio::join!(waiting, script);
+    let told = ended.saturating_duration_since(cut);
+    eprintln!("{name}: the waiter ended {told:?} after the cut with {outcome:?}");
+    assert!(
+        matches!(outcome, Err(Error::Lost { .. })),
+        "the cut-off waiter: {outcome:?}"
+    );
+    assert!(
+        told <= ETCD_WAITER_LOST,
+        "the cut-off waiter was told {told:?} after the cut (bound {ETCD_WAITER_LOST:?}, \
+         heal after {PARTITION:?})"
+    );
+    held.release().await.expect("the holder releases");
+    assert_clean(
+        &*holder,
+        name,
+        ETCD_EXPIRY + Duration::from_secs(5),
+        &Servers::Etcd(server, &prefix),
+    )
+    .await;
+}
+
 /// F10 with the waiter's session lease revoked by an etcd client, and the holder
 /// releasing right after: the waiter's turn comes, but its key is gone, so it must not
 /// take the lock (etcd #11456).

@@ -29,6 +29,7 @@ use crate::error::map;
 use crate::keys::encode;
 use crate::lock::EtcdLock;
 use crate::session::Session;
+use crate::wait::LOST_WHILE_WAITING;
 
 /// What a request asks for.
 #[derive(Debug, Clone, Copy)]
@@ -107,9 +108,12 @@ impl EtcdLock {
                 value.as_str(),
                 Some(PutOptions::new().with_lease(session.lease_id())),
             )]);
-        let created = wait
-            .run_until(steps, name, self.send_create(txn, &mut pending))
-            .await??;
+        // Until it is queued, as while it waits, the session's loss ends the request: its
+        // create's answer may be held by a cut that outlives the lease.
+        let created = tokio::select! {
+            created = wait.run_until(steps, name, self.send_create(txn, &mut pending)) => created??,
+            () = session.lost() => return Err(Error::lost(name, LOST_WHILE_WAITING)),
+        };
         if !created.succeeded() {
             // The key is this process's and sequence-numbered: it cannot exist already.
             return Err(Error::backend(
@@ -137,7 +141,13 @@ impl EtcdLock {
                 }
             }
         };
-        let granted_at_once = match wait.run_until(steps, name, first_look).await {
+        let first_look = async {
+            tokio::select! {
+                look = wait.run_until(steps, name, first_look) => look,
+                () = session.lost() => Ok(Err(Error::lost(name, LOST_WHILE_WAITING))),
+            }
+        };
+        let granted_at_once = match first_look.await {
             Ok(Ok(granted)) => granted,
             Ok(Err(error)) | Err(error) => {
                 give_up_now(pending).await;
@@ -264,7 +274,7 @@ impl EtcdLock {
         };
         tokio::select! {
             result = waiting => result,
-            () = session.lost() => Err(Error::lost(name, "the etcd session was lost while waiting")),
+            () = session.lost() => Err(Error::lost(name, LOST_WHILE_WAITING)),
         }
     }
 

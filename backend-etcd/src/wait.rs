@@ -14,6 +14,9 @@ use tokio::time::{Duration, Instant};
 use crate::error::map;
 use crate::session::Session;
 
+/// Why a waiter whose session was lost gave up.
+pub(crate) const LOST_WHILE_WAITING: &str = "the etcd session was lost while waiting";
+
 /// When, after a watch was created, its key is read again to catch a deletion etcd may
 /// deliver late.
 ///
@@ -161,7 +164,7 @@ pub(crate) async fn for_turn(
     };
     tokio::select! {
         result = waiting => result,
-        _ = session.lost() => Err(Error::lost(name, "the etcd session was lost while waiting")),
+        _ = session.lost() => Err(Error::lost(name, LOST_WHILE_WAITING)),
     }
 }
 
