@@ -195,7 +195,12 @@ impl Claim for Queued<'_> {
                 .create_and_read_first(key, names, lease_id, value, &mut self.pending);
         let (mine, first) = tokio::select! {
             created = self.wait.run_until(self.wait.bound_from_now(), name, creating) => created??,
-            () = session.lost() => return Err(Error::lost(name, LOST_WHILE_WAITING)),
+            // `close` ends the sessions after it marks the client closed: then that.
+            () = session.lost() => return Err(self
+                .lock
+                .check_open()
+                .err()
+                .unwrap_or_else(|| Error::lost(name, LOST_WHILE_WAITING))),
         };
         Ok(if first == mine {
             Turn::Granted(mine)
