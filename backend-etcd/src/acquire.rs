@@ -14,7 +14,7 @@ use crate::cleanup::{Armed, Cleanup, KeyState, give_up_now};
 use crate::keys::{name_prefix, own_key};
 use crate::lock::EtcdLock;
 use crate::session::Session;
-use crate::wait::{self, LOST_WHILE_WAITING};
+use crate::wait;
 
 impl EtcdLock {
     /// [`take`](Self::take), once more on a new session if the session turned out to be
@@ -186,22 +186,17 @@ impl Claim for Queued<'_> {
         // clean-up deletes it a moment later). Created, it is granted if the lock is
         // free (the wait bounds only time behind holders), and otherwise finds its
         // deadline passed in the kit's loop and deletes its key before returning.
-        // The session's loss ends it too: etcd may have applied the create while its
-        // answer is held by a cut that outlives the lease, and the waiter is told at the
-        // session's deadline, as while it waits for its turn, not when the answer comes.
+        // The session's loss ends it too (`wait::until_lost`).
         let (session, name) = (self.session, self.name);
         let creating =
             self.lock
                 .create_and_read_first(key, names, lease_id, value, &mut self.pending);
-        let (mine, first) = tokio::select! {
-            created = self.wait.run_until(self.wait.bound_from_now(), name, creating) => created??,
-            // `close` ends the sessions after it marks the client closed: then that.
-            () = session.lost() => return Err(self
-                .lock
-                .check_open()
-                .err()
-                .unwrap_or_else(|| Error::lost(name, LOST_WHILE_WAITING))),
+        let bounded = async {
+            self.wait
+                .run_until(self.wait.bound_from_now(), name, creating)
+                .await?
         };
+        let (mine, first) = wait::until_lost(session, name, bounded).await?;
         Ok(if first == mine {
             Turn::Granted(mine)
         } else {

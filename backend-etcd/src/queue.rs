@@ -29,7 +29,7 @@ use crate::error::map;
 use crate::keys::encode;
 use crate::lock::EtcdLock;
 use crate::session::Session;
-use crate::wait::LOST_WHILE_WAITING;
+use crate::wait::until_lost;
 
 /// What a request asks for.
 #[derive(Debug, Clone, Copy)]
@@ -108,12 +108,12 @@ impl EtcdLock {
                 value.as_str(),
                 Some(PutOptions::new().with_lease(session.lease_id())),
             )]);
-        // Until it is queued, as while it waits, the session's loss ends the request: its
-        // create's answer may be held by a cut that outlives the lease.
-        let created = tokio::select! {
-            created = wait.run_until(steps, name, self.send_create(txn, &mut pending)) => created??,
-            () = session.lost() => return Err(Error::lost(name, LOST_WHILE_WAITING)),
+        // Until it is queued, as while it waits, the session's loss ends the request.
+        let creating = async {
+            wait.run_until(steps, name, self.send_create(txn, &mut pending))
+                .await?
         };
+        let created = until_lost(&session, name, creating).await?;
         if !created.succeeded() {
             // The key is this process's and sequence-numbered: it cannot exist already.
             return Err(Error::backend(
@@ -141,15 +141,12 @@ impl EtcdLock {
                 }
             }
         };
-        let first_look = async {
-            tokio::select! {
-                look = wait.run_until(steps, name, first_look) => look,
-                () = session.lost() => Ok(Err(Error::lost(name, LOST_WHILE_WAITING))),
-            }
-        };
+        let first_look = until_lost(&session, name, async {
+            wait.run_until(steps, name, first_look).await?
+        });
         let granted_at_once = match first_look.await {
-            Ok(Ok(granted)) => granted,
-            Ok(Err(error)) | Err(error) => {
+            Ok(granted) => granted,
+            Err(error) => {
                 give_up_now(pending).await;
                 return Err(error);
             }
@@ -272,10 +269,7 @@ impl EtcdLock {
                 }
             }
         };
-        tokio::select! {
-            result = waiting => result,
-            () = session.lost() => Err(Error::lost(name, LOST_WHILE_WAITING)),
-        }
+        until_lost(session, name, waiting).await
     }
 
     /// After waiting: our key must still be the one we queued with. If the session expired

@@ -192,6 +192,11 @@ impl Session {
         self.lost.is_cancelled() || Instant::now() >= self.valid_until()
     }
 
+    /// Whether the session ended because its client was closed.
+    pub(crate) fn closed(&self) -> bool {
+        matches!(self.state().ended, Some((LossCause::ClientClosed, _)))
+    }
+
     /// Completes when the session is lost.
     pub(crate) async fn lost(&self) {
         loop {

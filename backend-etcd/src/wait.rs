@@ -14,8 +14,25 @@ use tokio::time::{Duration, Instant};
 use crate::error::map;
 use crate::session::Session;
 
-/// Why a waiter whose session was lost gave up.
-pub(crate) const LOST_WHILE_WAITING: &str = "the etcd session was lost while waiting";
+/// Runs `step` of a request queued (or queueing) on `session` until the session is
+/// lost: then the request fails with `Lost`, or `Closed` if `close` ended the session.
+/// Every step from the queue key's create to the turn runs so: etcd may have applied the
+/// create while a cut that outlives the lease holds its answer, and the waiter is told
+/// at the session's deadline, not when the answer comes.
+pub(crate) async fn until_lost<T>(
+    session: &Session,
+    name: &str,
+    step: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::select! {
+        result = step => result,
+        () = session.lost() => Err(if session.closed() {
+            Error::Closed { backend: crate::error::BACKEND }
+        } else {
+            Error::lost(name, "the etcd session was lost while waiting")
+        }),
+    }
+}
 
 /// When, after a watch was created, its key is read again to catch a deletion etcd may
 /// deliver late.
@@ -162,10 +179,7 @@ pub(crate) async fn for_turn(
             }
         }
     };
-    tokio::select! {
-        result = waiting => result,
-        _ = session.lost() => Err(Error::lost(name, LOST_WHILE_WAITING)),
-    }
+    until_lost(session, name, waiting).await
 }
 
 /// A [`still_there`] read in flight beside the watch.
