@@ -173,12 +173,6 @@ impl Grant for RedisGrant {
     }
 }
 
-impl Drop for RedisGrant {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 impl fmt::Debug for RedisGrant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisGrant")

@@ -287,12 +287,6 @@ impl Grant for ZkGrant {
     }
 }
 
-impl Drop for ZkGrant {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

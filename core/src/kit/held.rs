@@ -60,8 +60,10 @@ pub enum Extension {
 /// - [`delete`](Self::delete) removes exactly this incarnation (owner and incarnation
 ///   checked on the server), never a newer holder's, however late or often it is called.
 /// - [`stop`](Self::stop) ends renewal and the loss watch at once: from then on a deletion
-///   of the grant is this client's own, not a loss. It never blocks and may be called
-///   again.
+///   of the grant is this client's own, not a loss. It never blocks. [`Held`] calls it
+///   when the first release starts, or when it is dropped never released, so a grant
+///   needs no `Drop` of its own for it; two releases racing may both call it, so a
+///   second call must be harmless.
 pub trait Grant: Send + Sync + fmt::Debug + 'static {
     /// The backend's short name, for errors.
     fn backend(&self) -> &'static str;
@@ -180,6 +182,14 @@ impl<G: Grant> Held<G> {
         Release::from_u8(self.state.load(Ordering::Acquire))
     }
 
+    /// Stops the grant's renewal and loss watch unless a release did already: every
+    /// state but `Held` was reached by a release that stopped the grant first.
+    fn stop(&self) {
+        if self.state() == Release::Held {
+            self.grant.stop();
+        }
+    }
+
     /// Moves from `Held` to `Sent`; returns the state before.
     fn send(&self) -> Release {
         match self.state.compare_exchange(
@@ -237,7 +247,7 @@ impl<G: Grant> Held<G> {
 impl<G: Grant> HeldLock for Held<G> {
     #[tracing::instrument(name = "fencelock.release", level = "debug", skip_all, fields(backend = self.grant.backend(), lock = %self.grant.name()))]
     async fn release(&self) -> Result<(), Error> {
-        self.grant.stop();
+        self.stop();
         let previous = self.send();
         match previous {
             Release::Held | Release::Sent => {}
@@ -261,7 +271,7 @@ impl<G: Grant> HeldLock for Held<G> {
     }
 
     fn release_in_background(&self) {
-        self.grant.stop();
+        self.stop();
         // A release called after this one may find the grant deleted by it.
         if self.send() != Release::Released {
             self.grant.delete_in_background();
@@ -298,6 +308,16 @@ impl<G: Grant> HeldLock for Held<G> {
             return Err(Error::lost(self.grant.name(), "the lock was released"));
         }
         self.grant.extend(lease).await
+    }
+}
+
+impl<G: Grant> Drop for Held<G> {
+    /// A grant dropped never released (its guard releases it first when there is one)
+    /// stops renewing and watching.
+    fn drop(&mut self) {
+        if Release::from_u8(*self.state.get_mut()) == Release::Held {
+            self.grant.stop();
+        }
     }
 }
 

@@ -1,7 +1,6 @@
 //! A lock held in memory: the [`Grant`] of the kit's [`Held`](crate::kit::Held).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::kind::Kind;
@@ -22,9 +21,6 @@ pub(super) struct MemoryGrant {
     fixed: bool,
     /// A renewing lease's renewer and key.
     renewal: Option<(Arc<Renewer>, u64)>,
-    /// Whether renewal was stopped: a release stops it, and the drop after needs not
-    /// take the renewer's lock again.
-    stopped: AtomicBool,
 }
 
 impl MemoryGrant {
@@ -55,7 +51,6 @@ impl MemoryGrant {
             id,
             fixed: matches!(lease, Lease::Fixed(_)),
             renewal,
-            stopped: AtomicBool::new(false),
         }
     }
 }
@@ -81,9 +76,7 @@ impl Grant for MemoryGrant {
 
     fn stop(&self) {
         if let Some((renewer, key)) = &self.renewal {
-            if !self.stopped.swap(true, Ordering::AcqRel) {
-                renewer.remove(*key);
-            }
+            renewer.remove(*key);
         }
     }
 
@@ -109,11 +102,5 @@ impl Grant for MemoryGrant {
                 "the lock was no longer held when extending its lease",
             )),
         }
-    }
-}
-
-impl Drop for MemoryGrant {
-    fn drop(&mut self) {
-        self.stop();
     }
 }

@@ -2,8 +2,8 @@
 //! own tests run it against real servers).
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
 
 use super::*;
 
@@ -12,7 +12,8 @@ struct Scripted {
     answers: Mutex<VecDeque<Result<Deleted, Error>>>,
     deletes: AtomicUsize,
     background: AtomicUsize,
-    stops: AtomicUsize,
+    /// Shared, to be read after the grant is dropped.
+    stops: Arc<AtomicUsize>,
     extension: Option<Extension>,
 }
 
@@ -79,6 +80,43 @@ async fn a_confirmed_release_answers_ok_again_without_asking() {
     assert_eq!(held.grant().deletes.load(Ordering::SeqCst), 1);
     assert!(held.grant().stops.load(Ordering::SeqCst) >= 1);
     assert!(!held.liveness.is_lost());
+}
+
+/// A grant is stopped once: when its first release starts (not again by a later release,
+/// nor at the drop), or at the drop of a grant never released. A second stop costs a
+/// backend a lock and a lookup in its registries per lock (seen in the client's CPU per
+/// lock on Redis).
+#[tokio::test]
+async fn a_grant_is_stopped_once_when_its_release_starts_or_at_its_drop() {
+    let released = held(Scripted::answering([Ok(Deleted::Now)]));
+    let stops = released.grant().stops.clone();
+    released.release().await.unwrap();
+    released.release().await.unwrap();
+    drop(released);
+    assert_eq!(stops.load(Ordering::SeqCst), 1, "released");
+
+    let unanswered = held(Scripted::answering([Err(unreachable()), Ok(Deleted::Now)]));
+    let stops = unanswered.grant().stops.clone();
+    unanswered.release().await.unwrap_err();
+    unanswered.release().await.unwrap();
+    unanswered.release_in_background();
+    drop(unanswered);
+    assert_eq!(stops.load(Ordering::SeqCst), 1, "release retried");
+
+    let dropped = held(Scripted::default());
+    let stops = dropped.grant().stops.clone();
+    dropped.release_in_background();
+    drop(dropped);
+    assert_eq!(
+        stops.load(Ordering::SeqCst),
+        1,
+        "released in the background"
+    );
+
+    let never = held(Scripted::default());
+    let stops = never.grant().stops.clone();
+    drop(never);
+    assert_eq!(stops.load(Ordering::SeqCst), 1, "never released");
 }
 
 #[tokio::test]
