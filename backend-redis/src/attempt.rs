@@ -3,6 +3,7 @@
 //! the answers decide (recorded on a majority when they disagree), the replica check,
 //! and the undo of a try that did not become a guard.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -94,7 +95,10 @@ pub(crate) async fn try_once(
         None
     };
     let id = engine.next_id.fetch_add(1, Ordering::Relaxed);
-    let owner = format!("{}:{id}", engine.client_id);
+    // Sized up front: `format!` would start empty and grow the string twice.
+    let mut owner = String::with_capacity(engine.client_id.len() + 21);
+    // Writing into a `String` cannot fail.
+    let _ = write!(owner, "{}:{id}", engine.client_id);
     let election = value.is_some();
     let in_flight = Undo::new(InFlight {
         engine,

@@ -28,8 +28,10 @@ impl Lua {
     pub(crate) fn prepare_invoke(&'static self) -> Call {
         Call {
             lua: self,
-            keys: Parts::with_capacity(4, 192),
-            args: Parts::with_capacity(8, 128),
+            // A lock's three keys carry its name three times: room for names of a
+            // hundred bytes or so before the buffer grows.
+            keys: Parts::with_capacity(4, 512),
+            args: Parts::with_capacity(8, 256),
         }
     }
 }

@@ -10,7 +10,7 @@ use fencelock_core::kit::CLOCK_DRIFT;
 use fencelock_core::kit::{Grants, Renewals};
 use fencelock_core::{Error, LossCause};
 use futures_util::future::join_all;
-use redis::FromRedisValue;
+use redis::{FromRedisValue, RedisWrite, ToRedisArgs};
 use tokio_util::sync::CancellationToken;
 
 use crate::call::{Call, millis};
@@ -259,10 +259,12 @@ impl Engine {
         token: Option<u64>,
         election: bool,
     ) -> Result<bool, Error> {
-        let token = token
-            .filter(|_| !self.config.layout.is_raw())
-            .map_or_else(String::new, |t| t.to_string());
-        self.compare_and_delete(keys, owner, token, election).await
+        let expected = match token.filter(|_| !self.config.layout.is_raw()) {
+            Some(token) => Expected::Token(token),
+            None => Expected::Unchecked,
+        };
+        self.compare_and_delete(keys, owner, expected, election)
+            .await
     }
 
     /// Takes the grant of `owner` from it (see [`release`](Self::release)): also moves the
@@ -274,17 +276,17 @@ impl Engine {
         owner: &str,
         election: bool,
     ) -> Result<bool, Error> {
-        self.compare_and_delete(keys, owner, "!".to_owned(), election)
+        self.compare_and_delete(keys, owner, Expected::Revoke, election)
             .await
     }
 
-    /// The release script on every node; `token` is its third argument (see
+    /// The release script on every node; `expected` is its third argument (see
     /// [`RELEASE`](scripts::RELEASE)).
     async fn compare_and_delete(
         &self,
         keys: &LockKeys,
         owner: &str,
-        token: String,
+        expected: Expected,
         election: bool,
     ) -> Result<bool, Error> {
         let mut invocation = scripts::RELEASE.prepare_invoke();
@@ -294,7 +296,7 @@ impl Engine {
             .key(&keys.token)
             .arg(owner)
             .arg(&keys.channel)
-            .arg(token);
+            .arg(expected);
         if let Some(index) = &keys.index {
             invocation.key(index);
         }
@@ -435,6 +437,31 @@ impl Engine {
             let _ =
                 tokio::time::timeout(timeout * 2, engine.release(&keys, &owner, token, election))
                     .await;
+        }
+    }
+}
+
+/// The third argument of the [`RELEASE`](scripts::RELEASE) script: what the release
+/// expects of the name's counter. Written straight into the call, as the decimal token,
+/// `""` or `!` (no string per release).
+#[derive(Debug, Clone, Copy)]
+enum Expected {
+    /// The guard's token: a key found gone with the counter still at it was deleted by
+    /// nobody else since.
+    Token(u64),
+    /// No check of the counter (the raw layout, whose counter hand-written lockers do not
+    /// move).
+    Unchecked,
+    /// A revoke: also moves the counter on.
+    Revoke,
+}
+
+impl ToRedisArgs for Expected {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        match self {
+            Expected::Token(token) => token.write_redis_args(out),
+            Expected::Unchecked => out.write_arg(b""),
+            Expected::Revoke => out.write_arg(b"!"),
         }
     }
 }
