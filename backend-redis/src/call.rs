@@ -28,8 +28,9 @@ impl Lua {
     pub(crate) fn prepare_invoke(&'static self) -> Call {
         Call {
             lua: self,
-            // A lock's three keys carry its name three times: room for names of a
-            // hundred bytes or so before the buffer grows.
+            // A lock's three keys carry its name three times (the release's arguments
+            // once or twice more): no buffer grows for names up to 70 bytes or so;
+            // longer ones cost a reallocation, nothing else.
             keys: Parts::with_capacity(4, 512),
             args: Parts::with_capacity(8, 256),
         }
