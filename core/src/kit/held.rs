@@ -7,9 +7,9 @@
 //!
 //! ```text
 //!   Held ──release / guard's drop──▶ Sent ──delete removed it──────────▶ Released
-//!                                     │  ──gone before our first delete──▶ Lost
-//!                                     │  ──gone after an earlier delete──▶ Unconfirmed
-//!                                     └──error: stays Sent (a later release asks again)
+//!                                    │  ──gone before our first delete──▶ Lost
+//!                                    │  ──gone after an earlier delete──▶ Unconfirmed
+//!                                    └──error: stays Sent (a later release asks again)
 //! ```
 //!
 //! A final state answers every later release the same way: `Ok` once released, the loss
