@@ -38,8 +38,8 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::sync::mpsc::Receiver;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fencelock::{AcquireOptions, DistributedLock, Error, MigrationPhase};
@@ -504,6 +504,27 @@ fn etcd_url(endpoint: &str, prefix: &str) -> String {
     format!("etcd://{endpoint}/{prefix}?lease=2s")
 }
 
+/// The shared etcd server, a proxy in front of it, and two clients of `prefix`: the
+/// holder's, direct, and the waiter's, through the proxy.
+async fn etcd_holder_and_proxied_waiter(
+    prefix: &str,
+) -> (
+    &'static EtcdServer,
+    FaultProxy,
+    Arc<dyn DistributedLock>,
+    Arc<dyn DistributedLock>,
+) {
+    let server = EtcdServer::shared();
+    let proxy = FaultProxy::start(&server.endpoint());
+    let holder = fencelock::connect(&etcd_url(&server.endpoint(), prefix))
+        .await
+        .unwrap();
+    let waiter = fencelock::connect(&etcd_url(&proxy.addr(), prefix))
+        .await
+        .unwrap();
+    (server, proxy, holder, waiter)
+}
+
 fn zk_url(hosts: &str, chroot: &str) -> String {
     format!("zk://{hosts}/{chroot}?session_timeout=2s&min_lease=2s")
 }
@@ -513,15 +534,11 @@ async fn f10_etcd_partitioned_waiter_is_lost_never_granted() {
     if std::env::var(WAITER_ENV).is_ok() {
         return;
     }
-    let server = EtcdServer::shared();
-    let proxy = FaultProxy::start(&server.endpoint());
     let prefix = unique("f10-etcd");
-    let direct = etcd_url(&server.endpoint(), &prefix);
-    let holder = fencelock::connect(&direct).await.unwrap();
-    let waiter = fencelock::connect(&etcd_url(&proxy.addr(), &prefix))
+    let (server, proxy, holder, waiter) = etcd_holder_and_proxied_waiter(&prefix).await;
+    let next = fencelock::connect(&etcd_url(&server.endpoint(), &prefix))
         .await
         .unwrap();
-    let next = fencelock::connect(&direct).await.unwrap();
     let servers = Servers::Etcd(server, &prefix);
     partitioned_waiter(
         &*holder,
@@ -545,16 +562,9 @@ async fn f10_etcd_waiter_cut_off_before_its_create_is_answered_is_lost() {
     if std::env::var(WAITER_ENV).is_ok() {
         return;
     }
-    let server = EtcdServer::shared();
-    let proxy = FaultProxy::start(&server.endpoint());
     let prefix = unique("f10-etcd-create");
     let name = "stock";
-    let holder = fencelock::connect(&etcd_url(&server.endpoint(), &prefix))
-        .await
-        .unwrap();
-    let waiter = fencelock::connect(&etcd_url(&proxy.addr(), &prefix))
-        .await
-        .unwrap();
+    let (server, proxy, holder, waiter) = etcd_holder_and_proxied_waiter(&prefix).await;
     let held = holder
         .acquire(name, options().no_wait())
         .await
